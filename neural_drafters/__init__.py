@@ -1,0 +1,1 @@
+"""neural_drafters: see ../shared/DESIGN.md for what this folder owns."""

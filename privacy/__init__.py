@@ -1,0 +1,1 @@
+"""privacy: see ../shared/DESIGN.md for what this folder owns."""

@@ -1,0 +1,1 @@
+"""replay_traces: see ../shared/DESIGN.md for what this folder owns."""

@@ -1,0 +1,3 @@
+"""Reprise: speculative decoding for AI agents."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,3 @@
+from reprise.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,32 @@
+"""`reprise bench <area>`: benchmarks that print figures (JSON with --json), never timed tests.
+
+Each area lives in ``reprise.benchmarks.<area>`` with ``add_arguments(parser)`` and ``run(args) -> int``.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+AREAS = {
+    "index": "native suffix index: insert tokens/s, bytes per token, speculate latency",
+    "verify": "verifier: step cost by tree size, end-to-end tokens/s with and without speculation",
+    "store": "encrypted history store: records/s, bytes per token, encryption share",
+    "serve": "gRPC service: throughput, TTFT and per-token latency under concurrency",
+    "cluster": "replicas on one Redis: throughput, propagation delay, cold start",
+}
+
+
+def add_parser(sub) -> None:
+    parser = sub.add_parser("bench", help="run a benchmark and print its figures", description=__doc__)
+    areas = parser.add_subparsers(dest="area", metavar="AREA")
+    for area, help_text in AREAS.items():
+        try:
+            module = importlib.import_module(f"reprise.benchmarks.{area}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"reprise.benchmarks.{area}":
+                continue
+            raise
+        p = areas.add_parser(area, help=help_text, description=module.__doc__)
+        module.add_arguments(p)
+        p.set_defaults(func=module.run)
+    parser.set_defaults(func=lambda args: parser.print_help() or 2)

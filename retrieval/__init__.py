@@ -1,0 +1,8 @@
+"""Retrieval drafters over the native index; the DraftTree contract."""
+
+from __future__ import annotations
+
+from retrieval.draft_tree import DraftTree
+from retrieval.drafter import Drafter
+
+__all__ = ["DraftTree", "Drafter"]

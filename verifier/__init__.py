@@ -1,0 +1,1 @@
+"""verifier: see ../shared/DESIGN.md for what this folder owns."""
