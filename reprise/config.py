@@ -1,0 +1,370 @@
+"""The one service configuration: built once at start-up, frozen, passed down (never global).
+
+Precedence, highest first: command-line flags > environment (``REPRISE_<SECTION>_<FIELD>``, e.g.
+``REPRISE_SERVER_GRPC_PORT=6000``, ``REPRISE_DRAFTING_MAX_DRAFT_TOKENS=16``) > a TOML file
+(``--config``, else ``$REPRISE_CONFIG``, else ``$REPRISE_HOME/reprise.toml`` when it exists) > defaults.
+The data directory is ``$REPRISE_HOME`` or ``~/.reprise`` (``--home`` overrides).
+
+The TOML file has one table per section::
+
+    [server]
+    grpc_port = 50051
+    [drafting]
+    max_draft_tokens = 16
+
+Every section validates itself in ``__post_init__``; errors name the offending key, value and where it
+came from (flag, environment variable or file).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from retrieval.config import DraftingConfig
+
+ENV_PREFIX = "REPRISE_"
+MiB = 1024 * 1024
+
+
+def _help(text: str) -> dict[str, str]:
+    return {"help": text}
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    """Network front: gRPC and HTTP ports, limits, keepalive, shutdown, TLS."""
+
+    host: str = field(default="127.0.0.1", metadata=_help(
+        "address to bind (0.0.0.0 or [::] for every interface; the default serves loopback only)"))
+    grpc_port: int = field(default=50051, metadata=_help("gRPC port (data plane and admin plane)"))
+    http_port: int = field(default=50052, metadata=_help(
+        "HTTP port for /metrics (Prometheus) and /dashboard (hit rates, admin key); 0 turns it off"))
+    max_message_bytes: int = field(default=16 * MiB, metadata=_help(
+        "largest gRPC message accepted or sent, in bytes (128k token ids are about 0.5 MB)"))
+    max_concurrent_requests: int = field(default=64, metadata=_help(
+        "generation requests in flight over all tenants; more get RESOURCE_EXHAUSTED"))
+    max_requests_per_tenant: int = field(default=16, metadata=_help(
+        "generation requests in flight per tenant; more get RESOURCE_EXHAUSTED with a retry delay"))
+    default_max_new_tokens: int = field(default=256, metadata=_help(
+        "max_new_tokens when a request leaves it unset"))
+    stream_chunk_tokens: int = field(default=1, metadata=_help(
+        "tokens per streamed chunk when a request leaves it 0: fixed quanta hide per-step acceptance"))
+    grace_seconds: float = field(default=5.0, metadata=_help(
+        "on SIGTERM: how long in-flight streams may run before they are cancelled"))
+    keepalive_time_s: float = field(default=30.0, metadata=_help("interval of server keepalive pings"))
+    keepalive_timeout_s: float = field(default=10.0, metadata=_help(
+        "how long to wait for a keepalive ping's answer before closing the connection"))
+    worker_threads: int = field(default=0, metadata=_help(
+        "threads that run model work off the event loop; 0 = max_concurrent_requests + 4"))
+    tls_cert_file: str = field(default="", metadata=_help("PEM certificate chain; with tls_key_file serves TLS"))
+    tls_key_file: str = field(default="", metadata=_help("PEM private key of tls_cert_file"))
+    tls_client_ca_file: str = field(default="", metadata=_help(
+        "PEM CA bundle; when set, clients must present a certificate it signed (mTLS)"))
+    stats_interval_s: float = field(default=10.0, metadata=_help(
+        "how often the dashboard samples per-tenant statistics for its time series"))
+
+    def __post_init__(self) -> None:
+        for name in ("grpc_port", "http_port"):
+            port = getattr(self, name)
+            if not 0 <= port <= 65535:
+                raise ValueError(f"server.{name} must be in [0, 65535], got {port}")
+        if self.http_port and self.http_port == self.grpc_port:
+            raise ValueError(f"server.http_port and server.grpc_port are both {self.grpc_port}")
+        if not 64 * 1024 <= self.max_message_bytes <= 1024 * MiB:
+            raise ValueError(f"server.max_message_bytes must be in [65536, {1024 * MiB}], got {self.max_message_bytes}")
+        _positive("server.max_concurrent_requests", self.max_concurrent_requests)
+        _positive("server.max_requests_per_tenant", self.max_requests_per_tenant)
+        _positive("server.default_max_new_tokens", self.default_max_new_tokens)
+        _positive("server.stream_chunk_tokens", self.stream_chunk_tokens)
+        _positive("server.keepalive_time_s", self.keepalive_time_s)
+        _positive("server.keepalive_timeout_s", self.keepalive_timeout_s)
+        _positive("server.stats_interval_s", self.stats_interval_s)
+        if self.grace_seconds < 0:
+            raise ValueError(f"server.grace_seconds must be >= 0, got {self.grace_seconds}")
+        if self.worker_threads < 0:
+            raise ValueError(f"server.worker_threads must be >= 0, got {self.worker_threads}")
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise ValueError("server.tls_cert_file and server.tls_key_file must be given together")
+        if self.tls_client_ca_file and not self.tls_cert_file:
+            raise ValueError("server.tls_client_ca_file (mTLS) needs server.tls_cert_file and tls_key_file")
+        for name in ("tls_cert_file", "tls_key_file", "tls_client_ca_file"):
+            path = getattr(self, name)
+            if path and not Path(path).is_file():
+                raise ValueError(f"server.{name}: no such file: {path}")
+
+    @property
+    def num_worker_threads(self) -> int:
+        return self.worker_threads or self.max_concurrent_requests + 4
+
+
+def _positive(name: str, value: float) -> None:
+    if value <= 0:
+        raise ValueError(f"{name} must be > 0, got {value}")
+
+
+# Help for sections defined elsewhere (their own docstrings describe them in full).
+_EXTRA_HELP = {
+    "drafting.max_draft_tokens": "most draft-tree nodes verified per step",
+    "drafting.max_depth": "depth of the per-tenant suffix tree",
+    "drafting.max_spec_factor": "draft length <= factor * match length + offset",
+    "drafting.max_spec_offset": "draft length <= factor * match length + offset",
+    "drafting.min_token_prob": "prune draft nodes less likely than this",
+    "drafting.use_tree": "draft trees (several branches) rather than single paths",
+}
+
+
+def default_home(env: Mapping[str, str] | None = None) -> Path:
+    """``$REPRISE_HOME`` or ``~/.reprise``."""
+    env = os.environ if env is None else env
+    return Path(env.get("REPRISE_HOME") or Path.home() / ".reprise").expanduser()
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceConfig:
+    """Everything ``reprise serve`` needs, one section per package."""
+
+    home: Path = field(default_factory=default_home, metadata=_help(
+        "data directory: store, master key file, admin key ($REPRISE_HOME, default ~/.reprise)"))
+    server: ServerConfig = field(default_factory=ServerConfig)
+    drafting: DraftingConfig = field(default_factory=DraftingConfig)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.home, Path):
+            object.__setattr__(self, "home", Path(self.home).expanduser())
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values, sections as nested dicts (what ``to_toml`` writes)."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = _section_dict(value) if dataclasses.is_dataclass(value) else str(value)
+        return out
+
+    def to_toml(self) -> str:
+        """The effective configuration as a TOML file that ``load_config`` reads back."""
+        data = self.to_dict()
+        lines = [f"{k} = {_toml_value(v)}" for k, v in data.items() if not isinstance(v, dict)]
+        for name, section in data.items():
+            if isinstance(section, dict):
+                lines += ["", f"[{name}]"] + [f"{k} = {_toml_value(v)}" for k, v in section.items()]
+        return "\n".join(lines) + "\n"
+
+
+def _section_dict(section: Any) -> dict[str, Any]:
+    return {f.name: getattr(section, f.name) for f in dataclasses.fields(section)}
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+# ---- loading ---------------------------------------------------------------------------------------
+
+def sections() -> dict[str, type]:
+    """Section name -> dataclass type, in declaration order."""
+    hints = typing.get_type_hints(ServiceConfig)
+    return {f.name: hints[f.name] for f in dataclasses.fields(ServiceConfig) if dataclasses.is_dataclass(hints[f.name])}
+
+
+def settings() -> dict[str, tuple[type, str]]:
+    """Every setting as ``"section.field"`` (or a top-level name) -> (type, help text)."""
+    out: dict[str, tuple[type, str]] = {}
+    hints = typing.get_type_hints(ServiceConfig)
+    for f in dataclasses.fields(ServiceConfig):
+        kind = hints[f.name]
+        if dataclasses.is_dataclass(kind):
+            section_hints = typing.get_type_hints(kind)
+            for sf in dataclasses.fields(kind):
+                key = f"{f.name}.{sf.name}"
+                out[key] = (section_hints[sf.name], sf.metadata.get("help") or _EXTRA_HELP.get(key, ""))
+        else:
+            out[f.name] = (kind, f.metadata.get("help", ""))
+    return out
+
+
+def env_name(key: str) -> str:
+    """``server.grpc_port`` -> ``REPRISE_SERVER_GRPC_PORT``; ``home`` -> ``REPRISE_HOME``."""
+    return ENV_PREFIX + key.replace(".", "_").upper()
+
+
+def coerce(key: str, kind: type, raw: Any, source: str) -> Any:
+    """Convert ``raw`` (a string from a flag or the environment, or a TOML value) to ``kind``."""
+    base = _base_type(kind)
+    where = f"{key} from {source}"
+    if base is bool:
+        if isinstance(raw, bool):
+            return raw
+        text = str(raw).strip().lower()
+        if text in ("1", "true", "yes", "on"):
+            return True
+        if text in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(f"{where}: expected true or false, got {raw!r}")
+    if base is int:
+        if isinstance(raw, bool) or isinstance(raw, float):
+            raise ValueError(f"{where}: expected an integer, got {raw!r}")
+        try:
+            return int(raw)
+        except (TypeError, ValueError):
+            raise ValueError(f"{where}: expected an integer, got {raw!r}") from None
+    if base is float:
+        if isinstance(raw, bool):
+            raise ValueError(f"{where}: expected a number, got {raw!r}")
+        try:
+            return float(raw)
+        except (TypeError, ValueError):
+            raise ValueError(f"{where}: expected a number, got {raw!r}") from None
+    if base is Path:
+        if not isinstance(raw, (str, Path)):
+            raise ValueError(f"{where}: expected a path, got {raw!r}")
+        return Path(raw).expanduser()
+    if base is str:
+        if not isinstance(raw, str):
+            raise ValueError(f"{where}: expected a string, got {raw!r}")
+        return raw
+    raise TypeError(f"{key}: unsupported setting type {kind!r}")
+
+
+def _base_type(kind: Any) -> type:
+    if isinstance(kind, types.UnionType) or typing.get_origin(kind) is typing.Union:
+        args = [a for a in typing.get_args(kind) if a is not type(None)]
+        return args[0]
+    return kind
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    """Settings from a TOML file as ``{"section.field": value}``; unknown keys are an error naming them."""
+    import tomllib
+
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"config file not found: {path}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"config file {path}: {exc}") from None
+    known = settings()
+    out: dict[str, Any] = {}
+    unknown: list[str] = []
+    for name, value in data.items():
+        if isinstance(value, dict):
+            for sub, v in value.items():
+                key = f"{name}.{sub}"
+                (out.__setitem__(key, v) if key in known else unknown.append(key))
+        elif name in known:
+            out[name] = value
+        else:
+            unknown.append(name)
+    if unknown:
+        raise ValueError(f"config file {path}: unknown settings: {', '.join(sorted(unknown))}")
+    return out
+
+
+def config_file_path(flag: str | Path | None, env: Mapping[str, str], home: Path) -> Path | None:
+    """The config file to read: the flag, else ``$REPRISE_CONFIG``, else ``home/reprise.toml`` if present."""
+    if flag:
+        return Path(flag).expanduser()
+    if env.get("REPRISE_CONFIG"):
+        return Path(env["REPRISE_CONFIG"]).expanduser()
+    candidate = home / "reprise.toml"
+    return candidate if candidate.is_file() else None
+
+
+def load_config(
+    flags: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+    config_file: str | Path | None = None,
+) -> ServiceConfig:
+    """Build the configuration: ``flags`` (``{"server.grpc_port": "6000"}``, ``None`` values ignored) >
+    environment > TOML file > defaults. Raises ``ValueError`` naming the bad setting and its source."""
+    env = os.environ if env is None else env
+    flags = {k: v for k, v in (flags or {}).items() if v is not None}
+    known = settings()
+    unknown = sorted(set(flags) - set(known))
+    if unknown:
+        raise ValueError(f"unknown settings: {', '.join(unknown)}")
+
+    values: dict[str, tuple[Any, str]] = {}
+    home_raw = flags.get("home") or env.get("REPRISE_HOME")
+    home = Path(home_raw).expanduser() if home_raw else default_home({})
+    path = config_file_path(config_file, env, home)
+    if path is not None:
+        for key, value in read_toml(path).items():
+            values[key] = (value, f"config file {path}")
+    for key in known:
+        name = env_name(key)
+        if name in env and env[name] != "":
+            values[key] = (env[name], f"environment {name}")
+    for key, value in flags.items():
+        values[key] = (value, f"flag --{flag_name(key)}")
+
+    parsed: dict[str, Any] = {}
+    for key, (raw, source) in values.items():
+        parsed[key] = coerce(key, known[key][0], raw, source)
+
+    kwargs: dict[str, Any] = {}
+    if "home" in parsed:
+        kwargs["home"] = parsed["home"]
+    for name, kind in sections().items():
+        section_kwargs = {k.split(".", 1)[1]: v for k, v in parsed.items() if k.startswith(name + ".")}
+        try:
+            kwargs[name] = kind(**section_kwargs)
+        except ValueError as exc:
+            sources = ", ".join(sorted({values[f"{name}.{k}"][1] for k in section_kwargs}))
+            raise ValueError(f"{exc}" + (f" (settings from {sources})" if sources else "")) from None
+    return ServiceConfig(**kwargs)
+
+
+# ---- command-line flags ----------------------------------------------------------------------------
+
+def flag_name(key: str) -> str:
+    """``server.grpc_port`` -> ``grpc-port`` (the server section is bare); ``drafting.max_depth`` ->
+    ``drafting-max-depth``."""
+    section, _, name = key.rpartition(".")
+    if section in ("", "server"):
+        return name.replace("_", "-")
+    return f"{section}-{name}".replace("_", "-")
+
+
+def add_config_arguments(parser: Any) -> None:
+    """One flag per setting, each with its help text, its default and its environment variable."""
+    import argparse
+
+    parser.add_argument("--config", metavar="FILE", default=None,
+                        help="TOML config file (default: $REPRISE_CONFIG, else $REPRISE_HOME/reprise.toml if present)")
+    defaults = ServiceConfig(home=Path("~/.reprise"))
+    for key, (kind, text) in settings().items():
+        section, _, name = key.rpartition(".")
+        default = getattr(getattr(defaults, section), name) if section else getattr(defaults, name)
+        shown = f"{default}" if default != "" else "unset"
+        help_text = f"{text} [default {shown}; env {env_name(key)}]"
+        dest = "cfg__" + key.replace(".", "__")
+        if _base_type(kind) is bool:
+            parser.add_argument(f"--{flag_name(key)}", dest=dest, default=None,
+                                action=argparse.BooleanOptionalAction, help=help_text)
+        else:
+            parser.add_argument(f"--{flag_name(key)}", dest=dest, default=None, metavar=_metavar(kind),
+                                help=help_text)
+
+
+def _metavar(kind: type) -> str:
+    return {int: "N", float: "X", Path: "DIR"}.get(_base_type(kind), "S")
+
+
+def config_from_args(args: Any, env: Mapping[str, str] | None = None) -> ServiceConfig:
+    """The configuration from parsed ``add_config_arguments`` flags, the environment and the file."""
+    flags = {
+        name[len("cfg__"):].replace("__", "."): value
+        for name, value in vars(args).items()
+        if name.startswith("cfg__") and value is not None
+    }
+    return load_config(flags, env, getattr(args, "config", None))

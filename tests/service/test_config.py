@@ -1,0 +1,87 @@
+"""reprise.config: precedence, coercion, validation with errors that name the value and its source."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from reprise import config as cfg
+
+
+def test_defaults_are_valid_and_home_follows_env(tmp_path: Path) -> None:
+    c = cfg.load_config({}, env={"REPRISE_HOME": str(tmp_path)})
+    assert c.home == tmp_path
+    assert c.server == cfg.ServerConfig()
+    assert c.drafting.max_draft_tokens == 32
+    assert c.server.num_worker_threads == c.server.max_concurrent_requests + 4
+
+
+def test_precedence_flag_over_env_over_file(tmp_path: Path) -> None:
+    toml = tmp_path / "reprise.toml"
+    toml.write_text("[server]\ngrpc_port = 7000\nhttp_port = 7001\ngrace_seconds = 2.5\n"
+                    "[drafting]\nmax_draft_tokens = 8\n")
+    env = {"REPRISE_HOME": str(tmp_path), "REPRISE_SERVER_GRPC_PORT": "7100"}
+    c = cfg.load_config({"server.http_port": "7201"}, env=env)  # file found in $REPRISE_HOME
+    assert c.server.grpc_port == 7100  # env beats file
+    assert c.server.http_port == 7201  # flag beats file
+    assert c.server.grace_seconds == 2.5  # file beats default
+    assert c.drafting.max_draft_tokens == 8
+    c2 = cfg.load_config({"server.grpc_port": 7300}, env=env)
+    assert c2.server.grpc_port == 7300  # flag beats env
+
+
+def test_roundtrip_through_toml(tmp_path: Path) -> None:
+    c = cfg.load_config({"server.max_requests_per_tenant": "3", "drafting.use_tree": "false"},
+                        env={"REPRISE_HOME": str(tmp_path)})
+    path = tmp_path / "out.toml"
+    path.write_text(c.to_toml())
+    assert cfg.load_config({}, env={}, config_file=path) == c
+
+
+@pytest.mark.parametrize(
+    ("flags", "env", "needle"),
+    [
+        ({"server.grpc_port": "abc"}, {}, "server.grpc_port from flag --grpc-port: expected an integer, got 'abc'"),
+        ({}, {"REPRISE_SERVER_GRPC_PORT": "70000"}, "server.grpc_port must be in [0, 65535], got 70000"),
+        ({}, {"REPRISE_SERVER_GRPC_PORT": "70000"}, "environment REPRISE_SERVER_GRPC_PORT"),
+        ({"drafting.max_draft_tokens": "0"}, {}, "max_draft_tokens must be in [1, 1024], got 0"),
+        ({"drafting.use_tree": "maybe"}, {}, "expected true or false, got 'maybe'"),
+        ({"server.tls_cert_file": "/nonexistent.pem"}, {}, "tls_cert_file and server.tls_key_file"),
+        ({"server.http_port": "50051"}, {}, "both 50051"),
+        ({"server.bogus": "1"}, {}, "unknown settings: server.bogus"),
+    ],
+)
+def test_bad_values_are_named(tmp_path: Path, flags: dict, env: dict, needle: str) -> None:
+    env = {"REPRISE_HOME": str(tmp_path), **env}
+    with pytest.raises(ValueError) as exc:
+        cfg.load_config(flags, env=env)
+    assert needle in str(exc.value)
+
+
+def test_bad_file_is_named(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[server]\ngrpc_prot = 1\n")
+    with pytest.raises(ValueError, match=r"unknown settings: server.grpc_prot"):
+        cfg.load_config({}, env={}, config_file=bad)
+    bad.write_text("[server\n")
+    with pytest.raises(ValueError, match=str(bad)):
+        cfg.load_config({}, env={}, config_file=bad)
+    with pytest.raises(ValueError, match="config file not found"):
+        cfg.load_config({}, env={}, config_file=tmp_path / "missing.toml")
+    bad.write_text("[server]\ngrpc_port = 1.5\n")
+    with pytest.raises(ValueError, match=r"server.grpc_port from config file .*expected an integer"):
+        cfg.load_config({}, env={}, config_file=bad)
+
+
+def test_argparse_flags_cover_every_setting(tmp_path: Path) -> None:
+    parser = argparse.ArgumentParser()
+    cfg.add_config_arguments(parser)
+    text = parser.format_help()
+    for key in cfg.settings():
+        assert f"--{cfg.flag_name(key)}" in text
+        assert cfg.env_name(key) in text
+    args = parser.parse_args(["--grpc-port", "6001", "--no-drafting-use-tree", "--home", str(tmp_path)])
+    c = cfg.config_from_args(args, env={})
+    assert c.server.grpc_port == 6001 and c.drafting.use_tree is False and c.home == tmp_path
