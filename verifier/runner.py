@@ -1,0 +1,296 @@
+"""The model runner: requests in slots of a preallocated KV cache, whole draft trees verified in one pass.
+
+    runner = ModelRunner(model, num_slots=4, max_len=4096)
+    slot = runner.start(prompt_ids, SamplingParams())      # prefill prompt[:-1]; prompt[-1] is the root
+    [result] = runner.verify([VerifyStep(slot, tree)])     # one forward over root + tree, accept, compact
+    result.token_ids                                       # accepted draft tokens, then the bonus token
+    runner.release(slot)
+
+Several requests verify together in one forward pass, padded to the same number of rows (verifier/tree.py).
+After acceptance the cache is compacted to the accepted path, so it equals a fresh prefill of the
+committed tokens. Not thread-safe: one engine thread owns a runner.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from retrieval.draft_tree import DraftTree
+from verifier import acceptance
+from verifier.attention import META_KWARG, TreeAttentionMeta, register
+from verifier.kernels import compact_kv, triton_available
+from verifier.kv_cache import KVPool, StepCache
+from verifier.models import cache_keyword, check_supported
+from verifier.sampling import RowContext, SamplingParams, apply_processors, sample_rows, warp_probs
+from verifier.tree import StepBatch, additive_mask, chain_batch, check_additive_mask, layout_tree, pack_steps
+
+BACKENDS = ("auto", "triton", "torch", "model")
+
+
+@dataclass(frozen=True, slots=True)
+class VerifyStep:
+    """One request's input to a verification pass.
+
+    ``q`` [T, V] is given only for drafts *sampled* from known draft distributions (row i: the
+    distribution node i was drawn from); without it the tree is treated as deterministic (q one-hot).
+    ``q_mode``: ``iid`` (SpecInfer) or ``without_replacement`` (Sequoia); see verifier/acceptance.py.
+    """
+
+    slot: int
+    tree: DraftTree
+    q: torch.Tensor | None = None
+    q_mode: str = "iid"
+
+
+@dataclass(frozen=True, slots=True)
+class VerifyResult:
+    """What one request committed in a step.
+
+    ``accepted``: draft node indices of the accepted path, root to leaf. ``token_ids``: their tokens,
+    then the bonus token (always at least one token). ``hidden_states`` [len(token_ids), d]: the target's
+    top hidden state at the rows that produced ``token_ids`` (root, then accepted nodes), for neural
+    drafters; None unless the runner keeps them.
+    """
+
+    slot: int
+    accepted: np.ndarray  # [n] int32
+    token_ids: np.ndarray  # [n + 1] int32
+    num_drafted: int
+    hidden_states: torch.Tensor | None = None
+
+
+@dataclass(slots=True)
+class _Slot:
+    """Mutable state of one active request (internal)."""
+
+    context: list[int]  # prompt + committed output; the last one is the root (its KV is not cached yet)
+    num_prompt: int
+    sampling: SamplingParams
+    generator: torch.Generator
+    min_new_tokens: int
+    suppress_ids: tuple[int, ...]
+
+    @property
+    def cached(self) -> int:
+        return len(self.context) - 1
+
+
+class ModelRunner:
+    """Runs a transformers causal LM over a slotted KV cache.
+
+    ``max_len`` bounds prompt + output tokens per request; ``max_draft_nodes`` bounds a step's tree.
+    ``backend``: ``auto`` (Triton kernels on CUDA, torch references on CPU), ``triton``, ``torch``, or
+    ``model`` (the model's own attention with a float additive mask; torch compaction).
+    ``keep_hidden`` returns top hidden states in every :class:`VerifyResult` (off: costs nothing).
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        *,
+        num_slots: int = 1,
+        max_len: int = 4096,
+        max_draft_nodes: int = 64,
+        backend: str = "auto",
+        keep_hidden: bool = False,
+        prefill_chunk: int = 512,
+    ) -> None:
+        if num_slots < 1:
+            raise ValueError(f"num_slots must be >= 1, got {num_slots}")
+        if max_len < 2:
+            raise ValueError(f"max_len must be >= 2, got {max_len}")
+        if max_draft_nodes < 0:
+            raise ValueError(f"max_draft_nodes must be >= 0, got {max_draft_nodes}")
+        if prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown backend {backend!r}; use one of {BACKENDS}")
+        check_supported(model)
+        param = next(model.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        if backend == "auto":
+            backend = "triton" if self.device.type == "cuda" and triton_available() else "torch"
+        self.backend = backend
+        self.model = model.eval()
+        if backend != "model":
+            self.model.set_attn_implementation(register())
+        self._base = model.base_model
+        self._lm_head = model.get_output_embeddings()
+        self._cache_kw = cache_keyword(self._base)
+        text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        self.vocab_size: int = text.vocab_size
+        self.max_len = max_len
+        self.max_draft_nodes = max_draft_nodes
+        self.keep_hidden = keep_hidden
+        self.prefill_chunk = prefill_chunk
+        self.pool = KVPool(
+            model.config, num_slots=num_slots, max_rows=max_len + max_draft_nodes + 1, dtype=self.dtype,
+            device=self.device,
+        )  # fmt: skip
+        self._slots: dict[int, _Slot] = {}
+        self._free = list(range(num_slots - 1, -1, -1))
+
+    # ---- request lifecycle ------------------------------------------------------------------------
+    @property
+    def num_free_slots(self) -> int:
+        return len(self._free)
+
+    def context_ids(self, slot: int) -> list[int]:
+        """Prompt + committed output of an active request (a copy)."""
+        return list(self._state(slot).context)
+
+    def remaining(self, slot: int) -> int:
+        """How many more tokens the request may commit before reaching ``max_len``."""
+        return self.max_len - len(self._state(slot).context)
+
+    def start(
+        self,
+        prompt_ids: Sequence[int],
+        sampling: SamplingParams = SamplingParams(),
+        *,
+        min_new_tokens: int = 0,
+        suppress_ids: Sequence[int] = (),
+    ) -> int:
+        """Take a free slot and prefill the prompt (all but its last token, the first step's root)."""
+        prompt = [int(t) for t in prompt_ids]
+        if not prompt:
+            raise ValueError("prompt_ids is empty: at least one token is needed")
+        bad = [t for t in prompt if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
+        if len(prompt) >= self.max_len:
+            raise ValueError(f"prompt has {len(prompt)} tokens; this runner's max_len is {self.max_len}")
+        if not self._free:
+            raise RuntimeError(f"no free slot: all {self.pool.num_slots} are in use")
+        slot = self._free.pop()
+        generator = torch.Generator(device=self.device)
+        if sampling.seed is None:
+            generator.seed()
+        else:
+            generator.manual_seed(sampling.seed)
+        self._slots[slot] = _Slot(prompt, len(prompt), sampling, generator, min_new_tokens, tuple(suppress_ids))
+        try:
+            with torch.inference_mode():
+                for start in range(0, len(prompt) - 1, self.prefill_chunk):
+                    chunk = prompt[start : min(start + self.prefill_chunk, len(prompt) - 1)]
+                    self._forward([slot], chain_batch(chunk, start))
+        except BaseException:
+            self.release(slot)
+            raise
+        return slot
+
+    def release(self, slot: int) -> None:
+        """Free a request's slot at once (its cache rows are simply overwritten by the next user)."""
+        if self._slots.pop(slot, None) is not None:
+            self._free.append(slot)
+
+    # ---- one verification pass --------------------------------------------------------------------
+    def verify(self, steps: Sequence[VerifyStep]) -> list[VerifyResult]:
+        """Verify every request's tree in one forward pass, accept, and compact each cache."""
+        if not steps:
+            return []
+        states = [self._state(s.slot) for s in steps]
+        if len({s.slot for s in steps}) != len(steps):
+            raise ValueError("a slot appears twice in one verify call")
+        layouts = [layout_tree(s.tree) for s in steps]
+        for s, st, lay in zip(steps, states, layouts):
+            if lay.num_nodes > self.max_draft_nodes:
+                raise ValueError(f"slot {s.slot}: tree has {lay.num_nodes} nodes, max_draft_nodes is {self.max_draft_nodes}")
+            if len(st.context) + lay.num_rows > self.max_len:
+                raise ValueError(
+                    f"slot {s.slot}: {len(st.context)} tokens + {lay.num_rows} step rows exceed max_len {self.max_len}"
+                )
+            if lay.num_nodes and int(lay.token_ids.max()) >= self.vocab_size:
+                raise ValueError(f"slot {s.slot}: draft token id {int(lay.token_ids.max())} is outside the vocabulary")
+        slots = [s.slot for s in steps]
+        batch = pack_steps(layouts, [st.context[-1] for st in states], [st.cached for st in states])
+        with torch.inference_mode():
+            hidden = self._forward(slots, batch)  # [B, Q, d]
+            logits = self._lm_head(hidden).float()  # [B, Q, V]
+            picks = self._accept(steps, states, layouts, logits)
+            results = self._commit(steps, states, layouts, picks, hidden)
+        return results
+
+    def _accept(self, steps, states, layouts, logits) -> list[tuple[np.ndarray, int]]:
+        plain = [st.sampling.greedy and st.sampling.repetition_penalty == 1.0 and not self._suppressing(st) for st in states]
+        argmax = logits.argmax(dim=-1).cpu().numpy() if any(plain) else None  # [B, Q], one host sync
+        picks = []
+        for b, (step, st, lay) in enumerate(zip(steps, states, layouts)):
+            if plain[b]:
+                picks.append(acceptance.accept_by_targets(lay, argmax[b, : lay.num_rows]))
+                continue
+            ctx = RowContext(np.asarray(st.context), len(st.context) - st.num_prompt, st.min_new_tokens, st.suppress_ids)
+            rows = apply_processors(logits[b, : lay.num_rows].clone(), st.sampling, ctx, lay)
+            if st.sampling.greedy:
+                picks.append(acceptance.accept_by_targets(lay, rows.argmax(dim=-1).cpu().numpy()))
+                continue
+            probs = warp_probs(rows, st.sampling)
+            if step.q is None:
+                targets = sample_rows(probs, st.generator).cpu().numpy()
+                picks.append(acceptance.accept_by_targets(lay, targets))
+            else:
+                q = torch.as_tensor(step.q, device=probs.device)
+                if q.shape != (lay.num_nodes, probs.shape[-1]):
+                    raise ValueError(f"slot {step.slot}: q has shape {tuple(q.shape)}, expected ({lay.num_nodes}, {probs.shape[-1]})")
+                picks.append(acceptance.accept_with_q(lay, probs, q, st.generator, step.q_mode))
+        return picks
+
+    def _commit(self, steps, states, layouts, picks, hidden) -> list[VerifyResult]:
+        moves = []  # (slot, base, kept rows) for caches whose accepted rows are not already in place
+        results = []
+        for b, (step, st, lay, (path, bonus)) in enumerate(zip(steps, states, layouts, picks)):
+            kept = np.concatenate(([0], path + 1))  # root row, then the accepted nodes' rows
+            if not np.array_equal(path, np.arange(len(path))):
+                moves.append((step.slot, st.cached, kept))
+            token_ids = np.append(lay.token_ids[path], bonus).astype(np.int32)
+            kept_hidden = hidden[b, torch.as_tensor(kept, device=hidden.device)] if self.keep_hidden else None
+            results.append(VerifyResult(step.slot, path, token_ids, lay.num_nodes, kept_hidden))
+            st.context.extend(token_ids.tolist())
+        if moves:
+            width = max(len(m[2]) for m in moves)
+            src = np.zeros((len(moves), width), dtype=np.int64)
+            for i, (_, _, kept) in enumerate(moves):
+                src[i, : len(kept)] = kept
+            compact_kv(
+                self.pool.kv, [m[0] for m in moves], [m[1] for m in moves], torch.from_numpy(src),
+                [len(m[2]) for m in moves], backend="triton" if self.backend == "triton" else "torch",
+            )  # fmt: skip
+        return results
+
+    # ---- internals --------------------------------------------------------------------------------
+    def _state(self, slot: int) -> _Slot:
+        try:
+            return self._slots[slot]
+        except KeyError:
+            raise ValueError(f"slot {slot} is not an active request") from None
+
+    @staticmethod
+    def _suppressing(st: _Slot) -> bool:
+        return bool(st.suppress_ids) and len(st.context) - st.num_prompt < st.min_new_tokens
+
+    def _forward(self, slots: list[int], batch: StepBatch) -> torch.Tensor:
+        """One forward of the base model over the batch's rows; writes their KV; returns ``[B, Q, d]``."""
+        dev = self.device
+        cache = StepCache(
+            self.pool, torch.tensor(slots, device=dev), torch.from_numpy(batch.write_positions).to(dev), batch.kv_len
+        )
+        kwargs: dict[str, Any] = {self._cache_kw: cache, "use_cache": True}
+        if self.backend == "model":
+            mask = additive_mask(batch.prefix_lens, batch.tree_mask, batch.kv_len, self.dtype).to(dev)
+            check_additive_mask(mask)
+            kwargs["attention_mask"] = mask
+        else:
+            kwargs[META_KWARG] = TreeAttentionMeta(
+                torch.from_numpy(batch.prefix_lens).to(dev, torch.int32), torch.from_numpy(batch.tree_mask).to(dev),
+                self.backend,
+            )  # fmt: skip
+        out = self._base(
+            input_ids=torch.from_numpy(batch.input_ids).to(dev),
+            position_ids=torch.from_numpy(batch.position_ids).to(dev),
+            **kwargs,
+        )
+        return out.last_hidden_state
