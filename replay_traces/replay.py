@@ -1,0 +1,289 @@
+"""The canonical replay of ../shared/traces/FORMAT.md: drafting simulated against recorded responses.
+
+For every call of a file, in file order, through one fresh ``Proposer`` per file::
+
+    s = proposer.begin(tenant, session, prompt_ids)
+    while response tokens remain:
+        tree = s.propose(budget)            # timed: the speculation latency of the step
+        accept the longest root path of the tree that matches the next recorded tokens,
+        then one bonus token (the target's own next token), never past the response end
+        s.commit(accepted + bonus)
+    s.finish(record=True)                   # prompt and response join the tenant's history
+
+When a draft matches every remaining token, the step emits just those: the bonus of that step would be
+the end-of-sequence token, which the recorded response does not contain. ``tau`` = response tokens /
+steps is therefore an upper bound on the speedup in target forward passes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+
+from replay_traces.tokenizer import CanonicalTokenizer
+from replay_traces.traces import Call, TraceStats, iter_calls
+from retrieval.session import Proposer
+
+DEFAULT_BUDGET = 32
+_MAX_CHAIN_CHECK = 1025
+_CHAINS = [list(range(-1, n - 1)) for n in range(_MAX_CHAIN_CHECK)]  # parents of an n-node chain
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayReport:
+    """Figures of one replayed file (or of several pooled by ``pool_reports``).
+
+    ``tau`` = response tokens / steps; ``draft_tokens_per_step`` = drafted nodes / steps;
+    ``acceptance_rate`` = accepted draft tokens / drafted nodes; ``hit_rate`` = steps with a non-empty
+    draft / steps; ``acceptance_by_position[k-1]`` = steps that accepted at least k draft tokens /
+    steps with a non-empty draft (k = 1 .. budget); ``speculate_us_*`` = percentiles of the time one
+    ``propose`` call took.
+    """
+
+    path: str
+    drafter: str
+    budget: int
+    calls: int
+    tokens: int
+    steps: int
+    draft_tokens: int
+    accepted_tokens: int
+    hit_steps: int
+    prompt_tokens: int
+    tau: float
+    draft_tokens_per_step: float
+    acceptance_rate: float
+    hit_rate: float
+    speculate_us_p50: float
+    speculate_us_p99: float
+    acceptance_by_position: tuple[float, ...]
+    wall_s: float
+    skipped_lines: int = 0
+    skipped_empty_responses: int = 0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["acceptance_by_position"] = list(self.acceptance_by_position)
+        return d
+
+
+def _ratio(num: float, den: float) -> float:
+    return float(num) / float(den) if den else 0.0
+
+
+def _by_position(accepted_on_hits: np.ndarray, budget: int) -> tuple[float, ...]:
+    """[k-1] -> fraction of non-empty-draft steps that accepted >= k draft tokens, k = 1..budget."""
+    if budget <= 0:
+        return ()
+    hits = len(accepted_on_hits)
+    if hits == 0:
+        return (0.0,) * budget
+    counts = np.bincount(np.minimum(accepted_on_hits, budget), minlength=budget + 1)
+    at_least = np.cumsum(counts[::-1])[::-1]  # at_least[k] = steps accepting >= k
+    return tuple(float(x) for x in at_least[1 : budget + 1] / hits)
+
+
+class _Tally:
+    """Per-step counters of one replay; turned into a ``ReplayReport`` at the end."""
+
+    def __init__(self) -> None:
+        self.drafted: list[int] = []
+        self.accepted: list[int] = []
+        self.spec_ns: list[int] = []
+        self.calls = 0
+        self.tokens = 0
+        self.prompt_tokens = 0
+
+    def report(self, path: str, drafter: str, budget: int, wall_s: float, stats: TraceStats) -> ReplayReport:
+        drafted = np.asarray(self.drafted, dtype=np.int64)
+        accepted = np.asarray(self.accepted, dtype=np.int64)
+        spec_us = np.asarray(self.spec_ns, dtype=np.float64) / 1e3
+        steps = len(drafted)
+        hit = drafted > 0
+        p50, p99 = (np.percentile(spec_us, [50, 99]) if steps else (0.0, 0.0))
+        return ReplayReport(
+            path=path,
+            drafter=drafter,
+            budget=budget,
+            calls=self.calls,
+            tokens=self.tokens,
+            steps=steps,
+            draft_tokens=int(drafted.sum()),
+            accepted_tokens=int(accepted.sum()),
+            hit_steps=int(hit.sum()),
+            prompt_tokens=self.prompt_tokens,
+            tau=_ratio(self.tokens, steps),
+            draft_tokens_per_step=_ratio(drafted.sum(), steps),
+            acceptance_rate=_ratio(accepted.sum(), drafted.sum()),
+            hit_rate=_ratio(hit.sum(), steps),
+            speculate_us_p50=float(p50),
+            speculate_us_p99=float(p99),
+            acceptance_by_position=_by_position(accepted[hit], budget),
+            wall_s=wall_s,
+            skipped_lines=stats.skipped_lines,
+            skipped_empty_responses=stats.skipped_empty_responses,
+        )
+
+
+def accepted_length(token_ids: Sequence[int], parents: Sequence[int], target: list[int], pos: int) -> int:
+    """Greedy verification: the depth of the deepest tree node whose root path equals
+    ``target[pos : pos + depth]``. Raises ValueError when a parent does not precede its node.
+
+    ``token_ids``/``parents`` are lists (one entry per node); ``target`` is the recorded response.
+    """
+    n = len(token_ids)
+    limit = len(target) - pos
+    if n < _MAX_CHAIN_CHECK and parents == _CHAINS[n]:
+        # A chain (the common case): stop at the first mismatch.
+        for d in range(min(n, limit)):
+            if token_ids[d] != target[pos + d]:
+                return d
+        return min(n, limit)
+    depth = [0] * n  # depth of node i when its whole root path matches, else 0
+    best = 0
+    for i in range(n):
+        p = parents[i]
+        if p == -1:
+            d = 1
+        elif 0 <= p < i:
+            d = depth[p]
+            if not d:
+                continue
+            d += 1
+        else:
+            raise ValueError(f"draft tree node {i} has parent {p}: parents must be -1 or precede the node")
+        if d <= limit and token_ids[i] == target[pos + d - 1]:
+            depth[i] = d
+            if d > best:
+                best = d
+    return best
+
+
+def replay_calls(
+    calls: Iterable[Call],
+    proposer: Proposer,
+    tokenizer: CanonicalTokenizer,
+    *,
+    budget: int = DEFAULT_BUDGET,
+    drafter: str = "",
+    path: str = "",
+    stats: TraceStats | None = None,
+    on_call: Callable[[Call, int], None] | None = None,
+) -> ReplayReport:
+    """Replay ``calls`` in order through ``proposer``; ``on_call(call, response_tokens)`` after each."""
+    if budget < 0:
+        raise ValueError(f"budget must be >= 0, got {budget}")
+    tally = _Tally()
+    drafted, accepted, spec_ns = tally.drafted, tally.accepted, tally.spec_ns
+    clock = time.perf_counter_ns
+    started = time.perf_counter()
+    for call in calls:
+        prompt = tokenizer.prompt_ids(call.messages)
+        response = tokenizer.response_ids(call.response)
+        target = response.tolist()
+        num_tokens = len(target)
+        session = proposer.begin(call.tenant, call.session, prompt, str(call.index))
+        pos = 0
+        while pos < num_tokens:
+            t0 = clock()
+            tree = session.propose(budget)
+            t1 = clock()
+            n = len(tree.token_ids)
+            if n:
+                if n > budget:
+                    raise ValueError(
+                        f"{call.path}:{call.line_no}: drafter {drafter or type(proposer).__name__!r} "
+                        f"proposed {n} nodes with a budget of {budget}"
+                    )
+                try:
+                    a = accepted_length(tree.token_ids.tolist(), tree.parents.tolist(), target, pos)
+                except ValueError as exc:
+                    raise ValueError(f"{call.path}:{call.line_no}: drafter {drafter!r}: {exc}") from None
+            else:
+                a = 0
+            end = pos + a + 1 if pos + a < num_tokens else num_tokens
+            session.commit(response[pos:end])
+            drafted.append(n)
+            accepted.append(a)
+            spec_ns.append(t1 - t0)
+            pos = end
+        session.finish(record=True)
+        tally.calls += 1
+        tally.tokens += num_tokens
+        tally.prompt_tokens += len(prompt)
+        if on_call is not None:
+            on_call(call, num_tokens)
+    wall_s = time.perf_counter() - started
+    return tally.report(path, drafter, budget, wall_s, stats if stats is not None else TraceStats())
+
+
+def read_calls(path: str | Path, *, max_calls: int | None = None, skip_bad_lines: bool = False,
+               stats: TraceStats | None = None) -> Iterable[Call]:
+    """The first ``max_calls`` calls of a file (all when None), lazily."""
+    if max_calls is not None and max_calls < 0:
+        raise ValueError(f"max_calls must be >= 0, got {max_calls}")
+    calls = iter_calls(path, skip_bad_lines=skip_bad_lines, stats=stats)
+    return calls if max_calls is None else itertools.islice(calls, max_calls)
+
+
+def replay_file(
+    path: str | Path,
+    proposer_factory: Callable[[], Proposer],
+    *,
+    tokenizer: CanonicalTokenizer,
+    budget: int = DEFAULT_BUDGET,
+    max_calls: int | None = None,
+    skip_bad_lines: bool = False,
+    drafter: str = "",
+    on_call: Callable[[Call, int], None] | None = None,
+) -> ReplayReport:
+    """Replay one trace file through a fresh proposer (no history carried between files)."""
+    stats = TraceStats()
+    calls = read_calls(path, max_calls=max_calls, skip_bad_lines=skip_bad_lines, stats=stats)
+    return replay_calls(
+        calls, proposer_factory(), tokenizer, budget=budget, drafter=drafter, path=str(path),
+        stats=stats, on_call=on_call,
+    )
+
+
+def pool_reports(reports: Sequence[ReplayReport], path: str = "(all)") -> ReplayReport:
+    """One report over several files: ratios of the summed counters; acceptance by position weighted
+    by each file's non-empty-draft steps; latency percentiles are the worst file's (not re-pooled)."""
+    if not reports:
+        raise ValueError("no reports to pool")
+    steps = sum(r.steps for r in reports)
+    tokens = sum(r.tokens for r in reports)
+    drafted = sum(r.draft_tokens for r in reports)
+    accepted = sum(r.accepted_tokens for r in reports)
+    hits = sum(r.hit_steps for r in reports)
+    budget = max(r.budget for r in reports)
+    by_pos = np.zeros(budget)
+    for r in reports:
+        by_pos[: len(r.acceptance_by_position)] += np.asarray(r.acceptance_by_position) * r.hit_steps
+    return ReplayReport(
+        path=path,
+        drafter=reports[0].drafter,
+        budget=budget,
+        calls=sum(r.calls for r in reports),
+        tokens=tokens,
+        steps=steps,
+        draft_tokens=drafted,
+        accepted_tokens=accepted,
+        hit_steps=hits,
+        prompt_tokens=sum(r.prompt_tokens for r in reports),
+        tau=_ratio(tokens, steps),
+        draft_tokens_per_step=_ratio(drafted, steps),
+        acceptance_rate=_ratio(accepted, drafted),
+        hit_rate=_ratio(hits, steps),
+        speculate_us_p50=max(r.speculate_us_p50 for r in reports),
+        speculate_us_p99=max(r.speculate_us_p99 for r in reports),
+        acceptance_by_position=tuple(float(x) for x in (by_pos / hits if hits else by_pos)),
+        wall_s=sum(r.wall_s for r in reports),
+        skipped_lines=sum(r.skipped_lines for r in reports),
+        skipped_empty_responses=sum(r.skipped_empty_responses for r in reports),
+    )

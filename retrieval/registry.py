@@ -1,0 +1,82 @@
+"""Proposers by name, for the CLI (``reprise replay --drafter NAME``, ``reprise tune``) and the service.
+
+Each entry maps a name to ``"module:function"``, a factory ``(config: DraftingConfig) -> Proposer``,
+imported only when that proposer is made, so listing names stays cheap. Add a proposer with one line in
+``_ENTRIES`` (or ``register_proposer`` at run time, e.g. from a test or a plugin).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Callable
+
+from retrieval.config import DraftingConfig
+from retrieval.session import Proposer
+
+Factory = Callable[[DraftingConfig], Proposer]
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    target: str | Factory  # "module:function" or the factory itself
+    description: str
+
+
+_ENTRIES: dict[str, _Entry] = {
+    "prompt_lookup": _Entry(
+        "retrieval.registry:_prompt_lookup_2_5",
+        "n-gram lookup over the request's own prompt and output, n 2-5 (the baseline in the figures)",
+    ),
+    "prompt_lookup_vllm": _Entry(
+        "retrieval.registry:_prompt_lookup_vllm",
+        "n-gram lookup with vLLM's defaults (prompt_lookup_min = prompt_lookup_max = 5)",
+    ),
+}
+
+
+def _prompt_lookup_2_5(config: DraftingConfig) -> Proposer:
+    from retrieval.prompt_lookup import PromptLookupProposer
+
+    return PromptLookupProposer(min_n=2, max_n=5)
+
+
+def _prompt_lookup_vllm(config: DraftingConfig) -> Proposer:
+    from retrieval.prompt_lookup import VLLM_MAX_N, VLLM_MIN_N, PromptLookupProposer
+
+    return PromptLookupProposer(min_n=VLLM_MIN_N, max_n=VLLM_MAX_N)
+
+
+def proposer_names() -> list[str]:
+    """The registered proposer names, sorted."""
+    return sorted(_ENTRIES)
+
+
+def describe_proposers() -> dict[str, str]:
+    """Name -> one-line description, sorted by name."""
+    return {name: _ENTRIES[name].description for name in proposer_names()}
+
+
+def register_proposer(name: str, factory: str | Factory, description: str = "") -> None:
+    """Add (or replace) a proposer: ``factory`` is ``"module:function"`` or a callable."""
+    if not name or not name.replace("_", "").replace("-", "").isalnum():
+        raise ValueError(f"proposer name must be letters, digits, '_' or '-', got {name!r}")
+    if isinstance(factory, str) and ":" not in factory:
+        raise ValueError(f"factory must be 'module:function' or a callable, got {factory!r}")
+    _ENTRIES[name] = _Entry(factory, description)
+
+
+def make_proposer(name: str, config: DraftingConfig | None = None) -> Proposer:
+    """A fresh proposer (no history) of the named kind, configured by ``config`` (defaults if None).
+
+    Unknown names raise ``ValueError`` listing the known ones.
+    """
+    entry = _ENTRIES.get(name)
+    if entry is None:
+        raise ValueError(f"unknown drafter {name!r}; known: {', '.join(proposer_names())}")
+    config = config if config is not None else DraftingConfig()
+    factory = entry.target
+    if isinstance(factory, str):
+        module_name, _, attr = factory.partition(":")
+        factory = getattr(importlib.import_module(module_name), attr)
+    return factory(config)
