@@ -1,1 +1,32 @@
-"""privacy: see ../shared/DESIGN.md for what this folder owns."""
+"""Tenants, credentials, envelope encryption and the encrypted history store (SQLite or Redis).
+
+Entry points: ``open_store(StoreConfig(...)) -> HistoryStore`` and ``ensure_admin_key``. See
+docs/privacy.md for the design, the settings and the operator commands (``python -m privacy``).
+"""
+
+from __future__ import annotations
+
+from privacy.bootstrap import ensure_admin_key, open_storage, open_store
+from privacy.config import MASTER_KEY_ENV, RedisConfig, SqliteConfig, StoreConfig
+from privacy.errors import (
+    AuthenticationError,
+    IntegrityError,
+    MasterKeyError,
+    PrivacyError,
+    StorageError,
+    TenantExistsError,
+    UnknownTenantError,
+)
+from privacy.history import DeletionReport, HistoryStore, RotationReport, TrajectoryRef
+from privacy.keyring import MasterKeyring
+from privacy.records import CorpusInfo, IndexSnapshot, Trajectory, TrajectoryRecord
+from privacy.tenants import AdminPrincipal, ApiKeyInfo, IssuedKey, Progress, Tenant, TenantId
+from privacy.transfer import ExportReport, ImportReport
+
+__all__ = [
+    "AdminPrincipal", "ApiKeyInfo", "AuthenticationError", "CorpusInfo", "DeletionReport", "ExportReport",
+    "HistoryStore", "ImportReport", "IndexSnapshot", "IntegrityError", "IssuedKey", "MASTER_KEY_ENV",
+    "MasterKeyError", "MasterKeyring", "PrivacyError", "Progress", "RedisConfig", "RotationReport",
+    "SqliteConfig", "StorageError", "StoreConfig", "Tenant", "TenantExistsError", "TenantId", "Trajectory",
+    "TrajectoryRecord", "TrajectoryRef", "UnknownTenantError", "ensure_admin_key", "open_storage", "open_store",
+]

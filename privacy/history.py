@@ -1,0 +1,477 @@
+"""``HistoryStore``: the privacy layer's public face. Everything is sealed before it reaches storage.
+
+    store = open_store(StoreConfig())                  # privacy.bootstrap
+    tenant = store.create_tenant("acme")
+    key = store.create_api_key(tenant.id)              # key.secret: shown once, stored as a keyed hash
+    tid = store.authenticate(key.secret)               # -> TenantId; the only way a request gets one
+    store.append_trajectory(tid, session_id, token_ids, text)
+    for rec in store.iter_trajectories(tid): ...       # commit order, to rebuild the tenant's index
+    store.delete_tenant(tid)                           # crypto-shred, then delete, then hooks evict
+
+Methods take a ``TenantId`` (never a name or a request field) and raise UnknownTenantError for tenants
+that do not exist, IntegrityError for records that fail authentication.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import struct
+import time
+from dataclasses import dataclass
+from typing import Any, BinaryIO, Callable, Iterator, Sequence
+
+import numpy as np
+
+from privacy import credentials as creds
+from privacy import envelope
+from privacy.config import StoreConfig
+from privacy.errors import AuthenticationError, IntegrityError, UnknownTenantError
+from privacy.keychain import Keychain, TenantKeys
+from privacy.keyring import MasterKeyring
+from privacy.records import (
+    CorpusInfo,
+    IndexSnapshot,
+    Trajectory,
+    TrajectoryRecord,
+    as_token_ids,
+    decode_documents,
+    decode_hidden_states,
+    decode_trajectory,
+    encode_documents,
+    encode_hidden_states,
+    encode_trajectory,
+)
+from privacy.storage import CredentialRow, Storage, StoredBlob, TenantRow
+from privacy.tenants import (
+    AdminPrincipal,
+    ApiKeyInfo,
+    IssuedKey,
+    ProgressCallback,
+    Tenant,
+    TenantId,
+    validate_tenant_name,
+)
+
+log = logging.getLogger(__name__)
+
+KIND_TENANT = "tenant"
+KIND_TRAJECTORY = "trajectory"
+KIND_SNAPSHOT = "snapshot"
+KIND_CORPUS = "corpus"
+KIND_HIDDEN = "hidden"
+BLOB_KINDS = (KIND_SNAPSHOT, KIND_CORPUS, KIND_HIDDEN)
+_TENANT_RECORD_ID = b"tenant-info"
+_DUMMY_DIGEST = bytes(32)
+
+
+@dataclass(frozen=True, slots=True)
+class TrajectoryRef:
+    """Where an appended trajectory landed: its commit-order ``cursor`` and random ``record_id`` (hex)."""
+
+    cursor: str
+    record_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class DeletionReport:
+    """``num_records``: trajectories and blobs deleted (or that would be, with ``dry_run``)."""
+
+    tenant: TenantId
+    num_records: int
+    deleted: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RotationReport:
+    """``version``: the new key version; ``num_records``: records re-encrypted or keys re-wrapped."""
+
+    version: int
+    num_records: int
+
+
+class HistoryStore:
+    """Tenants, credentials and their sealed history over one ``Storage`` backend. Thread-safe."""
+
+    def __init__(self, storage: Storage, keyring: MasterKeyring, config: StoreConfig | None = None) -> None:
+        self.config = config or StoreConfig()
+        self.storage = storage
+        self.keychain = Keychain(storage, keyring, self.config)
+        self._deletion_hooks: list[Callable[[TenantId], None]] = []
+        self.num_integrity_failures = 0
+        for tid in storage.tenant_ids():  # finish deletions a crash interrupted
+            row = storage.tenant_get(tid)
+            if row is not None and row.state == "deleting":
+                log.warning("finishing the interrupted deletion of tenant %s", tid)
+                storage.tenant_purge(tid)
+
+    def close(self) -> None:
+        self.storage.close()
+
+    def __enter__(self) -> HistoryStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---------------------------------------------------------------- tenants
+    def create_tenant(self, name: str) -> Tenant:
+        """A new tenant with a random id and its own data key. TenantExistsError if the name is taken."""
+        validate_tenant_name(name)
+        tenant = TenantId.generate()
+        tk, wrapped = self.keychain.new_tenant_keys(tenant)
+        created = time.time()
+        info = self._seal_info(tk, name, created)
+        self.storage.tenant_insert(TenantRow(tenant.value, self.keychain.name_tag(name), info, 1, "active"), wrapped)
+        self.storage.counter_reserve(tenant.value, 1, 1)  # the info record's encryption
+        log.info("created tenant %s", tenant.value)
+        return Tenant(tenant, name, created, 1)
+
+    def _seal_info(self, tk: TenantKeys, name: str, created: float) -> bytes:
+        body = json.dumps({"name": name, "created_at": created}).encode()
+        aad = envelope.record_aad(tk.tenant.raw, KIND_TENANT, _TENANT_RECORD_ID, tk.current)
+        return envelope.seal(tk.ciphers[tk.current], tk.current, aad, body)
+
+    def get_tenant(self, tenant: TenantId) -> Tenant:
+        tk = self.keychain.tenant_keys(tenant)
+        row = self.storage.tenant_get(tenant.value)
+        if row is None:
+            raise UnknownTenantError(f"no tenant {tenant.value}")
+        info = json.loads(self._open(tk, KIND_TENANT, _TENANT_RECORD_ID, row.info))
+        return Tenant(tenant, info["name"], info["created_at"], row.dek_version)
+
+    def find_tenant(self, name: str) -> Tenant | None:
+        """The tenant called ``name`` (case-insensitive), or None."""
+        validate_tenant_name(name)
+        tid = self.storage.tenant_by_name_tag(self.keychain.name_tag(name))
+        if tid is None:
+            return None
+        try:
+            return self.get_tenant(TenantId(tid))
+        except UnknownTenantError:
+            return None
+
+    def list_tenants(self) -> list[Tenant]:
+        """Every active tenant, oldest first."""
+        out = []
+        for tid in self.storage.tenant_ids():
+            try:
+                out.append(self.get_tenant(TenantId(tid)))
+            except UnknownTenantError:
+                continue
+        return out
+
+    def count_records(self, tenant: TenantId) -> int:
+        """Trajectories plus blobs (snapshots, corpus parts, hidden-state sets) the tenant holds."""
+        self.keychain.tenant_keys(tenant)
+        return self.storage.traj_count(tenant.value) + self.storage.blob_count(tenant.value)
+
+    def add_deletion_hook(self, hook: Callable[[TenantId], None]) -> None:
+        """Call ``hook(tenant)`` when a tenant is deleted (after its keys are destroyed), e.g. to drop its
+        in-memory index. Exceptions from hooks are logged, not raised."""
+        self._deletion_hooks.append(hook)
+
+    def delete_tenant(self, tenant: TenantId, dry_run: bool = False) -> DeletionReport:
+        """Crypto-shred ``tenant``: destroy its wrapped data keys and API keys (one atomic step; from then
+        on its records are unreadable), run the deletion hooks, then delete its records.
+
+        Copies made earlier (backups, Redis AOF/RDB files) still hold the wrapped keys: run
+        ``rotate_master_key()`` afterwards and destroy the old master key version (a shred epoch).
+        """
+        self.keychain.tenant_keys(tenant)  # UnknownTenantError if absent
+        num = self.count_records(tenant)
+        if dry_run:
+            return DeletionReport(tenant, num, False)
+        self.keychain.evict(tenant)
+        self.storage.tenant_shred(tenant.value)
+        self.keychain.evict(tenant)
+        log.warning("tenant %s: data keys destroyed (crypto-shredded); deleting %d records", tenant.value, num)
+        for hook in self._deletion_hooks:
+            try:
+                hook(tenant)
+            except Exception:  # a hook must not stop the deletion
+                log.exception("deletion hook %r failed for tenant %s", hook, tenant.value)
+        num = self.storage.tenant_purge(tenant.value)
+        return DeletionReport(tenant, num, True)
+
+    def evict_tenant(self, tenant: TenantId) -> None:
+        """Drop the tenant's cached keys (call when another replica deleted or rotated it)."""
+        self.keychain.evict(tenant)
+
+    # ---------------------------------------------------------------- credentials
+    def create_api_key(self, tenant: TenantId) -> IssuedKey:
+        """A new API key for ``tenant``. ``secret`` is returned once; only a keyed hash is stored."""
+        self.keychain.tenant_keys(tenant)
+        return self._issue(creds.TENANT_KEY_PREFIX, tenant.value)
+
+    def create_admin_key(self) -> IssuedKey:
+        """A new admin-plane key (``rpa_...``)."""
+        return self._issue(creds.ADMIN_KEY_PREFIX, creds.ADMIN_OWNER)
+
+    def _issue(self, prefix: str, owner: str) -> IssuedKey:
+        parsed = creds.generate_key(prefix)
+        digest = creds.key_digest(self.keychain.credential_key, parsed, owner)
+        self.storage.cred_put(CredentialRow(parsed.key_id, owner, digest, time.time()))
+        return IssuedKey(parsed.key_id, parsed.whole)
+
+    def rotate_api_key(self, tenant: TenantId) -> IssuedKey:
+        """Issue a new key for ``tenant`` and revoke all its others."""
+        old = [r.key_id for r in self.storage.cred_list(tenant.value)]
+        issued = self.create_api_key(tenant)
+        self.storage.cred_delete(old)
+        return issued
+
+    def revoke_api_key(self, key_id: str, tenant: TenantId | None = None) -> bool:
+        """Revoke a key by id (admin keys included). With ``tenant``, only that tenant's own keys."""
+        row = self.storage.cred_get(key_id)
+        if row is None or (tenant is not None and row.owner != tenant.value):
+            return False
+        self.storage.cred_delete([key_id])
+        return True
+
+    def list_api_keys(self, tenant: TenantId | None = None) -> list[ApiKeyInfo]:
+        """Keys of ``tenant``, or every key (admin keys have ``tenant=None``)."""
+        rows = self.storage.cred_list(tenant.value if tenant is not None else None)
+        return [
+            ApiKeyInfo(r.key_id, None if r.owner == creds.ADMIN_OWNER else TenantId(r.owner), r.created_at) for r in rows
+        ]
+
+    def has_admin_key(self) -> bool:
+        return bool(self.storage.cred_list(creds.ADMIN_OWNER))
+
+    def authenticate(self, api_key: str) -> TenantId:
+        """The tenant a data-plane key belongs to; AuthenticationError if malformed, unknown or revoked."""
+        return TenantId(self._check(api_key, creds.TENANT_KEY_PREFIX)[0])
+
+    def authenticate_admin(self, api_key: str) -> AdminPrincipal:
+        """The admin principal of an admin key; AuthenticationError otherwise (tenant keys included)."""
+        return AdminPrincipal(self._check(api_key, creds.ADMIN_KEY_PREFIX)[1])
+
+    def _check(self, api_key: str, prefix: str) -> tuple[str, str]:
+        """(owner, key id) of a valid key with ``prefix``; AuthenticationError otherwise."""
+        parsed = creds.parse_key(api_key)
+        row = self.storage.cred_get(parsed.key_id)
+        owner = row.owner if row is not None else "-"
+        actual = creds.key_digest(self.keychain.credential_key, parsed, owner)
+        good = creds.digests_match(row.digest if row is not None else _DUMMY_DIGEST, actual)
+        is_admin = owner == creds.ADMIN_OWNER
+        if not good or parsed.prefix != prefix or is_admin != (prefix == creds.ADMIN_KEY_PREFIX):
+            raise AuthenticationError("unknown or revoked API key")
+        return owner, parsed.key_id
+
+    # ---------------------------------------------------------------- trajectories
+    def append_trajectory(
+        self,
+        tenant: TenantId,
+        session_id: str,
+        token_ids: Sequence[int] | np.ndarray,
+        text: str = "",
+        *,
+        num_prompt_tokens: int = 0,
+        started_at: float = 0.0,
+        finished_at: float | None = None,
+    ) -> TrajectoryRef:
+        """Seal and durably append one request's trajectory (the pipeline's history sink)."""
+        t = Trajectory(session_id, token_ids, text, num_prompt_tokens, started_at,
+                       time.time() if finished_at is None else finished_at)
+        return self.append_trajectories(tenant, [t])[0]
+
+    def append_trajectories(self, tenant: TenantId, trajectories: Sequence[Trajectory]) -> list[TrajectoryRef]:
+        """Append several in one atomic write (one transaction / one pipelined MULTI)."""
+        tk = self.keychain.tenant_keys(tenant)
+        items = []
+        for t in trajectories:
+            if not isinstance(t, Trajectory):
+                raise TypeError(f"expected Trajectory, got {type(t).__name__}")
+            rid = os.urandom(16)
+            sealed = self.keychain.seal(tk, KIND_TRAJECTORY, rid, encode_trajectory(t))
+            items.append((rid, tk.tag("session", t.session_id), sealed))
+        if not items:
+            return []
+        cursors = self.storage.traj_append(tenant.value, items)
+        return [TrajectoryRef(c, rid.hex()) for c, (rid, _, _) in zip(cursors, items)]
+
+    def iter_trajectories(
+        self, tenant: TenantId, after: str | None = None, session_id: str | None = None, batch_size: int = 512
+    ) -> Iterator[TrajectoryRecord]:
+        """The tenant's trajectories in commit order (after ``after``, a cursor), optionally one session's.
+
+        Reads in batches, so appends may continue meanwhile; an altered record raises IntegrityError.
+        """
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        tk = self.keychain.tenant_keys(tenant)
+        tag = tk.tag("session", session_id) if session_id is not None else None
+        return self._iter(tk, after, tag, batch_size)
+
+    def _iter(self, tk: TenantKeys, after: str | None, tag: bytes | None, batch_size: int) -> Iterator[TrajectoryRecord]:
+        cursor = after
+        while True:
+            rows = self.storage.traj_scan(tk.tenant.value, cursor, batch_size, tag)
+            for row in rows:
+                body = self._open(tk, KIND_TRAJECTORY, row.record_id, row.sealed)
+                yield TrajectoryRecord(row.cursor, row.record_id.hex(), decode_trajectory(body))
+            if len(rows) < batch_size:
+                return
+            cursor = rows[-1].cursor
+
+    def count_trajectories(self, tenant: TenantId) -> int:
+        self.keychain.tenant_keys(tenant)
+        return self.storage.traj_count(tenant.value)
+
+    def _open(self, tk: TenantKeys, kind: str, record_id: bytes, sealed: bytes) -> bytes:
+        try:
+            return self.keychain.open(tk, kind, record_id, sealed)
+        except IntegrityError:
+            self.num_integrity_failures += 1
+            raise
+
+    # ---------------------------------------------------------------- blobs
+    def _put_blob(self, tk: TenantKeys, kind: str, tag: bytes, head: dict[str, Any], body: bytes,
+                  blob_id: bytes | None = None) -> None:
+        size = self.config.chunk_bytes
+        blob_id = blob_id or os.urandom(16)
+        n = (len(body) + size - 1) // size
+        head = dict(head, body_bytes=len(body), num_chunks=n)
+        sealed_head = self.keychain.seal(tk, kind, _blob_rid(tag, blob_id, 0, 0), json.dumps(head).encode())
+        chunks = [self.keychain.seal(tk, kind, _blob_rid(tag, blob_id, i + 1, n), body[i * size:(i + 1) * size])
+                  for i in range(n)]
+        self.storage.blob_put(tk.tenant.value, kind, tag, blob_id, sealed_head, chunks)
+
+    def _blob_head(self, tk: TenantKeys, kind: str, blob: StoredBlob) -> dict[str, Any]:
+        return json.loads(self._open(tk, kind, _blob_rid(blob.tag, blob.blob_id, 0, 0), blob.head))
+
+    def _get_blob(self, tk: TenantKeys, kind: str, tag: bytes) -> tuple[dict[str, Any], bytes] | None:
+        blob = self.storage.blob_get(tk.tenant.value, kind, tag)
+        if blob is None:
+            return None
+        head = self._blob_head(tk, kind, blob)
+        chunks = blob.chunks or []
+        n = head["num_chunks"]
+        if len(chunks) != n:
+            raise IntegrityError(f"tenant {tk.tenant.value}: {kind} blob has {len(chunks)} chunks, its head says {n}")
+        body = b"".join(self._open(tk, kind, _blob_rid(tag, blob.blob_id, i + 1, n), c) for i, c in enumerate(chunks))
+        if len(body) != head["body_bytes"]:
+            raise IntegrityError(f"tenant {tk.tenant.value}: {kind} blob is {len(body)} bytes, its head says {head['body_bytes']}")
+        return head, body
+
+    def put_snapshot(self, tenant: TenantId, data: bytes, cursor: str = "", name: str = "default") -> None:
+        """Store serialized index bytes (replacing the previous snapshot of this name) and the cursor of
+        the last trajectory they include, so a cold start loads the snapshot plus the trajectories after it."""
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TypeError(f"snapshot data must be bytes, got {type(data).__name__}")
+        tk = self.keychain.tenant_keys(tenant)
+        head = {"name": name, "cursor": cursor, "created_at": time.time()}
+        self._put_blob(tk, KIND_SNAPSHOT, tk.tag(KIND_SNAPSHOT, name), head, bytes(data))
+
+    def get_snapshot(self, tenant: TenantId, name: str = "default") -> IndexSnapshot | None:
+        tk = self.keychain.tenant_keys(tenant)
+        got = self._get_blob(tk, KIND_SNAPSHOT, tk.tag(KIND_SNAPSHOT, name))
+        if got is None:
+            return None
+        head, body = got
+        return IndexSnapshot(head["name"], body, head["cursor"], head["created_at"])
+
+    def delete_snapshot(self, tenant: TenantId, name: str = "default") -> bool:
+        tk = self.keychain.tenant_keys(tenant)
+        return self.storage.blob_delete(tenant.value, KIND_SNAPSHOT, tk.tag(KIND_SNAPSHOT, name))
+
+    def add_corpus_documents(self, tenant: TenantId, documents: Sequence[Sequence[int] | np.ndarray],
+                             name: str = "default", replace: bool = False) -> CorpusInfo:
+        """Add token sequences to the tenant's corpus ``name`` as one new sealed part (``replace``: drop
+        the corpus first). Returns the corpus after the addition."""
+        docs = [as_token_ids(d, f"document {i}") for i, d in enumerate(documents)]
+        tk = self.keychain.tenant_keys(tenant)
+        if replace:
+            self.delete_corpus(tenant, name)
+        parts = self._corpus_parts(tk, name)
+        head = {"name": name, "part": max((h["part"] for _, h in parts), default=-1) + 1,
+                "num_documents": len(docs), "num_tokens": int(sum(len(d) for d in docs)), "created_at": time.time()}
+        self._put_blob(tk, KIND_CORPUS, os.urandom(16), head, encode_documents(docs))
+        return next(c for c in self.list_corpora(tenant) if c.name == name)
+
+    def _corpus_parts(self, tk: TenantKeys, name: str | None) -> list[tuple[StoredBlob, dict[str, Any]]]:
+        parts = [(b, self._blob_head(tk, KIND_CORPUS, b)) for b in self.storage.blob_list(tk.tenant.value, KIND_CORPUS)]
+        return sorted([(b, h) for b, h in parts if name is None or h["name"] == name], key=lambda p: p[1]["part"])
+
+    def list_corpora(self, tenant: TenantId) -> list[CorpusInfo]:
+        tk = self.keychain.tenant_keys(tenant)
+        out: dict[str, CorpusInfo] = {}
+        for _, h in self._corpus_parts(tk, None):
+            c = out.get(h["name"], CorpusInfo(h["name"], 0, 0, 0))
+            out[h["name"]] = CorpusInfo(c.name, c.num_documents + h["num_documents"],
+                                        c.num_tokens + h["num_tokens"], c.num_parts + 1)
+        return sorted(out.values(), key=lambda c: c.name)
+
+    def iter_corpus(self, tenant: TenantId, name: str = "default") -> Iterator[np.ndarray]:
+        """The corpus's documents (int32 arrays) in the order they were added."""
+        tk = self.keychain.tenant_keys(tenant)
+        for blob, _ in self._corpus_parts(tk, name):
+            got = self._get_blob(tk, KIND_CORPUS, blob.tag)
+            if got is not None:
+                yield from decode_documents(got[1])
+
+    def delete_corpus(self, tenant: TenantId, name: str = "default") -> int:
+        """Delete every part of corpus ``name``; returns the number of parts deleted."""
+        tk = self.keychain.tenant_keys(tenant)
+        parts = self._corpus_parts(tk, name)
+        for blob, _ in parts:
+            self.storage.blob_delete(tenant.value, KIND_CORPUS, blob.tag)
+        return len(parts)
+
+    def put_hidden_states(self, tenant: TenantId, key: str, positions: Sequence[int] | np.ndarray,
+                          states: np.ndarray) -> None:
+        """Store fp16 hidden-state vectors (``states[i]`` at token position ``positions[i]``) under ``key``."""
+        pos = as_token_ids(positions, "positions")
+        arr = np.asarray(states)
+        if arr.ndim != 2 or arr.shape[0] != len(pos):
+            raise ValueError(f"states must have shape [{len(pos)}, hidden_size], got {arr.shape}")
+        if not np.issubdtype(arr.dtype, np.floating):
+            raise TypeError(f"states must be floating point, got dtype {arr.dtype}")
+        tk = self.keychain.tenant_keys(tenant)
+        head = {"key": key, "created_at": time.time()}
+        self._put_blob(tk, KIND_HIDDEN, tk.tag(KIND_HIDDEN, key), head, encode_hidden_states(pos, arr.astype(np.float16)))
+
+    def get_hidden_states(self, tenant: TenantId, key: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """``(positions [n] int32, states [n, hidden] float16)`` stored under ``key``, or None."""
+        tk = self.keychain.tenant_keys(tenant)
+        got = self._get_blob(tk, KIND_HIDDEN, tk.tag(KIND_HIDDEN, key))
+        return decode_hidden_states(got[1]) if got is not None else None
+
+    def delete_hidden_states(self, tenant: TenantId, key: str) -> bool:
+        tk = self.keychain.tenant_keys(tenant)
+        return self.storage.blob_delete(tenant.value, KIND_HIDDEN, tk.tag(KIND_HIDDEN, key))
+
+    # ---------------------------------------------------------------- keys, export (privacy.rotation/transfer)
+    def rotate_data_key(self, tenant: TenantId, progress: ProgressCallback | None = None) -> RotationReport:
+        """New data key version for ``tenant``; re-encrypt its records; destroy the old versions."""
+        from privacy.rotation import rotate_data_key
+
+        return rotate_data_key(self, tenant, progress)
+
+    def rotate_master_key(self, progress: ProgressCallback | None = None, retire_old: bool = True) -> RotationReport:
+        """Re-wrap every data key under a new master key version (data is not re-encrypted)."""
+        from privacy.rotation import rotate_master_key
+
+        return rotate_master_key(self, progress, retire_old)
+
+    def export_tenant(self, tenant: TenantId, sink: BinaryIO, *, password: str | None = None,
+                      key: bytes | None = None, progress: ProgressCallback | None = None) -> Any:
+        """Write the tenant's history as a sealed export file (see ``privacy.transfer``)."""
+        from privacy.transfer import export_tenant
+
+        return export_tenant(self, tenant, sink, password=password, key=key, progress=progress)
+
+    def import_tenant(self, source: BinaryIO, *, password: str | None = None, key: bytes | None = None,
+                      into: TenantId | None = None, name: str | None = None,
+                      progress: ProgressCallback | None = None) -> Any:
+        """Read a sealed export file into a new tenant (``name``) or an existing one (``into``)."""
+        from privacy.transfer import import_tenant
+
+        return import_tenant(self, source, password=password, key=key, into=into, name=name, progress=progress)
+
+
+def _blob_rid(tag: bytes, blob_id: bytes, index: int, num_chunks: int) -> bytes:
+    """Record id of a blob's head (index 0) or chunk: binds the blob, its position and chunk count."""
+    return tag + blob_id + struct.pack(">II", index, num_chunks)
