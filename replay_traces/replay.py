@@ -65,10 +65,12 @@ class ReplayReport:
     wall_s: float
     skipped_lines: int = 0
     skipped_empty_responses: int = 0
+    skipped_examples: tuple[str, ...] = ()  # the first few "file:line: what" of the skipped lines
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d["acceptance_by_position"] = list(self.acceptance_by_position)
+        d["skipped_examples"] = list(self.skipped_examples)
         return d
 
 
@@ -127,6 +129,7 @@ class _Tally:
             wall_s=wall_s,
             skipped_lines=stats.skipped_lines,
             skipped_empty_responses=stats.skipped_empty_responses,
+            skipped_examples=tuple(stats.errors[:5]),
         )
 
 
@@ -286,4 +289,5 @@ def pool_reports(reports: Sequence[ReplayReport], path: str = "(all)") -> Replay
         wall_s=sum(r.wall_s for r in reports),
         skipped_lines=sum(r.skipped_lines for r in reports),
         skipped_empty_responses=sum(r.skipped_empty_responses for r in reports),
+        skipped_examples=tuple(m for r in reports for m in r.skipped_examples)[:5],
     )

@@ -36,6 +36,9 @@ _ONES = np.ones(_MAX_CHAIN, dtype=np.float32)
 _ONES.flags.writeable = False
 
 
+_EMPTY_TREE = DraftTree.empty(SOURCE)  # frozen and shared: most steps of a miss-heavy trace return it
+
+
 def _check_n(min_n: int, max_n: int) -> None:
     if not 1 <= min_n <= max_n:
         raise ValueError(f"need 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
@@ -50,7 +53,7 @@ def ngram_continuation(context: np.ndarray, min_n: int, max_n: int, k: int) -> n
     if k <= 0 or num_tokens < max(min_n, 2):
         return context[:0]
     # Occurrences of the last token, identified by where they end (always before the last position).
-    ends = np.flatnonzero(context[: num_tokens - 1] == context[num_tokens - 1])
+    ends = (context[: num_tokens - 1] == context[num_tokens - 1]).nonzero()[0]
     if ends.size == 0:
         return context[:0]
     n = 1
@@ -72,7 +75,7 @@ def chain_tree(token_ids: np.ndarray, source: str = SOURCE) -> DraftTree:
     """A chain DraftTree over ``token_ids`` (copied) with probs 1 and score = its length."""
     n = len(token_ids)
     if n == 0:
-        return DraftTree.empty(source)
+        return _EMPTY_TREE if source == SOURCE else DraftTree.empty(source)
     if n > _MAX_CHAIN:
         return DraftTree.chain(token_ids, source=source)
     return DraftTree(

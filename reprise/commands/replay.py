@@ -1,0 +1,225 @@
+"""`reprise replay`: the canonical replay of agent traces through a drafter.
+
+Every LLM call of each trace (../shared/traces/FORMAT.md) is decoded against its recorded response:
+each step the drafter proposes a tree of at most --budget tokens, greedy verification accepts the
+longest matching root path plus one bonus token. Printed per file:
+
+  tau            response tokens / verification steps (upper bound on speedup in target passes)
+  draft/step     drafted tokens per step
+  accept         accepted draft tokens / drafted tokens
+  hit            steps with a non-empty draft / steps
+  spec p50/p99   time of one propose() call, microseconds
+  by position k  steps accepting >= k draft tokens / steps with a non-empty draft
+
+Drafter "oracle" is the copy limit: the longest continuation of the recorded response visible to any
+retrieval drafter (tenant history, prompt, output so far), the ceiling for every retrieval drafter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ORACLE = "oracle"
+_SHOWN_POSITIONS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _budget(text: str) -> int:
+    value = _positive_int(text)
+    if value > 1024:
+        raise argparse.ArgumentTypeError(f"budget must be at most 1024, got {value}")
+    return value
+
+
+def add_trace_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments `replay` and `tune` share."""
+    parser.add_argument("traces", nargs="+", metavar="TRACE", help="trace files (.jsonl or .jsonl.gz)")
+    parser.add_argument("--max-calls", type=_positive_int, default=None, metavar="N",
+                        help="replay only the first N calls of each file (default: all)")
+    parser.add_argument("--tokenizer", default="cl100k_base", metavar="NAME",
+                        help="bpe_openai encoding (default: cl100k_base, the canonical one)")
+    parser.add_argument("--skip-bad-lines", action="store_true",
+                        help="skip malformed trace lines (counted and reported) instead of stopping")
+    parser.add_argument("--json", action="store_true", help="print JSON on stdout, no progress bar")
+
+
+def add_parser(sub) -> None:
+    parser = sub.add_parser(
+        "replay", help="replay agent traces through a drafter: tau, acceptance, latency",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_trace_arguments(parser)
+    parser.add_argument("--budget", type=_budget, default=32, metavar="B",
+                        help="at most B draft tokens per step (default: 32)")
+    parser.add_argument("--drafter", default=None, metavar="NAME",
+                        help="proposer from the registry, or 'oracle' (default: 'reprise' when "
+                        "registered, else 'prompt_lookup')")
+    parser.set_defaults(func=run)
+
+
+def default_drafter() -> str:
+    """'reprise' (the full proposer) once registered, else the prompt-lookup baseline."""
+    from retrieval.registry import proposer_names
+
+    return "reprise" if "reprise" in proposer_names() else "prompt_lookup"
+
+
+def check_traces(paths: list[str]) -> list[Path]:
+    """The trace paths as Paths; a missing or unreadable one is a CliError naming it."""
+    from reprise.cli import CliError
+
+    out = []
+    for p in paths:
+        path = Path(p)
+        if not path.exists():
+            raise CliError(f"no such trace file: {p}")
+        if not path.is_file():
+            raise CliError(f"not a file: {p}")
+        out.append(path)
+    return out
+
+
+def make_tokenizer(name: str):
+    from replay_traces.tokenizer import CanonicalTokenizer
+    from reprise.cli import CliError
+
+    try:
+        return CanonicalTokenizer(name)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+
+
+class Progress:
+    """A tqdm bar over calls on stderr, only when stderr is a terminal and output is not JSON."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled and sys.stderr.isatty()
+        self._bar = None
+
+    def start(self, desc: str, total: int | None) -> None:
+        if not self.enabled:
+            return
+        from tqdm import tqdm
+
+        self.close()
+        self._bar = tqdm(total=total, desc=desc, unit="call", file=sys.stderr, leave=False, dynamic_ncols=True)
+
+    def on_call(self, call, num_tokens: int) -> None:
+        if self._bar is not None:
+            self._bar.update(1)
+
+    def note(self, message: str) -> None:
+        if self.enabled:
+            print(message, file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+
+def replay_one(path: Path, drafter: str, *, tokenizer, budget: int, max_calls: int | None,
+               skip_bad_lines: bool, progress: Progress, config=None):
+    """Replay one file with the named proposer (or the oracle); trace errors become CliError."""
+    from replay_traces.replay import read_calls, replay_calls
+    from replay_traces.traces import TraceStats
+    from reprise.cli import CliError
+    from retrieval.registry import make_proposer
+
+    stats = TraceStats()
+    try:
+        if drafter == ORACLE:
+            from replay_traces.oracle import CopyLimitOracle
+
+            calls = list(read_calls(path, max_calls=max_calls, skip_bad_lines=skip_bad_lines, stats=stats))
+            progress.note(f"{path.name}: building the copy-limit oracle over {len(calls)} calls")
+            proposer = CopyLimitOracle(calls, tokenizer, max_len=budget)
+        else:
+            calls = read_calls(path, max_calls=max_calls, skip_bad_lines=skip_bad_lines, stats=stats)
+            proposer = make_proposer(drafter, config)
+        progress.start(path.name, max_calls)
+        return replay_calls(calls, proposer, tokenizer, budget=budget, drafter=drafter, path=str(path),
+                            stats=stats, on_call=progress.on_call)
+    except (ValueError, OSError, EOFError) as exc:
+        raise CliError(str(exc)) from None
+    finally:
+        progress.close()
+
+
+def report_skipped(reports, command: str) -> None:
+    """Tell stderr how many bad lines --skip-bad-lines skipped, and the first few of them."""
+    for r in reports:
+        if r.skipped_lines:
+            print(f"reprise {command}: {r.path}: skipped {r.skipped_lines} bad lines", file=sys.stderr)
+            for message in r.skipped_examples:
+                print(f"  {message}", file=sys.stderr)
+
+
+def format_table(reports, budget: int) -> str:
+    """The human table: one row per file, then acceptance by draft position."""
+    header = ("file", "calls", "tokens", "steps", "tau", "draft/step", "accept", "hit", "spec p50 us",
+              "spec p99 us")
+    rows = [header]
+    for r in reports:
+        rows.append((Path(r.path).name, f"{r.calls}", f"{r.tokens}", f"{r.steps}", f"{r.tau:.3f}",
+                     f"{r.draft_tokens_per_step:.2f}", f"{r.acceptance_rate:.3f}", f"{r.hit_rate:.3f}",
+                     f"{r.speculate_us_p50:.1f}", f"{r.speculate_us_p99:.1f}"))
+    lines = [_columns(rows)]
+    shown = [k for k in _SHOWN_POSITIONS if k <= budget]
+    if shown:
+        lines.append("")
+        lines.append("acceptance by draft position k (steps accepting >= k draft tokens / steps with a draft):")
+        pos_rows = [("file", *[f"k={k}" for k in shown])]
+        for r in reports:
+            pos_rows.append((Path(r.path).name, *[f"{r.acceptance_by_position[k - 1]:.3f}" for k in shown]))
+        lines.append(_columns(pos_rows))
+    return "\n".join(lines)
+
+
+def _columns(rows) -> str:
+    widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
+    out = []
+    for row in rows:
+        cells = [str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(row, widths))]
+        out.append("  ".join(cells).rstrip())
+    return "\n".join(out)
+
+
+def run(args: argparse.Namespace) -> int:
+    from reprise.cli import CliError
+    from retrieval.config import DraftingConfig
+    from retrieval.registry import proposer_names
+
+    paths = check_traces(args.traces)
+    drafter = args.drafter or default_drafter()
+    if drafter != ORACLE and drafter not in proposer_names():
+        raise CliError(f"unknown drafter {drafter!r}; known: {', '.join(proposer_names() + [ORACLE])}")
+    tokenizer = make_tokenizer(args.tokenizer)
+    config = DraftingConfig(max_draft_tokens=args.budget)
+    progress = Progress(enabled=not args.json)
+    reports = []
+    for path in paths:
+        reports.append(replay_one(path, drafter, tokenizer=tokenizer, budget=args.budget,
+                                  max_calls=args.max_calls, skip_bad_lines=args.skip_bad_lines,
+                                  progress=progress, config=config))
+    report_skipped(reports, "replay")
+    if args.json:
+        json.dump({"drafter": drafter, "budget": args.budget, "tokenizer": args.tokenizer,
+                   "files": [r.to_dict() for r in reports]}, sys.stdout, indent=2)
+        print()
+    else:
+        print(f"drafter {drafter}, budget {args.budget}, tokenizer {args.tokenizer}")
+        print(format_table(reports, args.budget))
+    return 0
