@@ -22,9 +22,10 @@ import dataclasses
 import os
 import types
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from retrieval.config import DraftingConfig
 
@@ -211,7 +212,7 @@ def coerce(key: str, kind: type, raw: Any, source: str) -> Any:
             return False
         raise ValueError(f"{where}: expected true or false, got {raw!r}")
     if base is int:
-        if isinstance(raw, bool) or isinstance(raw, float):
+        if isinstance(raw, (bool, float)):
             raise ValueError(f"{where}: expected an integer, got {raw!r}")
         try:
             return int(raw)

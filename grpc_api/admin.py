@@ -1,0 +1,202 @@
+"""The admin plane: ``reprise.v1.AdminService`` (admin keys only; see ``interceptors``).
+
+Every backend call runs in a worker thread; long operations stream ``Progress`` messages as the backend
+reports them and end with their result. An admin operation runs to completion even if its caller goes
+away (a half-done compaction or rotation is worse than a finished one nobody reads).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import queue
+import re
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from grpc_api import errors
+from grpc_api.admission import Admission, ThreadPump
+from grpc_api.backend import AdminBackend, CorpusDocument, Progress, TenantStats
+from grpc_api.v1 import admin_pb2, admin_pb2_grpc, common_pb2
+
+_TENANT_ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+KEY_KINDS = {
+    admin_pb2.KEY_KIND_API_KEY: "api_key",
+    admin_pb2.KEY_KIND_DATA_KEY: "data_key",
+    admin_pb2.KEY_KIND_MASTER_KEY: "master_key",
+}
+_UPLOAD_QUEUE = 64
+
+
+def check_tenant_id(tenant_id: str, field: str = "tenant_id") -> str:
+    if not tenant_id:
+        raise errors.InvalidArgument(f"{field} is empty")
+    if not _TENANT_ID_RE.match(tenant_id):
+        raise errors.InvalidArgument(f"{field} {tenant_id[:80]!r} is not a tenant id")
+    return tenant_id
+
+
+def stats_message(s: TenantStats) -> admin_pb2.TenantIndexStats:
+    return admin_pb2.TenantIndexStats(
+        tenant_id=s.tenant_id, index_tokens=s.index_tokens, index_sequences=s.index_sequences,
+        index_memory_bytes=s.index_memory_bytes, corpus_tokens=s.corpus_tokens, num_requests=s.num_requests,
+        num_steps=s.num_steps, num_drafted_steps=s.num_drafted_steps, hit_rate=s.hit_rate, tau=s.tau,
+        num_draft_tokens=s.num_draft_tokens, num_accepted_tokens=s.num_accepted_tokens,
+        acceptance_by_position=s.acceptance_by_position, drafter_steps=s.drafter_steps,
+    )
+
+
+def _progress(p: Progress) -> common_pb2.Progress:
+    return common_pb2.Progress(phase=p.phase, done=p.done, total=p.total, unit=p.unit)
+
+
+class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
+    def __init__(self, backend: AdminBackend, admission: Admission, executor: concurrent.futures.Executor,
+                 max_message_bytes: int) -> None:
+        self._backend = backend
+        self._admission = admission
+        self._executor = executor
+        self._max_piece = max(1024, max_message_bytes // 2)
+
+    async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    async def _stream(self, fn: Callable[..., Any], *args: Any):
+        """Run ``fn(*args, progress)``; yield Progress records, then ("result", value)."""
+        pump = ThreadPump()
+        pump.start(self._executor, lambda: fn(*args, pump.put))
+        async for item in pump.items():
+            yield item
+        yield ("result", pump.result)
+
+    async def CreateTenant(self, request, context):
+        info, key = await self._call(self._backend.create_tenant, request.name)
+        return admin_pb2.CreateTenantResponse(tenant=_tenant(info), api_key=key)
+
+    async def ListTenants(self, request, context):
+        tenants = await self._call(self._backend.list_tenants)
+        return admin_pb2.ListTenantsResponse(tenants=[_tenant(t) for t in tenants])
+
+    async def DeleteTenant(self, request, context):
+        tenant_id = check_tenant_id(request.tenant_id)
+        if request.confirm != tenant_id:
+            raise errors.FailedPrecondition(
+                f"deleting tenant {tenant_id} destroys its history for good: set confirm to the tenant id")
+        if not request.dry_run:
+            self._admission.cancel_tenant(tenant_id)
+        num = await self._call(self._backend.delete_tenant, tenant_id, request.dry_run)
+        return admin_pb2.DeleteTenantResponse(deleted=not request.dry_run, num_records=num)
+
+    async def RotateKeys(self, request, context):
+        kind = KEY_KINDS.get(request.kind)
+        if kind is None:
+            raise errors.InvalidArgument(
+                f"kind must be KEY_KIND_API_KEY, KEY_KIND_DATA_KEY or KEY_KIND_MASTER_KEY, got {request.kind}")
+        if kind == "master_key":
+            if request.tenant_id:
+                raise errors.InvalidArgument("the master key belongs to no tenant: leave tenant_id empty")
+        else:
+            check_tenant_id(request.tenant_id)
+        async for item in self._stream(self._backend.rotate_keys, kind, request.tenant_id):
+            if isinstance(item, Progress):
+                yield admin_pb2.RotateKeysResponse(progress=_progress(item))
+            else:
+                r = item[1]
+                yield admin_pb2.RotateKeysResponse(result=admin_pb2.RotateKeysResult(
+                    api_key=r.api_key, key_version=r.key_version, num_records=r.num_records))
+
+    async def GetIndexStats(self, request, context):
+        tenant_id = check_tenant_id(request.tenant_id) if request.tenant_id else None
+        stats = await self._call(self._backend.index_stats, tenant_id)
+        return admin_pb2.GetIndexStatsResponse(tenants=[stats_message(s) for s in stats])
+
+    async def _index_op(self, fn: Callable[..., Any], request):
+        tenant_id = check_tenant_id(request.tenant_id)
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        async for item in self._stream(fn, tenant_id):
+            if isinstance(item, Progress):
+                yield admin_pb2.IndexOperationResponse(progress=_progress(item))
+            else:
+                yield admin_pb2.IndexOperationResponse(result=admin_pb2.IndexOperationResult(
+                    stats=stats_message(item[1]), seconds=loop.time() - start))
+
+    def BuildIndex(self, request, context):
+        return self._index_op(self._backend.build_index, request)
+
+    def CompactIndex(self, request, context):
+        return self._index_op(self._backend.compact_index, request)
+
+    async def ImportCorpus(self, request_iterator, context):
+        first = await anext(aiter(request_iterator), None)
+        if first is None or first.WhichOneof("item") != "header":
+            raise errors.InvalidArgument("ImportCorpus must start with a header message naming the tenant")
+        tenant_id = check_tenant_id(first.header.tenant_id, "header.tenant_id")
+        docs: queue.Queue[Any] = queue.Queue(maxsize=_UPLOAD_QUEUE)
+        done, failed = object(), object()
+
+        def documents() -> Iterator[CorpusDocument]:
+            while True:
+                item = docs.get()
+                if item is done:
+                    return
+                if item is failed:  # the upload broke off: the backend must not keep a partial corpus
+                    raise errors.Aborted("corpus upload broke off before its end")
+                yield item
+
+        loop = asyncio.get_running_loop()
+        future = loop.run_in_executor(self._executor, self._backend.import_corpus, tenant_id, documents(),
+                                      first.header.replace, lambda p: None)
+
+        async def put(item: Any) -> None:
+            while not future.done():  # backpressure without blocking the event loop
+                try:
+                    docs.put_nowait(item)
+                    return
+                except queue.Full:
+                    await asyncio.sleep(0.005)
+
+        end = failed
+        try:
+            index = 0
+            async for message in request_iterator:
+                if future.done():
+                    break
+                if message.WhichOneof("item") != "document":
+                    raise errors.InvalidArgument(f"message {index + 1} repeats the header; send documents only")
+                doc = message.document
+                which = doc.WhichOneof("content")
+                if which is None:
+                    raise errors.InvalidArgument(f"document {index} is empty: set text or tokens")
+                await put(CorpusDocument(text=doc.text) if which == "text"
+                          else CorpusDocument(token_ids=tuple(doc.tokens.ids)))
+                index += 1
+            end = done
+        finally:
+            await put(end)
+            if end is failed:
+                await asyncio.wait([future])  # let the backend unwind before the error reaches the caller
+                if not future.cancelled():
+                    future.exception()  # retrieved: the caller gets the upload's own error
+        result = await future
+        return admin_pb2.ImportCorpusResponse(num_documents=result.num_documents, num_tokens=result.num_tokens,
+                                              corpus_tokens=result.corpus_tokens)
+
+    async def ExportHistory(self, request, context):
+        tenant_id = check_tenant_id(request.tenant_id)
+        piece = self._max_piece
+
+        def run(tid: str, progress: Callable[[Any], None]) -> None:
+            for data in self._backend.export_history(tid, progress):
+                for i in range(0, len(data), piece):
+                    progress(bytes(data[i:i + piece]))
+
+        async for item in self._stream(run, tenant_id):
+            if isinstance(item, Progress):
+                yield admin_pb2.ExportHistoryResponse(progress=_progress(item))
+            elif isinstance(item, bytes):
+                yield admin_pb2.ExportHistoryResponse(data=item)
+
+
+def _tenant(info: Any) -> admin_pb2.Tenant:
+    return admin_pb2.Tenant(tenant_id=info.tenant_id, name=info.name, created_unix_ms=info.created_unix_ms)

@@ -1,0 +1,504 @@
+"""Python clients of the Reprise service.
+
+    from grpc_api.client import RepriseClient
+
+    with RepriseClient("127.0.0.1:50051", api_key="rpk_...") as client:
+        stream = client.generate_stream(messages=[{"role": "user", "content": "Hi"}], max_new_tokens=64)
+        for chunk in stream:                  # StreamChunk(token_ids, text), as tokens are committed
+            print(chunk.text, end="", flush=True)
+        print(stream.completion.finish_reason)  # "stop" | "length" | "eos" | "aborted"
+
+``AsyncRepriseClient`` has the same calls as coroutines (``generate_stream`` is an async iterator);
+``AdminClient`` wraps the admin plane for operators. Failures raise ``RepriseError`` with the gRPC
+status code, the server's message and, for RESOURCE_EXHAUSTED, the server's suggested retry delay.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, BinaryIO
+
+import grpc
+
+from grpc_api.v1 import admin_pb2, admin_pb2_grpc, common_pb2, decoding_pb2, decoding_pb2_grpc
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+FINISH_REASONS = {
+    decoding_pb2.FINISH_REASON_UNSPECIFIED: "unspecified",
+    decoding_pb2.FINISH_REASON_STOP: "stop",
+    decoding_pb2.FINISH_REASON_LENGTH: "length",
+    decoding_pb2.FINISH_REASON_EOS: "eos",
+    decoding_pb2.FINISH_REASON_ABORTED: "aborted",
+}
+DEFAULT_TARGET = "127.0.0.1:50051"
+MiB = 1024 * 1024
+
+
+class RepriseError(Exception):
+    """A failed call: ``code`` (grpc.StatusCode), ``message`` and, when the server sent one, ``retry_after_s``."""
+
+    def __init__(self, code: grpc.StatusCode, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(f"{code.name}: {message}")
+        self.code = code
+        self.message = message
+        self.retry_after_s = retry_after_s
+
+    @classmethod
+    def from_rpc_error(cls, exc: grpc.RpcError) -> RepriseError:
+        code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
+        details = exc.details() if hasattr(exc, "details") else str(exc)
+        return cls(code, details or "", _retry_after(exc))
+
+
+def _retry_after(exc: Any) -> float | None:
+    try:
+        from google.rpc import error_details_pb2
+        from grpc_status import rpc_status
+
+        status = rpc_status.from_call(exc)
+    except Exception:  # noqa: BLE001 - no status details, or not a call object
+        return None
+    if status is None:
+        return None
+    for detail in status.details:
+        info = error_details_pb2.RetryInfo()
+        if detail.Unpack(info):
+            return info.retry_delay.ToNanoseconds() / 1e9
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class StreamChunk:
+    token_ids: list[int]
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """A finished request. ``matched_stop`` is the stop string or stop token id that ended it, if any."""
+
+    request_id: str
+    token_ids: list[int]
+    text: str
+    finish_reason: str
+    matched_stop: str | int | None
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    model_name: str
+    max_context_tokens: int
+    eos_token_ids: list[int]
+    vocab_size: int
+    has_chat_template: bool
+    server_version: str
+
+
+def build_request(
+    prompt: str | Sequence[int] | Sequence[Mapping[str, str]] | None = None, *,
+    tokens: Sequence[int] | None = None, text: str | None = None,
+    messages: Sequence[Mapping[str, str]] | None = None, session_id: str = "", request_id: str | None = None,
+    temperature: float | None = None, top_p: float | None = None, top_k: int | None = None,
+    seed: int | None = None, max_new_tokens: int | None = None, min_new_tokens: int = 0,
+    stop: Sequence[str] = (), stop_token_ids: Sequence[int] = (), ignore_eos: bool = False,
+    include_stop_str_in_output: bool = False, do_not_record: bool = False, speculation: bool = True,
+    stream_chunk_tokens: int = 0,
+) -> decoding_pb2.GenerateRequest:
+    """A GenerateRequest. ``prompt`` may be text, token ids or chat messages (dicts with role/content);
+    or give exactly one of ``tokens``, ``text``, ``messages``. ``request_id`` defaults to a fresh uuid."""
+    if prompt is not None:
+        if tokens is not None or text is not None or messages is not None:
+            raise ValueError("give the prompt either positionally or as tokens=/text=/messages=, not both")
+        if isinstance(prompt, str):
+            text = prompt
+        elif prompt and isinstance(prompt[0], Mapping):
+            messages = prompt  # type: ignore[assignment]
+        else:
+            tokens = prompt  # type: ignore[assignment]
+    given = [x for x in (tokens, text, messages) if x is not None]
+    if len(given) != 1:
+        raise ValueError("give exactly one of tokens, text or messages")
+    req = decoding_pb2.GenerateRequest(
+        request_id=uuid.uuid4().hex if request_id is None else request_id, session_id=session_id,
+        do_not_record=do_not_record, stream_chunk_tokens=stream_chunk_tokens,
+        speculation=decoding_pb2.SPECULATION_MODE_AUTO if speculation else decoding_pb2.SPECULATION_MODE_OFF,
+    )
+    _set_content(req, tokens, text, messages)
+    s = req.sampling
+    if temperature is not None:
+        s.temperature = temperature
+    if top_p is not None:
+        s.top_p = top_p
+    if top_k is not None:
+        s.top_k = top_k
+    if seed is not None:
+        s.seed = seed
+    st = req.stopping
+    if max_new_tokens is not None:
+        st.max_new_tokens = max_new_tokens
+    st.min_new_tokens = min_new_tokens
+    st.stop.extend(stop)
+    st.stop_token_ids.extend(stop_token_ids)
+    st.ignore_eos = ignore_eos
+    st.include_stop_str_in_output = include_stop_str_in_output
+    return req
+
+
+def _set_content(msg: Any, tokens: Sequence[int] | None, text: str | None,
+                 messages: Sequence[Mapping[str, str]] | None) -> None:
+    if tokens is not None:
+        msg.tokens.ids.extend(int(t) for t in tokens)
+    elif text is not None:
+        msg.text = text
+    elif messages is not None:
+        for m in messages:
+            msg.messages.messages.add(role=m["role"], content=m["content"])
+
+
+def completion_from(request_id: str, token_ids: list[int], text: str, complete: Any) -> Completion:
+    which = complete.WhichOneof("matched_stop")
+    matched = getattr(complete, which) if which else None
+    return Completion(request_id, token_ids, text, FINISH_REASONS.get(complete.finish_reason, "unspecified"),
+                      matched, complete.usage.prompt_tokens, complete.usage.completion_tokens)
+
+
+def channel_options(max_message_bytes: int = 16 * MiB) -> list[tuple[str, Any]]:
+    return [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.keepalive_time_ms", 30_000),
+        ("grpc.keepalive_timeout_ms", 10_000),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+    ]
+
+
+def _credentials(tls: bool, root_certificates: bytes | str | Path | None, client_cert: Any) -> Any:
+    if not tls and root_certificates is None and client_cert is None:
+        return None
+    root = Path(root_certificates).read_bytes() if isinstance(root_certificates, (str, Path)) else root_certificates
+    key = cert = None
+    if client_cert is not None:
+        cert_path, key_path = client_cert
+        cert, key = Path(cert_path).read_bytes(), Path(key_path).read_bytes()
+    return grpc.ssl_channel_credentials(root_certificates=root, private_key=key, certificate_chain=cert)
+
+
+class GenerationStream:
+    """Iterator of ``StreamChunk``; after it ends, ``completion`` holds the whole result."""
+
+    def __init__(self, call: Any) -> None:
+        self._call = call
+        self.request_id = ""
+        self.completion: Completion | None = None
+        self._ids: list[int] = []
+        self._texts: list[str] = []
+
+    def __iter__(self) -> Iterator[StreamChunk]:
+        try:
+            for message in self._call:
+                self.request_id = message.request_id
+                if message.WhichOneof("kind") == "chunk":
+                    chunk = StreamChunk(list(message.chunk.token_ids), message.chunk.text)
+                    self._ids.extend(chunk.token_ids)
+                    self._texts.append(chunk.text)
+                    yield chunk
+                else:
+                    self.completion = completion_from(self.request_id, self._ids, "".join(self._texts),
+                                                      message.complete)
+        except grpc.RpcError as exc:
+            raise RepriseError.from_rpc_error(exc) from None
+
+    def cancel(self) -> None:
+        """Stop the request (the server frees its resources at once)."""
+        self._call.cancel()
+
+
+class RepriseClient:
+    """Synchronous data-plane client; one HTTP/2 channel, safe to share between threads."""
+
+    def __init__(self, target: str = DEFAULT_TARGET, api_key: str | None = None, *, tls: bool = False,
+                 root_certificates: bytes | str | Path | None = None, client_cert: tuple[str, str] | None = None,
+                 timeout: float | None = None, max_message_bytes: int = 16 * MiB) -> None:
+        creds = _credentials(tls, root_certificates, client_cert)
+        opts = channel_options(max_message_bytes)
+        self._channel = grpc.secure_channel(target, creds, opts) if creds else grpc.insecure_channel(target, opts)
+        self._stub = decoding_pb2_grpc.DecodingServiceStub(self._channel)
+        self._metadata = (("authorization", f"Bearer {api_key}"),) if api_key else ()
+        self.timeout = timeout
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def _call(self, method: Callable[..., Any], request: Any, timeout: float | None) -> Any:
+        try:
+            return method(request, metadata=self._metadata, timeout=timeout or self.timeout)
+        except grpc.RpcError as exc:
+            raise RepriseError.from_rpc_error(exc) from None
+
+    def generate_stream(self, prompt: Any = None, *, timeout: float | None = None, **kwargs: Any) -> GenerationStream:
+        """Stream a completion; keyword arguments as ``build_request``."""
+        request = build_request(prompt, **kwargs)
+        call = self._stub.GenerateStream(request, metadata=self._metadata, timeout=timeout or self.timeout)
+        return GenerationStream(call)
+
+    def generate(self, prompt: Any = None, *, timeout: float | None = None, **kwargs: Any) -> Completion:
+        """The whole completion in one message; keyword arguments as ``build_request``."""
+        r = self._call(self._stub.Generate, build_request(prompt, **kwargs), timeout)
+        return completion_from(r.request_id, list(r.token_ids), r.text, r.complete)
+
+    def abort(self, request_id: str) -> None:
+        self._call(self._stub.Abort, decoding_pb2.AbortRequest(request_id=request_id), None)
+
+    def model_info(self) -> ModelInfo:
+        r = self._call(self._stub.GetModelInfo, decoding_pb2.GetModelInfoRequest(), None)
+        return ModelInfo(r.model_name, r.max_context_tokens, list(r.eos_token_ids), r.vocab_size,
+                         r.has_chat_template, r.server_version)
+
+    def append_trajectory(self, session_id: str = "", *, tokens: Sequence[int] | None = None, text: str | None = None,
+                          messages: Sequence[Mapping[str, str]] | None = None) -> int:
+        """Add a turn produced elsewhere (e.g. a tool's output) to this tenant's history."""
+        if sum(x is not None for x in (tokens, text, messages)) != 1:
+            raise ValueError("give exactly one of tokens, text or messages")
+        req = decoding_pb2.AppendTrajectoryRequest(session_id=session_id)
+        _set_content(req, tokens, text, messages)
+        return self._call(self._stub.AppendTrajectory, req, None).num_tokens
+
+
+class AsyncRepriseClient:
+    """asyncio data-plane client (``grpc.aio``)."""
+
+    def __init__(self, target: str = DEFAULT_TARGET, api_key: str | None = None, *, tls: bool = False,
+                 root_certificates: bytes | str | Path | None = None, client_cert: tuple[str, str] | None = None,
+                 timeout: float | None = None, max_message_bytes: int = 16 * MiB) -> None:
+        creds = _credentials(tls, root_certificates, client_cert)
+        opts = channel_options(max_message_bytes)
+        self._channel = (grpc.aio.secure_channel(target, creds, opts) if creds
+                         else grpc.aio.insecure_channel(target, opts))
+        self._stub = decoding_pb2_grpc.DecodingServiceStub(self._channel)
+        self._metadata = (("authorization", f"Bearer {api_key}"),) if api_key else ()
+        self.timeout = timeout
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def generate_stream(self, prompt: Any = None, *, timeout: float | None = None,
+                              **kwargs: Any) -> AsyncIterator[StreamChunk | Completion]:
+        """Yield ``StreamChunk``s, then one ``Completion`` (with the whole text)."""
+        call = self._stub.GenerateStream(build_request(prompt, **kwargs), metadata=self._metadata,
+                                         timeout=timeout or self.timeout)
+        ids: list[int] = []
+        texts: list[str] = []
+        try:
+            async for message in call:
+                if message.WhichOneof("kind") == "chunk":
+                    chunk = StreamChunk(list(message.chunk.token_ids), message.chunk.text)
+                    ids.extend(chunk.token_ids)
+                    texts.append(chunk.text)
+                    yield chunk
+                else:
+                    yield completion_from(message.request_id, ids, "".join(texts), message.complete)
+        except grpc.RpcError as exc:
+            raise RepriseError.from_rpc_error(exc) from None
+        finally:
+            call.cancel()  # no-op once finished; frees the server's request when the caller stops early
+
+    async def generate(self, prompt: Any = None, *, timeout: float | None = None, **kwargs: Any) -> Completion:
+        try:
+            r = await self._stub.Generate(build_request(prompt, **kwargs), metadata=self._metadata,
+                                          timeout=timeout or self.timeout)
+        except grpc.RpcError as exc:
+            raise RepriseError.from_rpc_error(exc) from None
+        return completion_from(r.request_id, list(r.token_ids), r.text, r.complete)
+
+    async def abort(self, request_id: str) -> None:
+        try:
+            await self._stub.Abort(decoding_pb2.AbortRequest(request_id=request_id), metadata=self._metadata)
+        except grpc.RpcError as exc:
+            raise RepriseError.from_rpc_error(exc) from None
+
+    async def model_info(self) -> ModelInfo:
+        try:
+            r = await self._stub.GetModelInfo(decoding_pb2.GetModelInfoRequest(), metadata=self._metadata)
+        except grpc.RpcError as exc:
+            raise RepriseError.from_rpc_error(exc) from None
+        return ModelInfo(r.model_name, r.max_context_tokens, list(r.eos_token_ids), r.vocab_size,
+                         r.has_chat_template, r.server_version)
+
+
+# ---- admin plane -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    phase: str
+    done: int
+    total: int
+    unit: str
+
+
+ProgressFn = Callable[[Progress], None]
+KEY_KINDS = {"api_key": admin_pb2.KEY_KIND_API_KEY, "data_key": admin_pb2.KEY_KIND_DATA_KEY,
+             "master_key": admin_pb2.KEY_KIND_MASTER_KEY}
+
+
+@dataclass(frozen=True, slots=True)
+class TenantRecord:
+    tenant_id: str
+    name: str
+    created_unix_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class IndexStats:
+    tenant_id: str
+    index_tokens: int
+    index_sequences: int
+    index_memory_bytes: int
+    corpus_tokens: int
+    num_requests: int
+    num_steps: int
+    num_drafted_steps: int
+    hit_rate: float
+    tau: float
+    num_draft_tokens: int
+    num_accepted_tokens: int
+    acceptance_by_position: list[float] = field(default_factory=list)
+    drafter_steps: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def from_message(cls, m: Any) -> IndexStats:
+        return cls(m.tenant_id, m.index_tokens, m.index_sequences, m.index_memory_bytes, m.corpus_tokens,
+                   m.num_requests, m.num_steps, m.num_drafted_steps, m.hit_rate, m.tau, m.num_draft_tokens,
+                   m.num_accepted_tokens, list(m.acceptance_by_position), dict(m.drafter_steps))
+
+
+def _progress(p: common_pb2.Progress) -> Progress:
+    return Progress(p.phase, p.done, p.total, p.unit)
+
+
+class AdminClient:
+    """Synchronous admin-plane client (needs an admin key)."""
+
+    def __init__(self, target: str = DEFAULT_TARGET, admin_key: str | None = None, *, tls: bool = False,
+                 root_certificates: bytes | str | Path | None = None, client_cert: tuple[str, str] | None = None,
+                 timeout: float | None = None, max_message_bytes: int = 16 * MiB) -> None:
+        creds = _credentials(tls, root_certificates, client_cert)
+        opts = channel_options(max_message_bytes)
+        self._channel = grpc.secure_channel(target, creds, opts) if creds else grpc.insecure_channel(target, opts)
+        self._stub = admin_pb2_grpc.AdminServiceStub(self._channel)
+        self._metadata = (("authorization", f"Bearer {admin_key}"),) if admin_key else ()
+        self.timeout = timeout
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def _unary(self, method: Callable[..., Any], request: Any) -> Any:
+        try:
+            return method(request, metadata=self._metadata, timeout=self.timeout)
+        except grpc.RpcError as exc:
+            raise RepriseError.from_rpc_error(exc) from None
+
+    def _stream(self, method: Callable[..., Any], request: Any, on_progress: ProgressFn | None) -> Iterator[Any]:
+        """Yield the non-progress messages' payloads; progress goes to ``on_progress``."""
+        try:
+            for message in method(request, metadata=self._metadata, timeout=self.timeout):
+                kind = message.WhichOneof("kind")
+                if kind == "progress":
+                    if on_progress is not None:
+                        on_progress(_progress(message.progress))
+                else:
+                    yield getattr(message, kind)
+        except grpc.RpcError as exc:
+            raise RepriseError.from_rpc_error(exc) from None
+
+    def create_tenant(self, name: str) -> tuple[TenantRecord, str]:
+        """The new tenant and its API key (shown once)."""
+        r = self._unary(self._stub.CreateTenant, admin_pb2.CreateTenantRequest(name=name))
+        return TenantRecord(r.tenant.tenant_id, r.tenant.name, r.tenant.created_unix_ms), r.api_key
+
+    def list_tenants(self) -> list[TenantRecord]:
+        r = self._unary(self._stub.ListTenants, admin_pb2.ListTenantsRequest())
+        return [TenantRecord(t.tenant_id, t.name, t.created_unix_ms) for t in r.tenants]
+
+    def delete_tenant(self, tenant_id: str, confirm: str, dry_run: bool = False) -> int:
+        """Crypto-shred a tenant (``confirm`` must equal ``tenant_id``); the number of records deleted."""
+        r = self._unary(self._stub.DeleteTenant,
+                        admin_pb2.DeleteTenantRequest(tenant_id=tenant_id, confirm=confirm, dry_run=dry_run))
+        return r.num_records
+
+    def rotate_keys(self, kind: str, tenant_id: str = "", on_progress: ProgressFn | None = None) -> Any:
+        """``kind``: api_key, data_key or master_key. Returns RotateKeysResult (api_key set for api_key)."""
+        if kind not in KEY_KINDS:
+            raise ValueError(f"kind must be one of {', '.join(KEY_KINDS)}, got {kind!r}")
+        request = admin_pb2.RotateKeysRequest(kind=KEY_KINDS[kind], tenant_id=tenant_id)
+        results = list(self._stream(self._stub.RotateKeys, request, on_progress))
+        return results[-1]
+
+    def index_stats(self, tenant_id: str | None = None) -> list[IndexStats]:
+        r = self._unary(self._stub.GetIndexStats, admin_pb2.GetIndexStatsRequest(tenant_id=tenant_id or ""))
+        return [IndexStats.from_message(t) for t in r.tenants]
+
+    def build_index(self, tenant_id: str, on_progress: ProgressFn | None = None) -> tuple[IndexStats, float]:
+        """Rebuild a tenant's index from its history; its stats and the seconds it took."""
+        r = list(self._stream(self._stub.BuildIndex, admin_pb2.IndexOperationRequest(tenant_id=tenant_id),
+                              on_progress))[-1]
+        return IndexStats.from_message(r.stats), r.seconds
+
+    def compact_index(self, tenant_id: str, on_progress: ProgressFn | None = None) -> tuple[IndexStats, float]:
+        r = list(self._stream(self._stub.CompactIndex, admin_pb2.IndexOperationRequest(tenant_id=tenant_id),
+                              on_progress))[-1]
+        return IndexStats.from_message(r.stats), r.seconds
+
+    def import_corpus(self, tenant_id: str, documents: Iterable[str | Sequence[int]], replace: bool = False,
+                      on_document: Callable[[int], None] | None = None) -> Any:
+        """Upload documents (text, or token ids); ``on_document(n)`` after each one is sent."""
+
+        def requests() -> Iterator[admin_pb2.ImportCorpusRequest]:
+            yield admin_pb2.ImportCorpusRequest(header=admin_pb2.ImportCorpusHeader(tenant_id=tenant_id,
+                                                                                    replace=replace))
+            for n, doc in enumerate(documents, 1):
+                message = admin_pb2.ImportCorpusRequest()
+                if isinstance(doc, str):
+                    message.document.text = doc
+                else:
+                    message.document.tokens.ids.extend(int(t) for t in doc)
+                yield message
+                if on_document is not None:
+                    on_document(n)
+
+        return self._unary(self._stub.ImportCorpus, requests())
+
+    def export_history(self, tenant_id: str, out: BinaryIO, on_progress: ProgressFn | None = None) -> int:
+        """Write the tenant's sealed history export to ``out``; return the bytes written."""
+        written = 0
+        for data in self._stream(self._stub.ExportHistory, admin_pb2.ExportHistoryRequest(tenant_id=tenant_id),
+                                 on_progress):
+            out.write(data)
+            written += len(data)
+        return written

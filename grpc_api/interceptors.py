@@ -1,0 +1,250 @@
+"""One server interceptor: authentication, the error-to-status mapping, and RPC metrics.
+
+Every handler's behaviour is wrapped (keeping its request deserializer and response serializer, so the
+wrapper always matches the RPC's shape). The wrapper
+
+1. authenticates ``authorization: Bearer <key>`` and checks the role the service needs: DecodingService
+   wants a tenant key, AdminService an admin key; health checking and reflection need none;
+2. exposes the principal to the servicer through ``current_principal()``;
+3. turns exceptions into statuses in one place: ``errors.ServiceError`` -> its code (RESOURCE_EXHAUSTED
+   with google.rpc.RetryInfo), ``ValueError`` -> INVALID_ARGUMENT, anything else -> INTERNAL with a
+   generic message (the traceback goes to the server log only);
+4. counts ``grpc_server_started_total``, ``grpc_server_handled_total{grpc_code}`` and
+   ``grpc_server_handling_seconds``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import inspect
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import grpc
+from google.protobuf import any_pb2, duration_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+from grpc_api import errors
+from grpc_api.backend import Authenticator, Principal
+
+log = logging.getLogger(__name__)
+
+DATA_PLANE = "reprise.v1.DecodingService"
+ADMIN_PLANE = "reprise.v1.AdminService"
+PUBLIC_PREFIXES = ("grpc.health.v1.", "grpc.reflection.")
+
+_principal: contextvars.ContextVar[Principal | None] = contextvars.ContextVar("reprise_principal", default=None)
+
+
+def current_principal() -> Principal:
+    """The authenticated caller of the RPC being handled (set by ``ServerInterceptor``)."""
+    principal = _principal.get()
+    if principal is None:  # a servicer reached without the interceptor: a wiring bug
+        raise errors.Internal("no authenticated principal")
+    return principal
+
+
+class RpcMetrics(Protocol):
+    def observe_rpc_started(self, service: str, method: str, rpc_type: str) -> None: ...
+
+    def observe_rpc(self, service: str, method: str, rpc_type: str, code: str, seconds: float) -> None: ...
+
+
+class NullMetrics:
+    """Metrics sink that records nothing."""
+
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        return lambda *args, **kwargs: None
+
+
+def bearer_key(metadata: Any) -> str | None:
+    """The key of an ``authorization: Bearer <key>`` entry; None if absent; ``""`` if malformed."""
+    for item in metadata or ():
+        key, value = item[0], item[1]
+        if key.lower() == "authorization":
+            if isinstance(value, bytes):
+                return ""
+            scheme, _, token = value.strip().partition(" ")
+            return token.strip() if scheme.lower() == "bearer" and token.strip() else ""
+    return None
+
+
+def _rpc_type(handler: grpc.RpcMethodHandler) -> str:
+    if handler.request_streaming:
+        return "bidi_stream" if handler.response_streaming else "client_stream"
+    return "server_stream" if handler.response_streaming else "unary"
+
+
+def _status_trailers(exc: errors.ServiceError) -> tuple[tuple[str, Any], ...]:
+    if not isinstance(exc, errors.ResourceExhausted):
+        return ()
+    delay = duration_pb2.Duration()
+    delay.FromNanoseconds(int(exc.retry_after_s * 1e9))
+    detail = any_pb2.Any()
+    detail.Pack(error_details_pb2.RetryInfo(retry_delay=delay))
+    status = status_pb2.Status(code=code_pb2.RESOURCE_EXHAUSTED, message=exc.message, details=[detail])
+    return tuple(rpc_status.to_status(status).trailing_metadata)
+
+
+class ServerInterceptor(grpc.aio.ServerInterceptor):
+    """Authentication, error mapping and metrics for every RPC (see the module docstring)."""
+
+    def __init__(self, authenticator: Authenticator, metrics: Any = None) -> None:
+        self._auth = authenticator
+        self._metrics = metrics if metrics is not None else NullMetrics()
+
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None  # unknown method: grpc answers UNIMPLEMENTED
+        full = handler_call_details.method  # "/package.Service/Method"
+        service, _, method = full.strip("/").rpartition("/")
+        if service.startswith(PUBLIC_PREFIXES):
+            role = None
+        elif service == ADMIN_PLANE:
+            role = "admin"
+        else:
+            role = "tenant"
+        rpc_type = _rpc_type(handler)
+        labels = (service, method, rpc_type)
+        check = self._check_factory(role, full)
+        metrics = self._metrics
+        parse = _parser(handler.request_deserializer, full)
+        if handler.request_streaming:
+            def prepare(raw):
+                async def parsed():
+                    async for item in raw:
+                        yield parse(item)
+                return parsed()
+        else:
+            prepare = parse
+
+        async def finish(context, code: grpc.StatusCode, start: float) -> None:
+            metrics.observe_rpc(*labels, code.name, time.perf_counter() - start)
+
+        async def fail(context, exc: BaseException, start: float):
+            code, message, trailers = _classify(exc, full)
+            await finish(context, code, start)
+            await context.abort(code, message, trailers)
+
+        def cancelled_code(context) -> grpc.StatusCode:
+            remaining = context.time_remaining()
+            if remaining is not None and remaining <= 0:
+                return grpc.StatusCode.DEADLINE_EXCEEDED
+            return grpc.StatusCode.CANCELLED
+
+        if handler.response_streaming:
+            inner = handler.unary_stream or handler.stream_stream
+
+            async def streaming(request_or_iterator, context):
+                start = time.perf_counter()
+                metrics.observe_rpc_started(*labels)
+                try:
+                    check(context)
+                    result = inner(prepare(request_or_iterator), context)
+                    if inspect.isasyncgen(result):
+                        async with contextlib.aclosing(result):
+                            async for response in result:
+                                yield response
+                    else:
+                        await result
+                except grpc.aio.AbortError:
+                    await finish(context, context.code() or grpc.StatusCode.UNKNOWN, start)
+                    raise
+                except BaseException as exc:
+                    if _is_cancel(exc):
+                        await finish(context, cancelled_code(context), start)
+                        raise
+                    await fail(context, exc, start)
+                else:
+                    await finish(context, grpc.StatusCode.OK, start)
+
+            behavior = streaming
+        else:
+            inner = handler.unary_unary or handler.stream_unary
+
+            async def unary(request_or_iterator, context):
+                start = time.perf_counter()
+                metrics.observe_rpc_started(*labels)
+                try:
+                    check(context)
+                    result = inner(prepare(request_or_iterator), context)
+                    if inspect.isawaitable(result):
+                        result = await result
+                except grpc.aio.AbortError:
+                    await finish(context, context.code() or grpc.StatusCode.UNKNOWN, start)
+                    raise
+                except BaseException as exc:
+                    if _is_cancel(exc):
+                        await finish(context, cancelled_code(context), start)
+                        raise
+                    await fail(context, exc, start)
+                await finish(context, grpc.StatusCode.OK, start)
+                return result
+
+            behavior = unary
+
+        factory = {
+            (False, False): grpc.unary_unary_rpc_method_handler,
+            (False, True): grpc.unary_stream_rpc_method_handler,
+            (True, False): grpc.stream_unary_rpc_method_handler,
+            (True, True): grpc.stream_stream_rpc_method_handler,
+        }[(handler.request_streaming, handler.response_streaming)]
+        # Requests arrive as bytes and are parsed in the wrapper, so that a malformed message gets
+        # INVALID_ARGUMENT (grpc's own deserializer failure would read as INTERNAL).
+        return factory(behavior, request_deserializer=None, response_serializer=handler.response_serializer)
+
+    def _check_factory(self, role: str | None, method: str) -> Callable[[Any], None]:
+        auth = self._auth
+
+        def check(context) -> None:
+            if role is None:
+                return
+            key = bearer_key(context.invocation_metadata())
+            if key is None:
+                raise errors.Unauthenticated(
+                    "missing credentials: send metadata 'authorization: Bearer <key>'")
+            if not key:
+                raise errors.Unauthenticated("malformed authorization metadata: expected 'Bearer <key>'")
+            principal = auth.authenticate(key)
+            if principal is None:
+                raise errors.Unauthenticated("unknown or revoked API key")
+            if principal.kind != role:
+                if role == "admin":
+                    raise errors.PermissionDenied(f"{method} needs an admin key; this key belongs to a tenant")
+                raise errors.PermissionDenied(f"{method} needs a tenant's API key; admin keys cannot decode")
+            _principal.set(principal)
+
+        return check
+
+
+def _parser(deserializer: Callable[[bytes], Any] | None, method: str) -> Callable[[Any], Any]:
+    if deserializer is None:
+        return lambda raw: raw
+
+    def parse(raw: bytes) -> Any:
+        try:
+            return deserializer(raw)
+        except Exception:  # noqa: BLE001 - DecodeError and friends
+            raise errors.InvalidArgument(f"malformed request: cannot parse the message sent to {method}") from None
+
+    return parse
+
+
+def _is_cancel(exc: BaseException) -> bool:
+    import asyncio
+
+    return isinstance(exc, (asyncio.CancelledError, GeneratorExit))
+
+
+def _classify(exc: BaseException, method: str) -> tuple[grpc.StatusCode, str, tuple]:
+    if isinstance(exc, errors.ServiceError):
+        return exc.code, exc.message, _status_trailers(exc)
+    if isinstance(exc, ValueError):
+        return grpc.StatusCode.INVALID_ARGUMENT, str(exc), ()
+    log.exception("internal error in %s", method, exc_info=exc)
+    return grpc.StatusCode.INTERNAL, f"internal error in {method}; see the server log", ()

@@ -1,0 +1,163 @@
+"""The gRPC server: both planes, health checking, reflection, limits, keepalive, graceful shutdown.
+
+    server = GrpcServer(decode_backend, admin_backend, authenticator, settings, metrics)
+    port = await server.start()
+    await server.wait()            # until SIGTERM/SIGINT (install_signal_handlers) or stop()
+
+``settings`` is any object with the attributes of ``reprise.config.ServerConfig`` (host, grpc_port,
+max_message_bytes, max_concurrent_requests, max_requests_per_tenant, default_max_new_tokens,
+stream_chunk_tokens, grace_seconds, keepalive_time_s, keepalive_timeout_s, num_worker_threads,
+tls_cert_file, tls_key_file, tls_client_ca_file).
+
+Shutdown (``stop``): health turns NOT_SERVING for every service, new generation requests get
+UNAVAILABLE, in-flight streams have ``grace_seconds`` to finish and are then cancelled, the worker
+threads are joined, and the decode backend is closed (history flushed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import signal
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
+
+from grpc_api.admin import AdminServicer
+from grpc_api.admission import Admission
+from grpc_api.backend import AdminBackend, Authenticator, DecodeBackend
+from grpc_api.decoding import DecodingServicer
+from grpc_api.interceptors import ADMIN_PLANE, DATA_PLANE, NullMetrics, ServerInterceptor
+from grpc_api.v1 import admin_pb2, admin_pb2_grpc, decoding_pb2, decoding_pb2_grpc
+
+log = logging.getLogger(__name__)
+SERVICE_NAMES = (DATA_PLANE, ADMIN_PLANE)
+
+
+def server_options(settings: Any) -> list[tuple[str, Any]]:
+    """Channel arguments: bounded messages, keepalive, no silent port sharing."""
+    return [
+        ("grpc.max_receive_message_length", settings.max_message_bytes),
+        ("grpc.max_send_message_length", settings.max_message_bytes),
+        ("grpc.keepalive_time_ms", int(settings.keepalive_time_s * 1000)),
+        ("grpc.keepalive_timeout_ms", int(settings.keepalive_timeout_s * 1000)),
+        ("grpc.keepalive_permit_without_calls", 1),
+        # Long unary calls send no data for a while; let clients ping that often (vLLM uses 10 s).
+        ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
+        ("grpc.http2.max_ping_strikes", 0),
+        # Without this a second server binds the same port on Linux and steals half the connections.
+        ("grpc.so_reuseport", 0),
+    ]
+
+
+def _address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+
+
+class GrpcServer:
+    """Both planes on one port, with health checking and reflection."""
+
+    def __init__(self, decode: DecodeBackend, admin: AdminBackend, authenticator: Authenticator, settings: Any,
+                 metrics: Any = None, version: str = "") -> None:
+        self.settings = settings
+        self.metrics = metrics if metrics is not None else NullMetrics()
+        self._decode = decode
+        self._admin = admin
+        self._auth = authenticator
+        self._version = version
+        self.port = 0
+        self._server: grpc.aio.Server | None = None
+        self._health: HealthServicer | None = None
+        self._stopped = asyncio.Event()
+        self._stopping: asyncio.Task | None = None
+        self.admission = Admission(settings.max_concurrent_requests, settings.max_requests_per_tenant,
+                                   on_change=self.metrics.set_requests_running)
+        self._executor = concurrent.futures.ThreadPoolExecutor(settings.num_worker_threads,
+                                                               thread_name_prefix="reprise-decode")
+        self._admin_executor = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="reprise-admin")
+
+    async def start(self) -> int:
+        """Bind and start serving; return the bound port (useful with grpc_port 0)."""
+        s = self.settings
+        server = grpc.aio.server(
+            interceptors=[ServerInterceptor(self._auth, self.metrics)],
+            options=server_options(s),
+            # Beyond this grpc itself answers RESOURCE_EXHAUSTED (admin and health calls need room too).
+            maximum_concurrent_rpcs=s.max_concurrent_requests * 2 + 64,
+        )
+        decoding_pb2_grpc.add_DecodingServiceServicer_to_server(
+            DecodingServicer(self._decode, self.admission, self._executor, s, self.metrics, self._version), server)
+        admin_pb2_grpc.add_AdminServiceServicer_to_server(
+            AdminServicer(self._admin, self.admission, self._admin_executor, s.max_message_bytes), server)
+        self._health = HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        names = (
+            decoding_pb2.DESCRIPTOR.services_by_name["DecodingService"].full_name,
+            admin_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name,
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection.SERVICE_NAME,
+        )
+        reflection.enable_server_reflection(names, server)
+        address = _address(s.host, s.grpc_port)
+        try:
+            if s.tls_cert_file:
+                ca = Path(s.tls_client_ca_file).read_bytes() if s.tls_client_ca_file else None
+                creds = grpc.ssl_server_credentials(
+                    [(Path(s.tls_key_file).read_bytes(), Path(s.tls_cert_file).read_bytes())],
+                    root_certificates=ca, require_client_auth=ca is not None)
+                self.port = server.add_secure_port(address, creds)
+            else:
+                self.port = server.add_insecure_port(address)
+        except RuntimeError as exc:
+            raise OSError(f"cannot listen on {address}: {exc}") from None
+        if self.port == 0:
+            raise OSError(f"cannot listen on {address} (in use?)")
+        await server.start()
+        self._server = server
+        for name in ("", *SERVICE_NAMES):
+            await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        log.info("gRPC serving on %s", _address(s.host, self.port))
+        return self.port
+
+    def install_signal_handlers(self) -> None:
+        """SIGTERM and SIGINT start a graceful stop (once)."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.request_stop)
+
+    def request_stop(self) -> None:
+        if self._stopping is None:
+            log.warning("stopping: draining in-flight requests for up to %.1f s", self.settings.grace_seconds)
+            self._stopping = asyncio.get_running_loop().create_task(self.stop())
+
+    async def wait(self) -> None:
+        """Until the server has stopped."""
+        await self._stopped.wait()
+        if self._stopping is not None:
+            await self._stopping
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Graceful shutdown (see the module docstring). Idempotent."""
+        if self._server is None or self._stopped.is_set():
+            return
+        grace = self.settings.grace_seconds if grace is None else grace
+        self.admission.draining = True
+        if self._health is not None:
+            await self._health.enter_graceful_shutdown()
+        # Streams still running after the grace period are cancelled by grpc; their workers see the
+        # cancel events set below and return at their next step.
+        await self._server.stop(grace)
+        self.admission.cancel_all()
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self._executor.shutdown, True)
+        await loop.run_in_executor(None, self._admin_executor.shutdown, True)
+        try:
+            await loop.run_in_executor(None, self._decode.close)
+        finally:
+            self._stopped.set()
+            log.info("gRPC server stopped")

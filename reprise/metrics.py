@@ -1,0 +1,173 @@
+"""Prometheus metrics with vLLM-compatible names under ``reprise_`` (../shared/research/service.md, 5).
+
+vLLM's PromQL ports by renaming ``vllm:`` to ``reprise_``:
+
+- acceptance rate = rate(reprise_spec_decode_num_accepted_tokens_total)
+  / rate(reprise_spec_decode_num_draft_tokens_total)
+- mean acceptance length = 1 + rate(..._num_accepted_tokens_total) / rate(..._num_drafts_total)
+- acceptance at position i = rate(..._num_accepted_tokens_per_pos_total{position="i"})
+  / rate(..._num_drafts_total)
+
+No label ever carries a tenant, user, request or session id: per-tenant figures go through the admin
+plane (``reprise index stats``) and the dashboard page only. Every metric lives in the registry given to
+``ServiceMetrics`` (a fresh one per service), so tests and several services in one process do not mix.
+Hot path: ``observe_step`` bumps pre-bound counter children once per verification step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
+                   0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
+FAST_BUCKETS = (1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 1e-2)
+TOKEN_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+LOOKUP_RESULTS = ("match", "no_match", "skipped")
+FINISH_REASONS = ("stop", "length", "eos", "aborted", "cancelled", "error")
+
+
+class ServiceMetrics:
+    """All of the service's metrics, in one registry."""
+
+    def __init__(self, registry: CollectorRegistry | None = None, max_positions: int = 64) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.max_positions = max_positions
+        # Speculative decoding (vLLM v1 names).
+        self.num_drafts = Counter("reprise_spec_decode_num_drafts", "Verification steps that carried a draft",
+                                  registry=r)
+        self.num_draft_tokens = Counter("reprise_spec_decode_num_draft_tokens", "Draft tokens verified",
+                                        registry=r)
+        self.num_accepted_tokens = Counter("reprise_spec_decode_num_accepted_tokens", "Draft tokens accepted",
+                                           registry=r)
+        per_pos = Counter("reprise_spec_decode_num_accepted_tokens_per_pos",
+                          "Draft tokens accepted at each draft position (0 = first after the prefix)",
+                          ["position"], registry=r)
+        self._per_pos = [per_pos.labels(position=str(i)) for i in range(max_positions)]
+        self.num_steps = Counter("reprise_verify_steps", "Verification steps (model forward passes)", registry=r)
+        # Retrieval index.
+        lookups = Counter("reprise_index_lookups", "Draft lookups by result", ["result"], registry=r)
+        self._lookups = {name: lookups.labels(result=name) for name in LOOKUP_RESULTS}
+        self.match_length = Histogram("reprise_index_match_length_tokens", "Matched suffix length of a lookup",
+                                      buckets=TOKEN_BUCKETS, registry=r)
+        self.lookup_seconds = Histogram("reprise_index_lookup_seconds", "Time to propose one draft",
+                                        buckets=FAST_BUCKETS, registry=r)
+        self.draft_length = Histogram("reprise_draft_length_tokens", "Nodes in a proposed draft tree",
+                                      buckets=TOKEN_BUCKETS, registry=r)
+        self.index_memory_bytes = Gauge("reprise_index_memory_bytes", "Memory held by in-memory indexes",
+                                        registry=r)
+        self.index_evictions = Counter("reprise_index_evictions", "Tenant indexes evicted from memory",
+                                       registry=r)
+        self.speculation_disabled = Counter("reprise_speculation_disabled",
+                                            "Requests or steps decoded without speculation, by reason",
+                                            ["reason"], registry=r)
+        # Requests.
+        self.ttft = Histogram("reprise_request_ttft_seconds", "Time to first token, from request arrival",
+                              buckets=LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram("reprise_inter_token_latency_seconds",
+                             "Time between successive token emissions of a request (one per verification step)",
+                             buckets=LATENCY_BUCKETS, registry=r)
+        self.tpot = Histogram("reprise_request_time_per_output_token_seconds",
+                              "(end - first token) / (output tokens - 1), per request",
+                              buckets=LATENCY_BUCKETS, registry=r)
+        self.e2e = Histogram("reprise_e2e_request_latency_seconds", "Request latency, arrival to last token",
+                             buckets=LATENCY_BUCKETS, registry=r)
+        requests = Counter("reprise_requests", "Finished generation requests by finish reason",
+                           ["finish_reason"], registry=r)
+        self._requests = {name: requests.labels(finish_reason=name) for name in FINISH_REASONS}
+        self.prompt_tokens = Counter("reprise_prompt_tokens", "Prompt tokens processed", registry=r)
+        self.generation_tokens = Counter("reprise_generation_tokens", "Tokens generated", registry=r)
+        self.requests_running = Gauge("reprise_num_requests_running", "Generation requests in flight",
+                                      registry=r)
+        # gRPC (the go-grpc-prometheus names).
+        self.grpc_started = Counter("grpc_server_started", "RPCs started",
+                                    ["grpc_service", "grpc_method", "grpc_type"], registry=r)
+        self.grpc_handled = Counter("grpc_server_handled", "RPCs completed, by status code",
+                                    ["grpc_service", "grpc_method", "grpc_type", "grpc_code"], registry=r)
+        self.grpc_seconds = Histogram("grpc_server_handling_seconds", "RPC handling time",
+                                      ["grpc_service", "grpc_method", "grpc_type"],
+                                      buckets=LATENCY_BUCKETS, registry=r)
+        self.storage_seconds = Histogram("reprise_storage_op_seconds", "History store operations",
+                                         ["backend", "op"], buckets=LATENCY_BUCKETS, registry=r)
+        self.crypto_failures = Counter("reprise_crypto_failures", "Records that failed their integrity check",
+                                       ["kind"], registry=r)
+
+    # ---- called by the decode pipeline, once per step ----------------------------------------------
+
+    def observe_step(self, num_draft_tokens: int, num_accepted: int, lookup_seconds: float | None = None,
+                     match_len: int | None = None, skipped: bool = False) -> None:
+        """One verification step: ``num_draft_tokens`` nodes verified, ``num_accepted`` of them accepted
+        (along one path, so positions 0..num_accepted-1 each gained one)."""
+        self.num_steps.inc()
+        if skipped:
+            self._lookups["skipped"].inc()
+        elif num_draft_tokens:
+            self._lookups["match"].inc()
+            self.num_drafts.inc()
+            self.num_draft_tokens.inc(num_draft_tokens)
+            self.draft_length.observe(num_draft_tokens)
+            if num_accepted:
+                self.num_accepted_tokens.inc(num_accepted)
+                for child in self._per_pos[: min(num_accepted, self.max_positions)]:
+                    child.inc()
+        else:
+            self._lookups["no_match"].inc()
+        if lookup_seconds is not None:
+            self.lookup_seconds.observe(lookup_seconds)
+        if match_len is not None:
+            self.match_length.observe(match_len)
+
+    def observe_drafts(self, num_drafts: int, num_draft_tokens: int, accepted_per_pos: Sequence[int],
+                       num_steps: int = 0) -> None:
+        """Aggregated figures of several steps (e.g. one request's), for pipelines that report in bulk."""
+        if num_steps:
+            self.num_steps.inc(num_steps)
+        if num_drafts:
+            self.num_drafts.inc(num_drafts)
+            self._lookups["match"].inc(num_drafts)
+        if num_steps > num_drafts:
+            self._lookups["no_match"].inc(num_steps - num_drafts)
+        if num_draft_tokens:
+            self.num_draft_tokens.inc(num_draft_tokens)
+        accepted = 0
+        for i, n in enumerate(accepted_per_pos):
+            if n:
+                accepted += n
+                if i < self.max_positions:
+                    self._per_pos[i].inc(n)
+        if accepted:
+            self.num_accepted_tokens.inc(accepted)
+
+    # ---- called by the gRPC layer ------------------------------------------------------------------
+
+    def observe_request(self, finish_reason: str, prompt_tokens: int, completion_tokens: int,
+                        ttft: float | None, e2e: float) -> None:
+        """A finished generation request (``finish_reason`` one of FINISH_REASONS)."""
+        self._requests.get(finish_reason, self._requests["error"]).inc()
+        self.prompt_tokens.inc(prompt_tokens)
+        self.generation_tokens.inc(completion_tokens)
+        self.e2e.observe(e2e)
+        if ttft is not None:
+            self.ttft.observe(ttft)
+            if completion_tokens > 1:
+                self.tpot.observe((e2e - ttft) / (completion_tokens - 1))
+
+    def set_requests_running(self, num: int) -> None:
+        self.requests_running.set(num)
+
+    def observe_emission_gap(self, seconds: float) -> None:
+        self.itl.observe(seconds)
+
+    def observe_rpc_started(self, service: str, method: str, rpc_type: str) -> None:
+        self.grpc_started.labels(service, method, rpc_type).inc()
+
+    def observe_rpc(self, service: str, method: str, rpc_type: str, code: str, seconds: float) -> None:
+        self.grpc_handled.labels(service, method, rpc_type, code).inc()
+        self.grpc_seconds.labels(service, method, rpc_type).observe(seconds)
+
+    def render(self) -> tuple[bytes, str]:
+        """The text exposition format and its content type."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
