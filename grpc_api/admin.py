@@ -11,6 +11,7 @@ import asyncio
 import concurrent.futures
 import queue
 import re
+import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -184,18 +185,49 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
 
     async def ExportHistory(self, request, context):
         tenant_id = check_tenant_id(request.tenant_id)
+        if not request.password:
+            raise errors.InvalidArgument("password is empty: the export file is sealed with it")
         piece = self._max_piece
 
-        def run(tid: str, progress: Callable[[Any], None]) -> None:
-            for data in self._backend.export_history(tid, progress):
+        def run(tid: str, password: str, emit: Callable[[Any], None]) -> int:
+            def write(data: bytes) -> None:
                 for i in range(0, len(data), piece):
-                    progress(bytes(data[i:i + piece]))
+                    emit(bytes(data[i:i + piece]))
 
-        async for item in self._stream(run, tenant_id):
+            return self._backend.export_history(tid, password, write, emit)
+
+        async for item in self._stream(run, tenant_id, request.password):
             if isinstance(item, Progress):
                 yield admin_pb2.ExportHistoryResponse(progress=_progress(item))
             elif isinstance(item, bytes):
                 yield admin_pb2.ExportHistoryResponse(data=item)
+
+    async def ImportHistory(self, request_iterator, context):
+        first = await anext(aiter(request_iterator), None)
+        if first is None or first.WhichOneof("item") != "header":
+            raise errors.InvalidArgument("ImportHistory must start with a header message")
+        header = first.header
+        if not header.password:
+            raise errors.InvalidArgument("header.password is empty: the export file is sealed with one")
+        if header.new_tenant_name and header.into_tenant_id:
+            raise errors.InvalidArgument("give header.new_tenant_name or header.into_tenant_id, not both")
+        if header.into_tenant_id:
+            check_tenant_id(header.into_tenant_id, "header.into_tenant_id")
+        # Spool the upload (memory, then disk): the backend authenticates the whole file before it
+        # writes anything, which needs a seekable source.
+        with tempfile.SpooledTemporaryFile(max_size=self._max_piece * 2) as spool:
+            index = 0
+            async for message in request_iterator:
+                index += 1
+                if message.WhichOneof("item") != "data":
+                    raise errors.InvalidArgument(f"message {index} repeats the header; send data only")
+                spool.write(message.data)
+            spool.seek(0)
+            result = await self._call(self._backend.import_history, spool, header.password,
+                                      header.new_tenant_name, header.into_tenant_id, lambda p: None)
+        return admin_pb2.ImportHistoryResponse(
+            tenant=_tenant(result.tenant), created=result.created, num_trajectories=result.num_trajectories,
+            num_blobs=result.num_blobs, api_key=result.api_key)
 
 
 def _tenant(info: Any) -> admin_pb2.Tenant:

@@ -9,9 +9,9 @@ subclasses or ``ValueError`` for bad input.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import BinaryIO, Literal, Protocol
 
 # ---- principals ------------------------------------------------------------------------------------
 
@@ -188,6 +188,15 @@ class CorpusImport:
     corpus_tokens: int
 
 
+@dataclass(frozen=True, slots=True)
+class HistoryImport:
+    tenant: TenantInfo
+    created: bool
+    num_trajectories: int
+    num_blobs: int
+    api_key: str = ""
+
+
 class AdminBackend(Protocol):
     """Every method is *blocking*. Unknown tenants raise ``errors.NotFound``."""
 
@@ -217,6 +226,12 @@ class AdminBackend(Protocol):
         """``documents`` is consumed as the upload arrives (a blocking iterator)."""
         ...
 
-    def export_history(self, tenant_id: str, progress: ProgressCallback) -> Iterator[bytes]:
-        """The sealed export file, in pieces."""
+    def export_history(self, tenant_id: str, password: str, write: Callable[[bytes], None],
+                       progress: ProgressCallback) -> int:
+        """Write the tenant's export file, sealed with ``password``, through ``write``; return its size."""
+        ...
+
+    def import_history(self, source: BinaryIO, password: str, new_tenant_name: str, into_tenant_id: str,
+                       progress: ProgressCallback) -> HistoryImport:
+        """Read an export file (a seekable file) into a new tenant or append it to ``into_tenant_id``."""
         ...

@@ -494,11 +494,29 @@ class AdminClient:
 
         return self._unary(self._stub.ImportCorpus, requests())
 
-    def export_history(self, tenant_id: str, out: BinaryIO, on_progress: ProgressFn | None = None) -> int:
-        """Write the tenant's sealed history export to ``out``; return the bytes written."""
+    def export_history(self, tenant_id: str, out: BinaryIO, password: str,
+                       on_progress: ProgressFn | None = None) -> int:
+        """Write the tenant's history, sealed with ``password``, to ``out``; return the bytes written."""
         written = 0
-        for data in self._stream(self._stub.ExportHistory, admin_pb2.ExportHistoryRequest(tenant_id=tenant_id),
-                                 on_progress):
+        request = admin_pb2.ExportHistoryRequest(tenant_id=tenant_id, password=password)
+        for data in self._stream(self._stub.ExportHistory, request, on_progress):
             out.write(data)
             written += len(data)
         return written
+
+    def import_history(self, source: BinaryIO, password: str, *, new_tenant_name: str = "",
+                       into_tenant_id: str = "", on_bytes: Callable[[int], None] | None = None,
+                       piece: int = 1 << 20) -> Any:
+        """Upload an export file into a new tenant (its API key in the reply) or an existing one."""
+
+        def requests() -> Iterator[admin_pb2.ImportHistoryRequest]:
+            yield admin_pb2.ImportHistoryRequest(header=admin_pb2.ImportHistoryHeader(
+                password=password, new_tenant_name=new_tenant_name, into_tenant_id=into_tenant_id))
+            sent = 0
+            while data := source.read(piece):
+                yield admin_pb2.ImportHistoryRequest(data=data)
+                sent += len(data)
+                if on_bytes is not None:
+                    on_bytes(sent)
+
+        return self._unary(self._stub.ImportHistory, requests())

@@ -205,10 +205,12 @@ class ImportCorpusResponse(_message.Message):
     def __init__(self, num_documents: _Optional[int] = ..., num_tokens: _Optional[int] = ..., corpus_tokens: _Optional[int] = ...) -> None: ...
 
 class ExportHistoryRequest(_message.Message):
-    __slots__ = ("tenant_id",)
+    __slots__ = ("tenant_id", "password")
     TENANT_ID_FIELD_NUMBER: _ClassVar[int]
+    PASSWORD_FIELD_NUMBER: _ClassVar[int]
     tenant_id: str
-    def __init__(self, tenant_id: _Optional[str] = ...) -> None: ...
+    password: str
+    def __init__(self, tenant_id: _Optional[str] = ..., password: _Optional[str] = ...) -> None: ...
 
 class ExportHistoryResponse(_message.Message):
     __slots__ = ("progress", "data")
@@ -217,3 +219,35 @@ class ExportHistoryResponse(_message.Message):
     progress: _common_pb2.Progress
     data: bytes
     def __init__(self, progress: _Optional[_Union[_common_pb2.Progress, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class ImportHistoryHeader(_message.Message):
+    __slots__ = ("password", "new_tenant_name", "into_tenant_id")
+    PASSWORD_FIELD_NUMBER: _ClassVar[int]
+    NEW_TENANT_NAME_FIELD_NUMBER: _ClassVar[int]
+    INTO_TENANT_ID_FIELD_NUMBER: _ClassVar[int]
+    password: str
+    new_tenant_name: str
+    into_tenant_id: str
+    def __init__(self, password: _Optional[str] = ..., new_tenant_name: _Optional[str] = ..., into_tenant_id: _Optional[str] = ...) -> None: ...
+
+class ImportHistoryRequest(_message.Message):
+    __slots__ = ("header", "data")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    header: ImportHistoryHeader
+    data: bytes
+    def __init__(self, header: _Optional[_Union[ImportHistoryHeader, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class ImportHistoryResponse(_message.Message):
+    __slots__ = ("tenant", "created", "num_trajectories", "num_blobs", "api_key")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    NUM_TRAJECTORIES_FIELD_NUMBER: _ClassVar[int]
+    NUM_BLOBS_FIELD_NUMBER: _ClassVar[int]
+    API_KEY_FIELD_NUMBER: _ClassVar[int]
+    tenant: Tenant
+    created: bool
+    num_trajectories: int
+    num_blobs: int
+    api_key: str
+    def __init__(self, tenant: _Optional[_Union[Tenant, _Mapping]] = ..., created: _Optional[bool] = ..., num_trajectories: _Optional[int] = ..., num_blobs: _Optional[int] = ..., api_key: _Optional[str] = ...) -> None: ...

@@ -79,6 +79,11 @@ class AdminServiceStub:
                 request_serializer=grpc__api_dot_v1_dot_admin__pb2.ExportHistoryRequest.SerializeToString,
                 response_deserializer=grpc__api_dot_v1_dot_admin__pb2.ExportHistoryResponse.FromString,
                 _registered_method=True)
+        self.ImportHistory = channel.stream_unary(
+                '/reprise.v1.AdminService/ImportHistory',
+                request_serializer=grpc__api_dot_v1_dot_admin__pb2.ImportHistoryRequest.SerializeToString,
+                response_deserializer=grpc__api_dot_v1_dot_admin__pb2.ImportHistoryResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -143,7 +148,17 @@ class AdminServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ExportHistory(self, request, context):
-        """Streams a tenant's history as a sealed export file.
+        """Streams a tenant's history (trajectories, index snapshots, corpora) as an export file sealed with
+        a password.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ImportHistory(self, request_iterator, context):
+        """Uploads an export file: first a header, then the file's bytes. The whole file is authenticated
+        before anything is written; it lands in a new tenant (named in the header, or the exported name)
+        or is appended to an existing one.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -196,6 +211,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.ExportHistory,
                     request_deserializer=grpc__api_dot_v1_dot_admin__pb2.ExportHistoryRequest.FromString,
                     response_serializer=grpc__api_dot_v1_dot_admin__pb2.ExportHistoryResponse.SerializeToString,
+            ),
+            'ImportHistory': grpc.stream_unary_rpc_method_handler(
+                    servicer.ImportHistory,
+                    request_deserializer=grpc__api_dot_v1_dot_admin__pb2.ImportHistoryRequest.FromString,
+                    response_serializer=grpc__api_dot_v1_dot_admin__pb2.ImportHistoryResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -441,6 +461,33 @@ class AdminService:
             '/reprise.v1.AdminService/ExportHistory',
             grpc__api_dot_v1_dot_admin__pb2.ExportHistoryRequest.SerializeToString,
             grpc__api_dot_v1_dot_admin__pb2.ExportHistoryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ImportHistory(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/reprise.v1.AdminService/ImportHistory',
+            grpc__api_dot_v1_dot_admin__pb2.ImportHistoryRequest.SerializeToString,
+            grpc__api_dot_v1_dot_admin__pb2.ImportHistoryResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -16,6 +16,7 @@ from grpc_api.backend import (
     CorpusImport,
     GenerateParams,
     Generation,
+    HistoryImport,
     KeyRotation,
     ModelInfo,
     Principal,
@@ -190,11 +191,24 @@ class FakeAdmin:
         tokens = sum(len(d.token_ids or ()) + len(d.text or "") for d in docs)
         return CorpusImport(len(docs), tokens, tokens)
 
-    def export_history(self, tenant_id: str, progress) -> Iterable[bytes]:
+    def export_history(self, tenant_id: str, password: str, write, progress) -> int:
         self._known(tenant_id)
+        write(password.encode() + b":")
         for i in range(3):
             progress(Progress("export", i + 1, 3, "chunks"))
-            yield bytes([i]) * 1000
+            write(bytes([i]) * 1000)
+        return 3000 + len(password) + 1
+
+    def import_history(self, source, password: str, new_tenant_name: str, into_tenant_id: str,
+                       progress) -> HistoryImport:
+        data = source.read()
+        if not data.startswith(password.encode() + b":"):
+            raise errors.DataLoss("export file failed authentication (wrong password or altered file)")
+        if into_tenant_id:
+            self._known(into_tenant_id)
+            return HistoryImport(self.tenants[into_tenant_id], False, len(data), 0)
+        info, key = self.create_tenant(new_tenant_name or "imported")
+        return HistoryImport(info, True, len(data), 0, key)
 
 
 class FakeAuth:

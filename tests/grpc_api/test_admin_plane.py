@@ -70,8 +70,18 @@ def test_index_operations(server, fakes) -> None:
         result = client.import_corpus(tenant.tenant_id, ["doc one", [1, 2, 3]] * 50, replace=True)
         assert result.num_documents == 100 and len(admin.corpus[tenant.tenant_id]) == 100
         out = io.BytesIO()
-        assert client.export_history(tenant.tenant_id, out) == 3000
-        assert out.getvalue()[:1000] == b"\x00" * 1000
+        assert client.export_history(tenant.tenant_id, out, "pw") == 3003
+        assert out.getvalue()[3:1003] == b"\x00" * 1000
+        out.seek(0)
+        reply = client.import_history(out, "pw", new_tenant_name="copy", piece=500)
+        assert reply.created and reply.tenant.name == "copy" and reply.api_key
+        assert reply.num_trajectories == 3003
+        out.seek(0)
+        with pytest.raises(RepriseError) as exc:
+            client.import_history(out, "wrong")
+        assert exc.value.code == grpc.StatusCode.DATA_LOSS
+        with pytest.raises(RepriseError, match="password is empty"):
+            client.export_history(tenant.tenant_id, io.BytesIO(), "")
 
 
 def test_admin_errors(server) -> None:
