@@ -21,8 +21,8 @@ first occurs. A response position copies m tokens when the window there was visi
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -193,7 +193,7 @@ def copy_limits(calls: Sequence[Call], tokenizer: CanonicalTokenizer, *, max_len
 
 
 class _OracleSession:
-    __slots__ = ("_response", "_limits", "_pos")
+    __slots__ = ("_limits", "_pos", "_response")
 
     def __init__(self, response: np.ndarray, limits: np.ndarray) -> None:
         self._response = response

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -162,8 +162,7 @@ def accepted_length(token_ids: Sequence[int], parents: Sequence[int], target: li
             raise ValueError(f"draft tree node {i} has parent {p}: parents must be -1 or precede the node")
         if d <= limit and token_ids[i] == target[pos + d - 1]:
             depth[i] = d
-            if d > best:
-                best = d
+            best = max(best, d)
     return best
 
 

@@ -11,7 +11,7 @@ are cached per message in a bounded LRU: replaying a trajectory costs its length
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 

@@ -12,9 +12,10 @@ from __future__ import annotations
 import gzip
 import json
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Iterator
+from typing import IO, Any
 
 _GZIP_MAGIC = b"\x1f\x8b"
 _MAX_KEPT_ERRORS = 20
@@ -72,7 +73,7 @@ def _open(path: Path) -> IO[bytes]:
     with open(path, "rb") as probe:
         magic = probe.read(2)
     if magic == _GZIP_MAGIC:
-        return gzip.open(path, "rb")
+        return gzip.GzipFile(path, "rb")  # type: ignore[return-value]  # a binary file object
     return open(path, "rb")
 
 
@@ -81,9 +82,9 @@ def _type_name(value: Any) -> str:
 
 
 def _parse_line(obj: Any) -> tuple[str, str, list[Message], list[int]]:
-    """Validate one decoded line; raise ValueError (without location) naming what is wrong."""
+    """Validate one decoded line; raise ValueError/TypeError (no location) naming what is wrong."""
     if not isinstance(obj, dict):
-        raise ValueError(f"expected a JSON object, got {_type_name(obj)}")
+        raise TypeError(f"expected a JSON object, got {_type_name(obj)}")
     for key in ("tenant", "session", "messages"):
         if key not in obj:
             raise ValueError(f"missing field {key!r}")
@@ -91,27 +92,27 @@ def _parse_line(obj: Any) -> tuple[str, str, list[Message], list[int]]:
     if not isinstance(tenant, str) or not tenant:
         raise ValueError(f"'tenant' must be a non-empty string, got {tenant!r}")
     if not isinstance(session, str):
-        raise ValueError(f"'session' must be a string, got {_type_name(session)}")
+        raise TypeError(f"'session' must be a string, got {_type_name(session)}")
     if not isinstance(raw_messages, list):
-        raise ValueError(f"'messages' must be a list, got {_type_name(raw_messages)}")
+        raise TypeError(f"'messages' must be a list, got {_type_name(raw_messages)}")
     messages: list[Message] = []
     for i, m in enumerate(raw_messages):
         if not isinstance(m, dict):
-            raise ValueError(f"messages[{i}] must be an object, got {_type_name(m)}")
+            raise TypeError(f"messages[{i}] must be an object, got {_type_name(m)}")
         role, content = m.get("role"), m.get("content")
         if not isinstance(role, str) or not role:
             raise ValueError(f"messages[{i}].role must be a non-empty string, got {role!r}")
         if not isinstance(content, str):
-            raise ValueError(f"messages[{i}].content must be a string, got {_type_name(content)}")
+            raise TypeError(f"messages[{i}].content must be a string, got {_type_name(content)}")
         messages.append(Message(role, content))
     if "calls" in obj:
         raw_calls = obj["calls"]
         if not isinstance(raw_calls, list):
-            raise ValueError(f"'calls' must be a list of integers, got {_type_name(raw_calls)}")
+            raise TypeError(f"'calls' must be a list of integers, got {_type_name(raw_calls)}")
         calls: list[int] = []
         for c in raw_calls:
             if not isinstance(c, int) or isinstance(c, bool):
-                raise ValueError(f"'calls' entries must be integers, got {c!r}")
+                raise TypeError(f"'calls' entries must be integers, got {c!r}")
             if not 0 <= c < len(messages):
                 raise ValueError(f"'calls' index {c} is out of range for {len(messages)} messages")
             if messages[c].role != "assistant":
@@ -159,7 +160,7 @@ def iter_calls(
             stats.lines += 1
             try:
                 tenant, session, messages, call_ids = _parse_line(json.loads(raw.decode("utf-8")))
-            except (ValueError, UnicodeDecodeError) as exc:
+            except (ValueError, TypeError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
                 what = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
                 if isinstance(exc, json.JSONDecodeError):
                     what = f"invalid JSON ({what} at column {exc.colno})"

@@ -16,7 +16,7 @@ max_n 5: that is the registry's ``prompt_lookup``; ``prompt_lookup_vllm`` keeps 
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -101,7 +101,7 @@ class PromptLookupDrafter:
 class PromptLookupSession:
     """One request: prompt plus committed tokens in a growing buffer, looked up every step."""
 
-    __slots__ = ("_buf", "_len", "min_n", "max_n", "finished")
+    __slots__ = ("_buf", "_len", "finished", "max_n", "min_n")
 
     def __init__(self, prompt_ids: Sequence[int] | np.ndarray, min_n: int, max_n: int) -> None:
         prompt = np.asarray(prompt_ids, dtype=np.int32)

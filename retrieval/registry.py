@@ -8,8 +8,8 @@ imported only when that proposer is made, so listing names stays cheap. Add a pr
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from retrieval.config import DraftingConfig
 from retrieval.session import Proposer

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 ORACLE = "oracle"
@@ -43,11 +44,12 @@ def _budget(text: str) -> int:
     return value
 
 
-def add_trace_arguments(parser: argparse.ArgumentParser) -> None:
+def add_trace_arguments(parser: argparse.ArgumentParser, default_max_calls: int | None = None) -> None:
     """Arguments `replay` and `tune` share."""
     parser.add_argument("traces", nargs="+", metavar="TRACE", help="trace files (.jsonl or .jsonl.gz)")
-    parser.add_argument("--max-calls", type=_positive_int, default=None, metavar="N",
-                        help="replay only the first N calls of each file (default: all)")
+    parser.add_argument("--max-calls", type=_positive_int, default=default_max_calls, metavar="N",
+                        help="replay only the first N calls of each file (default: "
+                        f"{default_max_calls if default_max_calls else 'all'})")
     parser.add_argument("--tokenizer", default="cl100k_base", metavar="NAME",
                         help="bpe_openai encoding (default: cl100k_base, the canonical one)")
     parser.add_argument("--skip-bad-lines", action="store_true",
@@ -134,18 +136,22 @@ def replay_one(path: Path, drafter: str, *, tokenizer, budget: int, max_calls: i
                skip_bad_lines: bool, progress: Progress, config=None):
     """Replay one file with the named proposer (or the oracle); trace errors become CliError."""
     from replay_traces.replay import read_calls, replay_calls
-    from replay_traces.traces import TraceStats
+    from replay_traces.traces import Call, TraceStats
     from reprise.cli import CliError
     from retrieval.registry import make_proposer
+    from retrieval.session import Proposer
 
     stats = TraceStats()
+    calls: Iterable[Call]
+    proposer: Proposer
     try:
         if drafter == ORACLE:
             from replay_traces.oracle import CopyLimitOracle
 
-            calls = list(read_calls(path, max_calls=max_calls, skip_bad_lines=skip_bad_lines, stats=stats))
-            progress.note(f"{path.name}: building the copy-limit oracle over {len(calls)} calls")
-            proposer = CopyLimitOracle(calls, tokenizer, max_len=budget)
+            listed = list(read_calls(path, max_calls=max_calls, skip_bad_lines=skip_bad_lines, stats=stats))
+            progress.note(f"{path.name}: building the copy-limit oracle over {len(listed)} calls")
+            proposer = CopyLimitOracle(listed, tokenizer, max_len=budget)
+            calls = listed
         else:
             calls = read_calls(path, max_calls=max_calls, skip_bad_lines=skip_bad_lines, stats=stats)
             proposer = make_proposer(drafter, config)
@@ -176,7 +182,7 @@ def format_table(reports, budget: int) -> str:
         rows.append((Path(r.path).name, f"{r.calls}", f"{r.tokens}", f"{r.steps}", f"{r.tau:.3f}",
                      f"{r.draft_tokens_per_step:.2f}", f"{r.acceptance_rate:.3f}", f"{r.hit_rate:.3f}",
                      f"{r.speculate_us_p50:.1f}", f"{r.speculate_us_p99:.1f}"))
-    lines = [_columns(rows)]
+    lines = [columns(rows)]
     shown = [k for k in _SHOWN_POSITIONS if k <= budget]
     if shown:
         lines.append("")
@@ -184,11 +190,12 @@ def format_table(reports, budget: int) -> str:
         pos_rows = [("file", *[f"k={k}" for k in shown])]
         for r in reports:
             pos_rows.append((Path(r.path).name, *[f"{r.acceptance_by_position[k - 1]:.3f}" for k in shown]))
-        lines.append(_columns(pos_rows))
+        lines.append(columns(pos_rows))
     return "\n".join(lines)
 
 
-def _columns(rows) -> str:
+def columns(rows) -> str:
+    """Rows of cells as aligned text columns (first column left-aligned, the others right-aligned)."""
     widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
     out = []
     for row in rows:

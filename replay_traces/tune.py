@@ -1,0 +1,202 @@
+"""Sweeps of drafting settings by canonical replay, ranked under a verification cost model.
+
+A verification step that checks d draft tokens costs ``a + b * d`` (a: one target forward pass for one
+token; b: the extra cost of each draft token in that pass). Without speculation a token costs ``a``, so
+the estimated speedup of a setting is ``tau * a / (a + b * draft_tokens_per_step)``.
+
+``DraftingConfig`` is treated as an opaque dataclass: settings are made with ``dataclasses.replace``
+from the fields named in the grid, so fields added later can be swept without changing this module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from replay_traces.replay import DEFAULT_BUDGET, ReplayReport, pool_reports, read_calls, replay_calls
+from replay_traces.tokenizer import CanonicalTokenizer
+from replay_traces.traces import Call, TraceStats
+from retrieval.config import DraftingConfig
+from retrieval.session import Proposer
+
+# Default sweep: draft budget x draft length growth x pruning (18 settings). Fields that no longer
+# exist in DraftingConfig are left out.
+DEFAULT_GRID: dict[str, tuple[Any, ...]] = {
+    "max_draft_tokens": (8, 16, 32),
+    "max_spec_factor": (1.0, 4.0, 16.0),
+    "min_token_prob": (0.01, 0.1),
+}
+DEFAULT_A = 1.0
+DEFAULT_B = 0.01
+
+
+def estimated_speedup(tau: float, draft_tokens_per_step: float, a: float, b: float) -> float:
+    """``tau * a / (a + b * draft_tokens_per_step)``: tokens per unit of verification cost vs. plain decoding."""
+    if a <= 0 or b < 0:
+        raise ValueError(f"cost model needs a > 0 and b >= 0, got a={a}, b={b}")
+    return tau * a / (a + b * draft_tokens_per_step)
+
+
+def _field_types(config_cls: type = DraftingConfig) -> dict[str, type]:
+    base = config_cls()
+    return {f.name: type(getattr(base, f.name)) for f in dataclasses.fields(config_cls)}
+
+
+def default_grid(config_cls: type = DraftingConfig) -> dict[str, tuple[Any, ...]]:
+    """``DEFAULT_GRID`` restricted to the fields ``config_cls`` has."""
+    names = _field_types(config_cls)
+    return {k: v for k, v in DEFAULT_GRID.items() if k in names}
+
+
+def _parse_value(field: str, kind: type, text: str) -> Any:
+    text = text.strip()
+    if kind is bool:
+        lowered = text.lower()
+        if lowered in ("1", "true", "yes", "on"):
+            return True
+        if lowered in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(f"grid value {text!r} for {field} is not a boolean (true/false)")
+    try:
+        return kind(text)
+    except ValueError:
+        raise ValueError(f"grid value {text!r} for {field} is not a valid {kind.__name__}") from None
+
+
+def parse_grid(specs: Iterable[str], config_cls: type = DraftingConfig) -> dict[str, tuple[Any, ...]]:
+    """Parse ``FIELD=V1,V2,...`` items (values typed like the field's default) into a grid."""
+    types = _field_types(config_cls)
+    grid: dict[str, tuple[Any, ...]] = {}
+    for spec in specs:
+        field, sep, values = spec.partition("=")
+        field = field.strip()
+        if not sep or not values.strip():
+            raise ValueError(f"grid item {spec!r} must read FIELD=V1,V2,...")
+        if field not in types:
+            raise ValueError(f"unknown drafting setting {field!r} in --grid; known: {', '.join(sorted(types))}")
+        if field in grid:
+            raise ValueError(f"--grid names {field} twice")
+        parsed = tuple(_parse_value(field, types[field], v) for v in values.split(",") if v.strip())
+        grid[field] = tuple(dict.fromkeys(parsed))  # drop repeats, keep order
+    return grid
+
+
+def grid_settings(grid: Mapping[str, Sequence[Any]], base: DraftingConfig | None = None) -> list[DraftingConfig]:
+    """Every combination of the grid's values applied to ``base``; an invalid one raises ValueError
+    naming the combination."""
+    base = base if base is not None else DraftingConfig()
+    fields = list(grid)
+    out = []
+    for values in itertools.product(*(grid[f] for f in fields)):
+        changes = dict(zip(fields, values))
+        try:
+            out.append(dataclasses.replace(base, **changes))
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"invalid setting {changes}: {exc}") from None
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class TuneResult:
+    """One setting's replay: per-file reports, the pooled report and its estimated speedup."""
+
+    config: DraftingConfig
+    varied: dict[str, Any]
+    files: tuple[ReplayReport, ...]
+    pooled: ReplayReport
+    estimated_speedup: float
+
+    def to_dict(self) -> dict[str, Any]:
+        p = self.pooled
+        return {
+            "config": self.config.to_dict(),
+            "varied": dict(self.varied),
+            "tau": p.tau,
+            "draft_tokens_per_step": p.draft_tokens_per_step,
+            "acceptance_rate": p.acceptance_rate,
+            "hit_rate": p.hit_rate,
+            "speculate_us_p50": p.speculate_us_p50,
+            "speculate_us_p99": p.speculate_us_p99,
+            "estimated_speedup": self.estimated_speedup,
+            "acceptance_by_position": list(p.acceptance_by_position),
+            "tokens": p.tokens,
+            "steps": p.steps,
+            "files": [r.to_dict() for r in self.files],
+        }
+
+
+def best_result(results: Sequence[TuneResult]) -> TuneResult:
+    """The highest estimated speedup; ties go to the earlier setting in grid order."""
+    if not results:
+        raise ValueError("no results")
+    return max(enumerate(results), key=lambda ir: (ir[1].estimated_speedup, -ir[0]))[1]
+
+
+def sweep(
+    traces: Sequence[str | Path],
+    settings: Sequence[DraftingConfig],
+    make_proposer: Callable[[DraftingConfig], Proposer],
+    tokenizer: CanonicalTokenizer,
+    *,
+    a: float = DEFAULT_A,
+    b: float = DEFAULT_B,
+    max_calls: int | None = None,
+    skip_bad_lines: bool = False,
+    trace_tenant: str | None = None,
+    drafter: str = "",
+    on_setting: Callable[[int, DraftingConfig, Path], None] | None = None,
+    on_call: Callable[[Call, int], None] | None = None,
+    on_result: Callable[[TuneResult], None] | None = None,
+) -> list[TuneResult]:
+    """Replay every trace under every setting (a fresh proposer per file and setting).
+
+    ``trace_tenant`` keeps only that trace tenant's calls (``max_calls`` then counts those).
+    ``on_result`` is called after each setting, so a caller can save partial results.
+    """
+    estimated_speedup(1.0, 0.0, a, b)  # validate the cost model before the long part
+    grid_fields = _varied_fields(settings)
+    results: list[TuneResult] = []
+    for i, config in enumerate(settings):
+        reports = []
+        for path in traces:
+            if on_setting is not None:
+                on_setting(i, config, Path(path))
+            stats = TraceStats()
+            calls: Iterable[Call] = read_calls(path, skip_bad_lines=skip_bad_lines, stats=stats)
+            if trace_tenant is not None:
+                calls = (c for c in calls if c.tenant == trace_tenant)
+            if max_calls is not None:
+                calls = itertools.islice(calls, max_calls)
+            budget = getattr(config, "max_draft_tokens", DEFAULT_BUDGET)
+            reports.append(replay_calls(calls, make_proposer(config), tokenizer, budget=budget,
+                                        drafter=drafter, path=str(path), stats=stats, on_call=on_call))
+        pooled = pool_reports(reports)
+        result = TuneResult(
+            config=config,
+            varied={f: getattr(config, f) for f in grid_fields},
+            files=tuple(reports),
+            pooled=pooled,
+            estimated_speedup=estimated_speedup(pooled.tau, pooled.draft_tokens_per_step, a, b),
+        )
+        results.append(result)
+        if on_result is not None:
+            on_result(result)
+    return results
+
+
+def _varied_fields(settings: Sequence[DraftingConfig]) -> list[str]:
+    """Fields whose value differs between settings (all fields when there is one setting)."""
+    if not settings:
+        return []
+    names = [f.name for f in dataclasses.fields(settings[0])]
+    varied = [n for n in names if len({repr(getattr(s, n)) for s in settings}) > 1]
+    return varied or names
+
+
+def setting_label(varied: Mapping[str, Any]) -> str:
+    """A short label such as ``max_draft_tokens=16 min_token_prob=0.01``."""
+    return " ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in varied.items())

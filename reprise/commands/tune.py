@@ -1,0 +1,170 @@
+"""`reprise tune`: find a tenant's best drafting settings by replaying its traces.
+
+Every setting of the grid (DraftingConfig fields; see --grid) replays the traces canonically (as
+`reprise replay` does). Settings are ranked by estimated speedup under the verification cost model
+
+  cost(step) = a + b * draft_tokens        estimated speedup = tau * a / (a + b * draft_tokens_per_step)
+
+The table is printed; the best setting is written to the tenant's configuration
+(<data dir>/tenants/<tenant>/drafting.json, atomically; data dir = --data-dir, else $REPRISE_HOME, else
+~/.reprise) unless --no-save; tune.json, tune.png and a self-contained tune.html go to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import sys
+from pathlib import Path
+
+from reprise.commands.replay import add_trace_arguments
+
+DEFAULT_MAX_CALLS = 1000
+
+
+def _float(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+
+
+def add_parser(sub) -> None:
+    parser = sub.add_parser(
+        "tune", help="sweep drafting settings on traces; save the best for a tenant; plot",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_trace_arguments(parser, default_max_calls=DEFAULT_MAX_CALLS)
+    parser.add_argument("--tenant", required=True, help="tenant whose drafting settings are written")
+    parser.add_argument("--a", type=_float, default=1.0, metavar="A",
+                        help="cost of a verification step without draft tokens (default: 1.0)")
+    parser.add_argument("--b", type=_float, default=0.01, metavar="B",
+                        help="extra cost per draft token in a step, in units of A (default: 0.01)")
+    parser.add_argument("--grid", action="append", default=None, metavar="FIELD=V1,V2,...",
+                        help="a DraftingConfig field and its values; repeat for more fields; replaces "
+                        "the default grid (max_draft_tokens=8,16,32 max_spec_factor=1,4,16 "
+                        "min_token_prob=0.01,0.1)")
+    parser.add_argument("--drafter", default=None, metavar="NAME",
+                        help="proposer from the registry (default: 'reprise' when registered, else "
+                        "'prompt_lookup')")
+    parser.add_argument("--trace-tenant", default=None, metavar="NAME",
+                        help="replay only the calls of this tenant of the traces (default: all calls)")
+    parser.add_argument("--out", type=Path, default=None, metavar="DIR",
+                        help="where tune.json/png/html go (default: <data dir>/tenants/<tenant>/tune)")
+    parser.add_argument("--data-dir", type=Path, default=None, metavar="DIR",
+                        help="data directory (default: $REPRISE_HOME, else ~/.reprise)")
+    parser.add_argument("--no-save", action="store_true", help="do not write the tenant's configuration")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from privacy.tenants import validate_tenant_name
+    from replay_traces.tune import best_result, default_grid, grid_settings, parse_grid, setting_label, sweep
+    from replay_traces.tune_report import write_json, write_report
+    from reprise.cli import CliError
+    from reprise.commands.replay import (
+        Progress,
+        check_traces,
+        default_drafter,
+        make_tokenizer,
+        report_skipped,
+    )
+    from reprise.tenant_config import data_dir_path, save_drafting_config
+    from retrieval.registry import make_proposer, proposer_names
+
+    try:
+        validate_tenant_name(args.tenant)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    if args.a <= 0:
+        raise CliError(f"--a must be > 0, got {args.a}")
+    if args.b < 0:
+        raise CliError(f"--b must be >= 0, got {args.b}")
+    paths = check_traces(args.traces)
+    drafter = args.drafter or default_drafter()
+    if drafter not in proposer_names():
+        raise CliError(f"unknown drafter {drafter!r}; known: {', '.join(proposer_names())}")
+    try:
+        grid = parse_grid(args.grid) if args.grid else default_grid()
+        settings = grid_settings(grid)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    tokenizer = make_tokenizer(args.tokenizer)
+    data_dir = data_dir_path(args.data_dir)
+    out_dir = args.out if args.out is not None else data_dir / "tenants" / args.tenant / "tune"
+    details = {
+        "tenant": args.tenant, "drafter": drafter, "traces": [str(p) for p in paths],
+        "max_calls_per_file": args.max_calls, "trace_tenant": args.trace_tenant, "a": args.a, "b": args.b,
+        "grid": {k: list(v) for k, v in grid.items()}, "tokenizer": args.tokenizer,
+    }
+
+    progress = Progress(enabled=not args.json)
+    partial: list = []
+
+    def on_setting(i, config, path) -> None:
+        progress.start(f"setting {i + 1}/{len(settings)} {path.name}", args.max_calls)
+
+    def on_result(result) -> None:  # keep what is done so far if a later setting fails
+        partial.append(result.to_dict())
+        write_json(out_dir / "tune.json", {**details, "complete": False, "settings": partial})
+
+    try:
+        results = sweep(paths, settings, lambda c: make_proposer(drafter, c), tokenizer, a=args.a, b=args.b,
+                        max_calls=args.max_calls, skip_bad_lines=args.skip_bad_lines,
+                        trace_tenant=args.trace_tenant, drafter=drafter, on_setting=on_setting,
+                        on_call=progress.on_call, on_result=on_result)
+    except (ValueError, OSError, EOFError) as exc:
+        raise CliError(str(exc)) from None
+    finally:
+        progress.close()
+    if sum(r.pooled.tokens for r in results) == 0:
+        what = f"trace tenant {args.trace_tenant!r}" if args.trace_tenant else "the traces"
+        raise CliError(f"no calls to replay in {what}")
+    report_skipped(results[0].files, "tune")
+    best = best_result(results)
+    saved = None
+    if not args.no_save:
+        meta = {"written_by": "reprise tune", "at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                **{k: details[k] for k in ("drafter", "traces", "a", "b")},
+                "tau": best.pooled.tau, "estimated_speedup": best.estimated_speedup}
+        try:
+            saved = save_drafting_config(args.tenant, best.config, data_dir, meta=meta)
+        except OSError as exc:
+            raise CliError(f"cannot write the tenant's configuration: {exc}") from None
+    title = f"reprise tune: tenant {args.tenant}, drafter {drafter}"
+    try:
+        png_path, html_path = write_report(out_dir, results, best, title=title, details=details)
+        payload = {**details, "complete": True, "settings": [r.to_dict() for r in results],
+                   "best": best.to_dict(), "saved_to": str(saved) if saved else None,
+                   "report": {"png": str(png_path), "html": str(html_path)}}
+        write_json(out_dir / "tune.json", payload)
+    except OSError as exc:
+        raise CliError(f"cannot write the report to {out_dir}: {exc}") from None
+    if args.json:
+        json.dump(payload, sys.stdout, indent=2)
+        print()
+        return 0
+    print(f"{title}; cost(step) = {args.a:g} + {args.b:g} x draft tokens")
+    print(_table(results, best))
+    print()
+    print(f"best: #{results.index(best) + 1} {setting_label(best.varied)}: tau {best.pooled.tau:.3f}, "
+          f"estimated speedup {best.estimated_speedup:.3f}")
+    print(f"saved to {saved}" if saved else "not saved (--no-save)")
+    print(f"report: {html_path} (plot {png_path})")
+    return 0
+
+
+def _table(results, best) -> str:
+    from reprise.commands.replay import columns
+
+    varied = list(results[0].varied)
+    rows = [("#", *varied, "tau", "draft/step", "accept", "hit", "est. speedup", "p50 us", "")]
+    for i, r in enumerate(results):
+        p = r.pooled
+        rows.append((f"{i + 1}", *[f"{r.varied[k]:g}" if isinstance(r.varied[k], float) else str(r.varied[k])
+                                   for k in varied],
+                     f"{p.tau:.3f}", f"{p.draft_tokens_per_step:.2f}", f"{p.acceptance_rate:.3f}",
+                     f"{p.hit_rate:.3f}", f"{r.estimated_speedup:.3f}", f"{p.speculate_us_p50:.1f}",
+                     "<- best" if r is best else ""))
+    return columns(rows)

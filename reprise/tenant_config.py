@@ -1,0 +1,102 @@
+"""Per-tenant drafting settings on disk: ``<data_dir>/tenants/<tenant>/drafting.json``.
+
+``reprise tune`` writes the best setting it found; the service reads it when it starts drafting for the
+tenant. The data directory is the ``data_dir`` argument, else ``$REPRISE_HOME``, else ``~/.reprise``.
+Writes are atomic (temporary file in the same folder, fsync, rename): a crash leaves the old file or the
+new one, never half of one.
+
+File layout::
+
+    {"drafting": {"max_draft_tokens": 32, ...}, "meta": {...}}
+
+``drafting`` holds ``DraftingConfig`` fields; fields missing from the file take their defaults (so a
+file written before a field existed still loads); a field the code no longer knows is an error naming
+the file. ``meta`` is free-form (who wrote it, when, from which traces).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from privacy.tenants import validate_tenant_name
+from retrieval.config import DraftingConfig
+
+FILE_NAME = "drafting.json"
+
+
+def _umask() -> int:
+    current = os.umask(0)
+    os.umask(current)
+    return current
+
+
+def data_dir_path(data_dir: str | Path | None = None) -> Path:
+    """``data_dir``, else ``$REPRISE_HOME``, else ``~/.reprise``."""
+    if data_dir is not None:
+        return Path(data_dir).expanduser()
+    return Path(os.environ.get("REPRISE_HOME") or Path.home() / ".reprise").expanduser()
+
+
+def drafting_config_path(tenant: str, data_dir: str | Path | None = None) -> Path:
+    """Where the tenant's drafting settings live; raises ValueError for an invalid tenant name."""
+    validate_tenant_name(tenant)
+    return data_dir_path(data_dir) / "tenants" / tenant / FILE_NAME
+
+
+def save_drafting_config(
+    tenant: str, config: DraftingConfig, data_dir: str | Path | None = None, *, meta: dict[str, Any] | None = None
+) -> Path:
+    """Write ``config`` as the tenant's drafting settings, atomically; returns the file's path."""
+    if not isinstance(config, DraftingConfig):
+        raise TypeError(f"config must be a DraftingConfig, got {type(config).__name__}")
+    path = drafting_config_path(tenant, data_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    body = json.dumps({"drafting": config.to_dict(), "meta": meta or {}}, indent=2, sort_keys=True) + "\n"
+    fd, tmp = tempfile.mkstemp(prefix=f".{FILE_NAME}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            os.fchmod(fh.fileno(), 0o666 & ~_umask())  # mkstemp makes 0600; give the usual mode
+            fh.write(body)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    try:  # make the rename itself durable
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+    except OSError:
+        return path
+    try:
+        os.fsync(dir_fd)
+    except OSError:
+        pass
+    finally:
+        os.close(dir_fd)
+    return path
+
+
+def load_drafting_config(tenant: str, data_dir: str | Path | None = None) -> DraftingConfig | None:
+    """The tenant's saved drafting settings, or None when none were saved.
+
+    A file that is not valid JSON or holds invalid settings raises ValueError naming the file.
+    """
+    path = drafting_config_path(tenant, data_dir)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    try:
+        data = json.loads(text)
+        if not isinstance(data, dict) or not isinstance(data.get("drafting"), dict):
+            raise TypeError("expected an object with a 'drafting' object")
+        return DraftingConfig.from_dict(data["drafting"])
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"{path}: invalid drafting settings: {exc}") from None
