@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 from privacy.config import MASTER_KEY_ENV, StoreConfig
 from privacy.errors import MasterKeyError
@@ -26,11 +26,10 @@ def open_storage(config: StoreConfig) -> Storage:
     if config.backend == "redis":
         from privacy.redis_storage import RedisStorage
 
-        assert config.redis is not None
         return RedisStorage(config.redis)
     from privacy.sqlite_storage import SqliteStorage
 
-    return SqliteStorage(config.sqlite_path, config.sqlite)
+    return SqliteStorage(config.sqlite)
 
 
 def open_store(config: StoreConfig | None = None, env: Mapping[str, str] | None = None) -> HistoryStore:
@@ -74,7 +73,7 @@ def ensure_admin_key(store: HistoryStore, config: StoreConfig | None = None) -> 
     if store.has_admin_key() or not store.storage.meta_put("admin-bootstrap", b"1", only_new=True):
         return None
     issued = store.create_admin_key()
-    path = config.data_dir / "admin.key"
+    path = config.directory / "admin.key"
     write_secret_file(path, (issued.secret + "\n").encode(), exclusive=not path.exists())
     os.chmod(path, 0o600)
     log.warning("created the first admin key (id %s) in %s (0600): move it to a secret store", issued.key_id, path)

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Mapping
-from urllib.parse import unquote, urlsplit
+from typing import Any
+from urllib.parse import quote, unquote, urlsplit
 
 MASTER_KEY_ENV = "REPRISE_MASTER_KEY"
-DATA_DIR_ENV = "REPRISE_DATA_DIR"
+DATA_DIR_ENV = "REPRISE_HOME"
 # NIST SP 800-38D: at most 2^32 invocations of GCM with random 96-bit nonces under one key. Retire
 # each data key at a quarter of that.
 DEFAULT_MAX_ENCRYPTIONS = 2**30
@@ -22,23 +23,20 @@ _PREFIX_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
 def default_data_dir() -> Path:
-    """``$REPRISE_DATA_DIR``, else ``$XDG_DATA_HOME/reprise``, else ``~/.local/share/reprise``."""
-    if os.environ.get(DATA_DIR_ENV):
-        return Path(os.environ[DATA_DIR_ENV])
-    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-    return Path(base) / "reprise"
+    """``$REPRISE_HOME``, else ``~/.reprise`` (the service's data directory, see reprise.config)."""
+    return Path(os.environ.get(DATA_DIR_ENV) or Path.home() / ".reprise").expanduser()
 
 
 @dataclass(frozen=True, slots=True)
 class SqliteConfig:
-    """The embedded store. ``path`` defaults to ``<data_dir>/history.db``.
+    """The embedded store: one SQLite file at ``path``.
 
     ``synchronous``: ``FULL`` (default) fsyncs the WAL at every commit, so an acknowledged write survives
     a process kill and a power cut; ``NORMAL`` survives a process kill but may lose the last commits on
     an OS crash or power loss.
     """
 
-    path: Path | None = None
+    path: Path
     synchronous: str = "FULL"
     busy_timeout_ms: int = 10_000
 
@@ -47,7 +45,7 @@ class SqliteConfig:
             raise ValueError(f"sqlite synchronous must be FULL, NORMAL or EXTRA, got {self.synchronous!r}")
         if self.busy_timeout_ms < 0:
             raise ValueError(f"sqlite busy_timeout_ms must be >= 0, got {self.busy_timeout_ms}")
-        if self.path is not None and not isinstance(self.path, Path):
+        if not isinstance(self.path, Path):
             object.__setattr__(self, "path", Path(self.path))
 
 
@@ -123,46 +121,64 @@ class RedisConfig:
             port = parts.port or 6379
         except ValueError as exc:
             raise ValueError(f"redis URL has a bad port: {exc}") from None
-        settings: dict[str, Any] = dict(
-            host=parts.hostname or "127.0.0.1",
-            port=port,
-            db=db,
-            username=unquote(parts.username) if parts.username else None,
-            password=unquote(parts.password) if parts.password else None,
-            tls=parts.scheme == "rediss",
-        )
+        settings: dict[str, Any] = {
+            "host": parts.hostname or "127.0.0.1",
+            "port": port,
+            "db": db,
+            "username": unquote(parts.username) if parts.username else None,
+            "password": unquote(parts.password) if parts.password else None,
+            "tls": parts.scheme == "rediss",
+        }
         settings.update(overrides)
         return cls(**settings)
 
 
+def _help(text: str) -> dict[str, str]:
+    return {"help": text}
+
+
 @dataclass(frozen=True, slots=True)
 class StoreConfig:
-    """Where history lives and how it is sealed.
+    """Where history lives and how it is sealed: one flat section (``[store]`` in reprise.toml,
+    ``REPRISE_STORE_<FIELD>`` in the environment), validated here; ``sqlite``/``redis`` give the
+    backends' own records.
 
-    ``backend``: ``sqlite`` (embedded, default) or ``redis``. ``data_dir`` holds the SQLite file, the
-    generated master key file and the first admin key. ``master_key_file`` defaults to
-    ``<data_dir>/master.key``; the ``REPRISE_MASTER_KEY`` environment variable takes precedence over the
-    file. ``max_encryptions_per_key``: a tenant's data key is retired (a new version takes new writes)
-    after this many encryptions. ``chunk_bytes``: snapshots and corpora are sealed in chunks of this size.
+    The master key itself is never a setting: it comes from ``REPRISE_MASTER_KEY`` or the key file.
     """
 
-    backend: str = "sqlite"
-    data_dir: Path = field(default_factory=default_data_dir)
-    sqlite: SqliteConfig = field(default_factory=SqliteConfig)
-    redis: RedisConfig | None = None
-    master_key_file: Path | None = None
-    max_encryptions_per_key: int = DEFAULT_MAX_ENCRYPTIONS
-    chunk_bytes: int = 4 * 2**20
+    backend: str = field(default="sqlite", metadata=_help(
+        "history store: sqlite (one file in the data dir, no server) or redis"))
+    data_dir: Path | None = field(default=None, metadata=_help(
+        "directory of the SQLite file, the generated master key and the first admin key "
+        "(default $REPRISE_HOME, else ~/.reprise)"))
+    sqlite_path: Path | None = field(default=None, metadata=_help("SQLite file (default <data_dir>/history.db)"))
+    sqlite_synchronous: str = field(default="FULL", metadata=_help(
+        "FULL: a commit survives kill -9 and power loss; NORMAL: kill -9 only, faster"))
+    redis_url: str = field(default="redis://127.0.0.1:6379/0", metadata=_help(
+        "redis://[user[:password]@]host[:port][/db], rediss:// for TLS"))
+    redis_username: str = field(default="", metadata=_help("Redis ACL user (overrides the URL's)"))
+    redis_password: str = field(default="", repr=False, metadata=_help(
+        "Redis password (overrides the URL's; prefer the environment variable)"))
+    redis_tls_ca_file: Path | None = field(default=None, metadata=_help("PEM CA that signed the Redis server's certificate"))
+    redis_tls_cert_file: Path | None = field(default=None, metadata=_help("PEM client certificate (tls-auth-clients)"))
+    redis_tls_key_file: Path | None = field(default=None, metadata=_help("PEM key of redis_tls_cert_file"))
+    redis_key_prefix: str = field(default="reprise", metadata=_help("first part of every Redis key"))
+    redis_cluster: bool = field(default=False, metadata=_help("redis_url points at a Redis Cluster node"))
+    master_key_file: Path | None = field(default=None, metadata=_help(
+        "master key file, used when $REPRISE_MASTER_KEY is unset (default <data_dir>/master.key)"))
+    max_encryptions_per_key: int = field(default=DEFAULT_MAX_ENCRYPTIONS, metadata=_help(
+        "encryptions after which a tenant's data key is retired and a new version takes new writes"))
+    chunk_bytes: int = field(default=4 * 2**20, metadata=_help(
+        "index snapshots and corpora are sealed in chunks of this many bytes"))
 
     def __post_init__(self) -> None:
         if self.backend not in ("sqlite", "redis"):
             raise ValueError(f"store backend must be 'sqlite' or 'redis', got {self.backend!r}")
-        if not isinstance(self.data_dir, Path):
-            object.__setattr__(self, "data_dir", Path(self.data_dir))
-        if self.master_key_file is not None and not isinstance(self.master_key_file, Path):
-            object.__setattr__(self, "master_key_file", Path(self.master_key_file))
-        if self.backend == "redis" and self.redis is None:
-            object.__setattr__(self, "redis", RedisConfig())
+        for name in ("data_dir", "sqlite_path", "master_key_file", "redis_tls_ca_file", "redis_tls_cert_file",
+                     "redis_tls_key_file"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, Path):
+                object.__setattr__(self, name, Path(value).expanduser())
         if not 16 <= self.max_encryptions_per_key <= 2**32 - 2**24:
             raise ValueError(
                 f"max_encryptions_per_key must be in [16, 2^32 - 2^24] (AES-GCM with random nonces), "
@@ -170,43 +186,50 @@ class StoreConfig:
             )
         if not 4096 <= self.chunk_bytes <= 256 * 2**20:
             raise ValueError(f"chunk_bytes must be in [4096, 268435456], got {self.chunk_bytes}")
+        self.sqlite  # noqa: B018 - validate the backend records now, with errors naming the value
+        if self.backend == "redis":
+            self.redis  # noqa: B018
+
+    @property
+    def directory(self) -> Path:
+        """``data_dir``, or the default data directory when unset."""
+        return self.data_dir if self.data_dir is not None else default_data_dir()
 
     @property
     def key_file(self) -> Path:
         """The master key file used when the environment variable is not set."""
-        return self.master_key_file or self.data_dir / "master.key"
+        return self.master_key_file or self.directory / "master.key"
 
     @property
-    def sqlite_path(self) -> Path:
-        return self.sqlite.path or self.data_dir / "history.db"
+    def sqlite(self) -> SqliteConfig:
+        return SqliteConfig(self.sqlite_path or self.directory / "history.db", self.sqlite_synchronous)
+
+    @property
+    def redis(self) -> RedisConfig:
+        overrides: dict[str, Any] = {"key_prefix": self.redis_key_prefix, "cluster": self.redis_cluster}
+        if self.redis_username:
+            overrides["username"] = self.redis_username
+        if self.redis_password:
+            overrides["password"] = self.redis_password
+        for name in ("tls_ca_file", "tls_cert_file", "tls_key_file"):
+            if getattr(self, "redis_" + name) is not None:
+                overrides[name] = getattr(self, "redis_" + name)
+        return RedisConfig.from_url(self.redis_url, **overrides)
+
+    @classmethod
+    def for_redis(cls, redis: RedisConfig, **kwargs: Any) -> StoreConfig:
+        """A Redis-backed config from a ``RedisConfig`` record (tests, embedding)."""
+        auth = quote(redis.username or "", safe="") + (":" + quote(redis.password, safe="") if redis.password else "")
+        url = f"{'rediss' if redis.tls else 'redis'}://{auth + '@' if auth else ''}{redis.host}:{redis.port}/{redis.db}"
+        return cls(backend="redis", redis_url=url, redis_key_prefix=redis.key_prefix, redis_cluster=redis.cluster,
+                   redis_tls_ca_file=redis.tls_ca_file, redis_tls_cert_file=redis.tls_cert_file,
+                   redis_tls_key_file=redis.tls_key_file, **kwargs)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> StoreConfig:
-        """Build from a mapping (a TOML table): nested ``sqlite``/``redis`` tables, or ``redis_url``.
-
-        Unknown keys are an error naming them.
-        """
-        data = dict(data)
-        names = {f.name for f in fields(cls)} | {"redis_url"}
+        """Build from a mapping (a TOML table); unknown keys are an error naming them."""
+        names = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - names)
         if unknown:
             raise ValueError(f"unknown store settings: {', '.join(unknown)}")
-        if "sqlite" in data and isinstance(data["sqlite"], Mapping):
-            data["sqlite"] = _build(SqliteConfig, data["sqlite"], "sqlite")
-        url = data.pop("redis_url", None)
-        if isinstance(data.get("redis"), Mapping):
-            table = dict(data["redis"])
-            data["redis"] = (
-                RedisConfig.from_url(table.pop("url"), **table) if "url" in table else _build(RedisConfig, table, "redis")
-            )
-        elif url:
-            data["redis"] = RedisConfig.from_url(url)
         return cls(**data)
-
-
-def _build(cls: Any, table: Mapping[str, Any], section: str) -> Any:
-    names = {f.name for f in fields(cls)}
-    unknown = sorted(set(table) - names)
-    if unknown:
-        raise ValueError(f"unknown {section} settings: {', '.join(unknown)}")
-    return cls(**table)

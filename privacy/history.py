@@ -19,8 +19,9 @@ import logging
 import os
 import struct
 import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, BinaryIO, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
 
@@ -53,6 +54,9 @@ from privacy.tenants import (
     TenantId,
     validate_tenant_name,
 )
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +113,7 @@ class HistoryStore:
     def close(self) -> None:
         self.storage.close()
 
-    def __enter__(self) -> HistoryStore:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -273,7 +277,7 @@ class HistoryStore:
         finished_at: float | None = None,
     ) -> TrajectoryRef:
         """Seal and durably append one request's trajectory (the pipeline's history sink)."""
-        t = Trajectory(session_id, token_ids, text, num_prompt_tokens, started_at,
+        t = Trajectory(session_id, as_token_ids(token_ids), text, num_prompt_tokens, started_at,
                        time.time() if finished_at is None else finished_at)
         return self.append_trajectories(tenant, [t])[0]
 

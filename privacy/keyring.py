@@ -15,9 +15,9 @@ import logging
 import os
 import re
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
 
 from privacy.errors import MasterKeyError
 

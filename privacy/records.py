@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import struct
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 

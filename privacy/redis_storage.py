@@ -24,7 +24,8 @@ from __future__ import annotations
 import functools
 import re
 import time
-from typing import Any, Callable, Mapping, Sequence, TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import redis
 from redis.cluster import RedisCluster
@@ -50,15 +51,15 @@ def _wrap_errors(fn: _F) -> _F:
 
 def connect(config: RedisConfig) -> Any:
     """A redis-py client (``Redis`` or ``RedisCluster``) for ``config``; bytes in, bytes out."""
-    kwargs: dict[str, Any] = dict(
-        host=config.host,
-        port=config.port,
-        username=config.username,
-        password=config.password,
-        socket_timeout=config.socket_timeout_s,
-        socket_connect_timeout=config.connect_timeout_s,
-        decode_responses=False,
-    )
+    kwargs: dict[str, Any] = {
+        "host": config.host,
+        "port": config.port,
+        "username": config.username,
+        "password": config.password,
+        "socket_timeout": config.socket_timeout_s,
+        "socket_connect_timeout": config.connect_timeout_s,
+        "decode_responses": False,
+    }
     if config.tls:
         kwargs.update(
             ssl=True,

@@ -32,7 +32,7 @@ def _report(progress: ProgressCallback | None, phase: str, done: int, total: int
 
 
 def rotate_data_key(store: HistoryStore, tenant: TenantId, progress: ProgressCallback | None = None) -> RotationReport:
-    from privacy.history import BLOB_KINDS, KIND_TENANT, KIND_TRAJECTORY, _TENANT_RECORD_ID, RotationReport
+    from privacy.history import _TENANT_RECORD_ID, BLOB_KINDS, KIND_TENANT, KIND_TRAJECTORY, RotationReport
 
     kc, storage = store.keychain, store.storage
     tk = kc.tenant_keys(tenant)
@@ -154,14 +154,14 @@ def retire_master_versions(store: HistoryStore, versions: list[int]) -> None:
     if not versions:
         return
     storage, kc = store.storage, store.keychain
+    if kc.keyring.primary in versions:
+        raise MasterKeyError(f"cannot retire the primary master key version {kc.keyring.primary}")
     in_use = {envelope.sealed_version(w, n) for n, w in storage.meta_items(SYSTEM_KEY_PREFIX).items()}
     for tid in storage.tenant_ids():
         in_use |= {envelope.sealed_version(w, n) for n, w in storage.keys_get(tid).items()}
     busy = sorted(set(versions) & in_use)
     if busy:
         raise MasterKeyError(f"master key version(s) {busy} still wrap data keys: rotate before retiring them")
-    if kc.keyring.primary in versions:
-        raise MasterKeyError(f"cannot retire the primary master key version {kc.keyring.primary}")
     for v in versions:
         storage.meta_delete(f"{CHECK_PREFIX}{v}")
     ring = kc.keyring.without(versions)

@@ -12,9 +12,9 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Mapping, Sequence
 
 from privacy.config import SqliteConfig
 from privacy.errors import StorageError, TenantExistsError, UnknownTenantError
@@ -33,8 +33,8 @@ CREATE TABLE IF NOT EXISTS counters (
 CREATE TABLE IF NOT EXISTS credentials (key_id TEXT PRIMARY KEY, owner TEXT NOT NULL, row BLOB NOT NULL);
 CREATE INDEX IF NOT EXISTS credentials_owner ON credentials (owner);
 CREATE TABLE IF NOT EXISTS trajectories (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT, tid TEXT NOT NULL, record_id BLOB NOT NULL UNIQUE,
-    session_tag BLOB NOT NULL, sealed BLOB NOT NULL);
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, tid TEXT NOT NULL, record_id BLOB NOT NULL,
+    session_tag BLOB NOT NULL, sealed BLOB NOT NULL, UNIQUE (tid, record_id));
 CREATE INDEX IF NOT EXISTS trajectories_tenant ON trajectories (tid, seq);
 CREATE INDEX IF NOT EXISTS trajectories_session ON trajectories (tid, session_tag, seq);
 CREATE TABLE IF NOT EXISTS blobs (
@@ -48,9 +48,8 @@ class SqliteStorage:
 
     backend = "sqlite"
 
-    def __init__(self, path: Path, config: SqliteConfig | None = None) -> None:
-        config = config or SqliteConfig()
-        self.path = Path(path)
+    def __init__(self, config: SqliteConfig) -> None:
+        self.path = config.path
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         if not self.path.exists():
             # Create it 0600 ourselves: SQLite gives the -wal and -shm files the database's mode.

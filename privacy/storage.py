@@ -8,8 +8,9 @@ ids; ``tag``s are 16-byte keyed hashes of user-chosen names (session ids, snapsh
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Protocol, Sequence
+from typing import Protocol
 
 
 @dataclass(frozen=True, slots=True)

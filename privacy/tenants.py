@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 _TENANT_ID_RE = re.compile(r"^[0-9a-f]{32}$")
 _TENANT_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")

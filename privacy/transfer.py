@@ -21,15 +21,22 @@ import json
 import os
 import struct
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, BinaryIO, Iterator
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
 
 from privacy.errors import IntegrityError
-from privacy.records import Trajectory, decode_documents, decode_hidden_states, decode_trajectory, encode_trajectory
+from privacy.records import (
+    Trajectory,
+    decode_documents,
+    decode_hidden_states,
+    decode_trajectory,
+    encode_trajectory,
+)
 from privacy.tenants import Progress, ProgressCallback, Tenant, TenantId
 
 if TYPE_CHECKING:
