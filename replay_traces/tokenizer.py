@@ -10,6 +10,7 @@ are cached per message in a bounded LRU: replaying a trajectory costs its length
 
 from __future__ import annotations
 
+import warnings
 from collections import OrderedDict
 from collections.abc import Iterable
 
@@ -21,11 +22,19 @@ DEFAULT_TOKENIZER = "cl100k_base"
 ASSISTANT_HEADER = "<|assistant|>\n"
 
 
+def _bpe_openai():
+    # bpe_openai loads its tables with a deprecated importlib call (on import and on first use).
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        import bpe_openai
+    return bpe_openai
+
+
 def tokenizer_names() -> list[str]:
     """Encodings bpe_openai ships (no download needed)."""
-    import bpe_openai
-
-    return sorted(bpe_openai.list_encoding_names())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return sorted(_bpe_openai().list_encoding_names())
 
 
 class CanonicalTokenizer:
@@ -36,15 +45,15 @@ class CanonicalTokenizer:
     """
 
     def __init__(self, name: str = DEFAULT_TOKENIZER, *, max_cached_tokens: int = 16_000_000) -> None:
-        import bpe_openai
-
         known = tokenizer_names()
         if name not in known:
             raise ValueError(f"unknown tokenizer {name!r}; known: {', '.join(known)}")
         if max_cached_tokens < 0:
             raise ValueError(f"max_cached_tokens must be >= 0, got {max_cached_tokens}")
         self.name = name
-        self._encoding = bpe_openai.get_encoding(name)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            self._encoding = _bpe_openai().get_encoding(name)
         # encode_ordinary refuses texts of 1M characters or 200k tokens; trace messages can be larger
         # (a whole file printed by a tool), so such texts go straight to the same Rust backend.
         self._backend = getattr(self._encoding, "_backend", None)
