@@ -215,6 +215,18 @@ class ModelRunner:
             results = self._commit(steps, states, layouts, picks, hidden)
         return results
 
+    def score(self, steps: Sequence[VerifyStep]) -> list[torch.Tensor]:
+        """Raw target logits ``[1+T, V]`` at the root and every node of each tree, in one forward pass,
+        committing nothing (the rows written past each cache's end are overwritten by the next step)."""
+        if not steps:
+            return []
+        states = [self._state(s.slot) for s in steps]
+        layouts = [layout_tree(s.tree) for s in steps]
+        batch = pack_steps(layouts, [st.context[-1] for st in states], [st.cached for st in states])
+        with torch.inference_mode():
+            logits = self._lm_head(self._forward([s.slot for s in steps], batch)).float()
+        return [logits[b, : lay.num_rows] for b, lay in enumerate(layouts)]
+
     def _accept(self, steps, states, layouts, logits) -> list[tuple[np.ndarray, int]]:
         plain = [st.sampling.greedy and st.sampling.repetition_penalty == 1.0 and not self._suppressing(st) for st in states]
         argmax = logits.argmax(dim=-1).cpu().numpy() if any(plain) else None  # [B, Q], one host sync
