@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from privacy.config import StoreConfig
 from retrieval.config import DraftingConfig
 
 ENV_PREFIX = "REPRISE_"
@@ -134,10 +135,13 @@ class ServiceConfig:
         "data directory: store, master key file, admin key ($REPRISE_HOME, default ~/.reprise)"))
     server: ServerConfig = field(default_factory=ServerConfig)
     drafting: DraftingConfig = field(default_factory=DraftingConfig)
+    store: StoreConfig = field(default_factory=StoreConfig)
 
     def __post_init__(self) -> None:
         if not isinstance(self.home, Path):
             object.__setattr__(self, "home", Path(self.home).expanduser())
+        if self.store.data_dir is None:  # the store lives in the data directory unless told otherwise
+            object.__setattr__(self, "store", dataclasses.replace(self.store, data_dir=self.home))
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values, sections as nested dicts (what ``to_toml`` writes)."""
@@ -158,7 +162,9 @@ class ServiceConfig:
 
 
 def _section_dict(section: Any) -> dict[str, Any]:
-    return {f.name: getattr(section, f.name) for f in dataclasses.fields(section)}
+    """Set values only (None means "default"); secrets (fields with repr=False) are left out."""
+    return {f.name: getattr(section, f.name) for f in dataclasses.fields(section)
+            if f.repr and getattr(section, f.name) is not None}
 
 
 def _toml_value(value: Any) -> str:

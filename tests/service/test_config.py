@@ -85,3 +85,14 @@ def test_argparse_flags_cover_every_setting(tmp_path: Path) -> None:
     args = parser.parse_args(["--grpc-port", "6001", "--no-drafting-use-tree", "--home", str(tmp_path)])
     c = cfg.config_from_args(args, env={})
     assert c.server.grpc_port == 6001 and c.drafting.use_tree is False and c.home == tmp_path
+
+
+def test_store_section_follows_home_and_hides_secrets(tmp_path: Path) -> None:
+    env = {"REPRISE_HOME": str(tmp_path), "REPRISE_STORE_BACKEND": "redis",
+           "REPRISE_STORE_REDIS_URL": "redis://127.0.0.1:6379/3", "REPRISE_STORE_REDIS_PASSWORD": "s3cret"}
+    c = cfg.load_config({}, env=env)
+    assert c.store.backend == "redis" and c.store.redis.db == 3 and c.store.redis_password == "s3cret"
+    assert c.store.data_dir == tmp_path and c.store.key_file == tmp_path / "master.key"
+    assert "s3cret" not in c.to_toml() and "s3cret" not in repr(c)
+    with pytest.raises(ValueError, match="store backend must be 'sqlite' or 'redis', got 'mongo'"):
+        cfg.load_config({"store.backend": "mongo"}, env={})
