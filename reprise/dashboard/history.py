@@ -13,8 +13,9 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from grpc_api.backend import TenantInfo, TenantStats
 
@@ -111,7 +112,7 @@ class StatsHistory:
             while True:
                 try:
                     self.sample()
-                except Exception:  # noqa: BLE001 - a failed sample must not end the sampler
+                except Exception:
                     log.exception("dashboard: sampling tenant statistics failed")
                 if self._stop.wait(self.interval_s):
                     return

@@ -16,9 +16,10 @@ import json
 import logging
 import secrets
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
-from typing import Any, Callable
+from typing import Any
 
 from grpc_api.backend import Authenticator
 from grpc_api.interceptors import bearer_key
@@ -39,7 +40,7 @@ class HttpServer:
             server_version = "reprise"
             sys_version = ""
 
-            def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            def do_GET(self) -> None:
                 app._get(self)
 
             def log_message(self, fmt: str, *args: Any) -> None:
@@ -95,7 +96,7 @@ class HttpServer:
                 return _json(h, 403, {"error": "the dashboard needs an admin key; this key belongs to a tenant"})
             try:
                 return _json(h, 200, self._snapshot())
-            except Exception:  # noqa: BLE001
+            except Exception:
                 log.exception("dashboard: building the statistics failed")
                 return _json(h, 500, {"error": "internal error; see the server log"})
         return _json(h, 404, {"error": f"no page {path}"})
