@@ -17,7 +17,14 @@ from privacy.errors import (
     TenantExistsError,
     UnknownTenantError,
 )
-from privacy.history import DeletionReport, HistoryStore, RotationReport, TrajectoryRef
+from privacy.history import (
+    DeletionReport,
+    HistoryStore,
+    KeyStatus,
+    RotationReport,
+    TenantKeyStatus,
+    TrajectoryRef,
+)
 from privacy.keyring import MasterKeyring
 from privacy.records import CorpusInfo, IndexSnapshot, Trajectory, TrajectoryRecord
 from privacy.tenants import AdminPrincipal, ApiKeyInfo, IssuedKey, Progress, Tenant, TenantId
@@ -36,6 +43,7 @@ __all__ = [
     "IndexSnapshot",
     "IntegrityError",
     "IssuedKey",
+    "KeyStatus",
     "MasterKeyError",
     "MasterKeyring",
     "PrivacyError",
@@ -48,6 +56,7 @@ __all__ = [
     "Tenant",
     "TenantExistsError",
     "TenantId",
+    "TenantKeyStatus",
     "Trajectory",
     "TrajectoryRecord",
     "TrajectoryRef",

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import struct
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -27,24 +26,13 @@ import numpy as np
 
 from privacy import credentials as creds
 from privacy import envelope
+from privacy.blobs import BLOB_KINDS, KIND_CORPUS, KIND_HIDDEN, KIND_SNAPSHOT, BlobRecords
 from privacy.config import StoreConfig
 from privacy.errors import AuthenticationError, IntegrityError, UnknownTenantError
 from privacy.keychain import Keychain, TenantKeys
 from privacy.keyring import MasterKeyring
-from privacy.records import (
-    CorpusInfo,
-    IndexSnapshot,
-    Trajectory,
-    TrajectoryRecord,
-    as_token_ids,
-    decode_documents,
-    decode_hidden_states,
-    decode_trajectory,
-    encode_documents,
-    encode_hidden_states,
-    encode_trajectory,
-)
-from privacy.storage import CredentialRow, Storage, StoredBlob, TenantRow
+from privacy.records import Trajectory, TrajectoryRecord, as_token_ids, decode_trajectory, encode_trajectory
+from privacy.storage import CredentialRow, Storage, TenantRow
 from privacy.tenants import (
     AdminPrincipal,
     ApiKeyInfo,
@@ -62,12 +50,10 @@ log = logging.getLogger(__name__)
 
 KIND_TENANT = "tenant"
 KIND_TRAJECTORY = "trajectory"
-KIND_SNAPSHOT = "snapshot"
-KIND_CORPUS = "corpus"
-KIND_HIDDEN = "hidden"
-BLOB_KINDS = (KIND_SNAPSHOT, KIND_CORPUS, KIND_HIDDEN)
 _TENANT_RECORD_ID = b"tenant-info"
 _DUMMY_DIGEST = bytes(32)
+__all__ = ["BLOB_KINDS", "KIND_CORPUS", "KIND_HIDDEN", "KIND_SNAPSHOT", "KIND_TENANT", "KIND_TRAJECTORY",
+           "DeletionReport", "HistoryStore", "KeyStatus", "RotationReport", "TenantKeyStatus", "TrajectoryRef"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +74,27 @@ class DeletionReport:
 
 
 @dataclass(frozen=True, slots=True)
+class TenantKeyStatus:
+    """A tenant's data key versions (``current`` seals new records), the encryptions reserved under the
+    current one (retired at ``max_encryptions_per_key``), and the master key versions wrapping its keys."""
+
+    tenant: TenantId
+    current: int
+    versions: tuple[int, ...]
+    encryptions: int
+    master_key_versions: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class KeyStatus:
+    master_key_versions: tuple[int, ...]
+    master_key_primary: int
+    master_key_source: str
+    max_encryptions_per_key: int
+    tenants: tuple[TenantKeyStatus, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class RotationReport:
     """``version``: the new key version; ``num_records``: records re-encrypted or keys re-wrapped."""
 
@@ -95,7 +102,7 @@ class RotationReport:
     num_records: int
 
 
-class HistoryStore:
+class HistoryStore(BlobRecords):
     """Tenants, credentials and their sealed history over one ``Storage`` backend. Thread-safe."""
 
     def __init__(self, storage: Storage, keyring: MasterKeyring, config: StoreConfig | None = None) -> None:
@@ -331,123 +338,25 @@ class HistoryStore:
             self.num_integrity_failures += 1
             raise
 
-    # ---------------------------------------------------------------- blobs
-    def _put_blob(self, tk: TenantKeys, kind: str, tag: bytes, head: dict[str, Any], body: bytes,
-                  blob_id: bytes | None = None) -> None:
-        size = self.config.chunk_bytes
-        blob_id = blob_id or os.urandom(16)
-        n = (len(body) + size - 1) // size
-        head = dict(head, body_bytes=len(body), num_chunks=n)
-        sealed_head = self.keychain.seal(tk, kind, _blob_rid(tag, blob_id, 0, 0), json.dumps(head).encode())
-        chunks = [self.keychain.seal(tk, kind, _blob_rid(tag, blob_id, i + 1, n), body[i * size:(i + 1) * size])
-                  for i in range(n)]
-        self.storage.blob_put(tk.tenant.value, kind, tag, blob_id, sealed_head, chunks)
-
-    def _blob_head(self, tk: TenantKeys, kind: str, blob: StoredBlob) -> dict[str, Any]:
-        return json.loads(self._open(tk, kind, _blob_rid(blob.tag, blob.blob_id, 0, 0), blob.head))
-
-    def _get_blob(self, tk: TenantKeys, kind: str, tag: bytes) -> tuple[dict[str, Any], bytes] | None:
-        blob = self.storage.blob_get(tk.tenant.value, kind, tag)
-        if blob is None:
-            return None
-        head = self._blob_head(tk, kind, blob)
-        chunks = blob.chunks or []
-        n = head["num_chunks"]
-        if len(chunks) != n:
-            raise IntegrityError(f"tenant {tk.tenant.value}: {kind} blob has {len(chunks)} chunks, its head says {n}")
-        body = b"".join(self._open(tk, kind, _blob_rid(tag, blob.blob_id, i + 1, n), c) for i, c in enumerate(chunks))
-        if len(body) != head["body_bytes"]:
-            raise IntegrityError(f"tenant {tk.tenant.value}: {kind} blob is {len(body)} bytes, its head says {head['body_bytes']}")
-        return head, body
-
-    def put_snapshot(self, tenant: TenantId, data: bytes, cursor: str = "", name: str = "default") -> None:
-        """Store serialized index bytes (replacing the previous snapshot of this name) and the cursor of
-        the last trajectory they include, so a cold start loads the snapshot plus the trajectories after it."""
-        if not isinstance(data, (bytes, bytearray, memoryview)):
-            raise TypeError(f"snapshot data must be bytes, got {type(data).__name__}")
-        tk = self.keychain.tenant_keys(tenant)
-        head = {"name": name, "cursor": cursor, "created_at": time.time()}
-        self._put_blob(tk, KIND_SNAPSHOT, tk.tag(KIND_SNAPSHOT, name), head, bytes(data))
-
-    def get_snapshot(self, tenant: TenantId, name: str = "default") -> IndexSnapshot | None:
-        tk = self.keychain.tenant_keys(tenant)
-        got = self._get_blob(tk, KIND_SNAPSHOT, tk.tag(KIND_SNAPSHOT, name))
-        if got is None:
-            return None
-        head, body = got
-        return IndexSnapshot(head["name"], body, head["cursor"], head["created_at"])
-
-    def delete_snapshot(self, tenant: TenantId, name: str = "default") -> bool:
-        tk = self.keychain.tenant_keys(tenant)
-        return self.storage.blob_delete(tenant.value, KIND_SNAPSHOT, tk.tag(KIND_SNAPSHOT, name))
-
-    def add_corpus_documents(self, tenant: TenantId, documents: Sequence[Sequence[int] | np.ndarray],
-                             name: str = "default", replace: bool = False) -> CorpusInfo:
-        """Add token sequences to the tenant's corpus ``name`` as one new sealed part (``replace``: drop
-        the corpus first). Returns the corpus after the addition."""
-        docs = [as_token_ids(d, f"document {i}") for i, d in enumerate(documents)]
-        tk = self.keychain.tenant_keys(tenant)
-        if replace:
-            self.delete_corpus(tenant, name)
-        parts = self._corpus_parts(tk, name)
-        head = {"name": name, "part": max((h["part"] for _, h in parts), default=-1) + 1,
-                "num_documents": len(docs), "num_tokens": int(sum(len(d) for d in docs)), "created_at": time.time()}
-        self._put_blob(tk, KIND_CORPUS, os.urandom(16), head, encode_documents(docs))
-        return next(c for c in self.list_corpora(tenant) if c.name == name)
-
-    def _corpus_parts(self, tk: TenantKeys, name: str | None) -> list[tuple[StoredBlob, dict[str, Any]]]:
-        parts = [(b, self._blob_head(tk, KIND_CORPUS, b)) for b in self.storage.blob_list(tk.tenant.value, KIND_CORPUS)]
-        return sorted([(b, h) for b, h in parts if name is None or h["name"] == name], key=lambda p: p[1]["part"])
-
-    def list_corpora(self, tenant: TenantId) -> list[CorpusInfo]:
-        tk = self.keychain.tenant_keys(tenant)
-        out: dict[str, CorpusInfo] = {}
-        for _, h in self._corpus_parts(tk, None):
-            c = out.get(h["name"], CorpusInfo(h["name"], 0, 0, 0))
-            out[h["name"]] = CorpusInfo(c.name, c.num_documents + h["num_documents"],
-                                        c.num_tokens + h["num_tokens"], c.num_parts + 1)
-        return sorted(out.values(), key=lambda c: c.name)
-
-    def iter_corpus(self, tenant: TenantId, name: str = "default") -> Iterator[np.ndarray]:
-        """The corpus's documents (int32 arrays) in the order they were added."""
-        tk = self.keychain.tenant_keys(tenant)
-        for blob, _ in self._corpus_parts(tk, name):
-            got = self._get_blob(tk, KIND_CORPUS, blob.tag)
-            if got is not None:
-                yield from decode_documents(got[1])
-
-    def delete_corpus(self, tenant: TenantId, name: str = "default") -> int:
-        """Delete every part of corpus ``name``; returns the number of parts deleted."""
-        tk = self.keychain.tenant_keys(tenant)
-        parts = self._corpus_parts(tk, name)
-        for blob, _ in parts:
-            self.storage.blob_delete(tenant.value, KIND_CORPUS, blob.tag)
-        return len(parts)
-
-    def put_hidden_states(self, tenant: TenantId, key: str, positions: Sequence[int] | np.ndarray,
-                          states: np.ndarray) -> None:
-        """Store fp16 hidden-state vectors (``states[i]`` at token position ``positions[i]``) under ``key``."""
-        pos = as_token_ids(positions, "positions")
-        arr = np.asarray(states)
-        if arr.ndim != 2 or arr.shape[0] != len(pos):
-            raise ValueError(f"states must have shape [{len(pos)}, hidden_size], got {arr.shape}")
-        if not np.issubdtype(arr.dtype, np.floating):
-            raise TypeError(f"states must be floating point, got dtype {arr.dtype}")
-        tk = self.keychain.tenant_keys(tenant)
-        head = {"key": key, "created_at": time.time()}
-        self._put_blob(tk, KIND_HIDDEN, tk.tag(KIND_HIDDEN, key), head, encode_hidden_states(pos, arr.astype(np.float16)))
-
-    def get_hidden_states(self, tenant: TenantId, key: str) -> tuple[np.ndarray, np.ndarray] | None:
-        """``(positions [n] int32, states [n, hidden] float16)`` stored under ``key``, or None."""
-        tk = self.keychain.tenant_keys(tenant)
-        got = self._get_blob(tk, KIND_HIDDEN, tk.tag(KIND_HIDDEN, key))
-        return decode_hidden_states(got[1]) if got is not None else None
-
-    def delete_hidden_states(self, tenant: TenantId, key: str) -> bool:
-        tk = self.keychain.tenant_keys(tenant)
-        return self.storage.blob_delete(tenant.value, KIND_HIDDEN, tk.tag(KIND_HIDDEN, key))
-
     # ---------------------------------------------------------------- keys, export (privacy.rotation/transfer)
+    def key_status(self) -> KeyStatus:
+        """Master key versions and, per tenant, its data key versions and encryption count."""
+        from privacy.keychain import dek_version
+
+        tenants = []
+        for tid in self.storage.tenant_ids():
+            row = self.storage.tenant_get(tid)
+            if row is None or row.state != "active":
+                continue
+            wrapped = self.storage.keys_get(tid)
+            versions = tuple(sorted(v for v in map(dek_version, wrapped) if v is not None))
+            masters = tuple(sorted({envelope.sealed_version(w, n) for n, w in wrapped.items()}))
+            tenants.append(TenantKeyStatus(TenantId(tid), row.dek_version, versions,
+                                           self.storage.counter_get(tid, row.dek_version), masters))
+        ring = self.keychain.keyring
+        return KeyStatus(tuple(ring.versions), ring.primary, ring.source, self.config.max_encryptions_per_key,
+                         tuple(tenants))
+
     def rotate_data_key(self, tenant: TenantId, progress: ProgressCallback | None = None) -> RotationReport:
         """New data key version for ``tenant``; re-encrypt its records; destroy the old versions."""
         from privacy.rotation import rotate_data_key
@@ -474,8 +383,3 @@ class HistoryStore:
         from privacy.transfer import import_tenant
 
         return import_tenant(self, source, password=password, key=key, into=into, name=name, progress=progress)
-
-
-def _blob_rid(tag: bytes, blob_id: bytes, index: int, num_chunks: int) -> bytes:
-    """Record id of a blob's head (index 0) or chunk: binds the blob, its position and chunk count."""
-    return tag + blob_id + struct.pack(">II", index, num_chunks)

@@ -243,6 +243,10 @@ class RedisStorage:
     def counter_reserve(self, tid: str, version: int, n: int) -> int:
         return int(self.r.hincrby(self._k(tid, "ctr"), str(version), n))
 
+    @_wrap_errors
+    def counter_get(self, tid: str, version: int) -> int:
+        return int(self.r.hget(self._k(tid, "ctr"), str(version)) or 0)
+
     # credentials
     @_wrap_errors
     def cred_put(self, row: CredentialRow) -> None:

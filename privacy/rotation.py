@@ -78,7 +78,7 @@ def _reencrypt_trajectories(store: HistoryStore, tk: TenantKeys, new: int, kind:
 
 
 def _reencrypt_blobs(store: HistoryStore, tk: TenantKeys, new: int, kinds: tuple[str, ...]) -> int:
-    from privacy.history import _blob_rid
+    from privacy.blobs import _blob_rid
 
     moved = 0
     for kind in kinds:

@@ -187,6 +187,10 @@ class SqliteStorage:
             db.execute("UPDATE counters SET used = used + ? WHERE tid=? AND version=?", (n, tid, version))
             return db.execute("SELECT used FROM counters WHERE tid=? AND version=?", (tid, version)).fetchone()[0]
 
+    def counter_get(self, tid: str, version: int) -> int:
+        row = self._one("SELECT used FROM counters WHERE tid=? AND version=?", (tid, version))
+        return int(row[0]) if row else 0
+
     # credentials
     def cred_put(self, row: CredentialRow) -> None:
         with self._tx() as db:

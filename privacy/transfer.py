@@ -126,7 +126,7 @@ def _split_lp(buf: bytes, pos: int) -> tuple[bytes, int]:
 def export_tenant(store: HistoryStore, tenant: TenantId, sink: BinaryIO, *, password: str | None = None,
                   key: bytes | None = None, progress: ProgressCallback | None = None) -> ExportReport:
     """Write ``tenant``'s history to ``sink`` (a binary file object) as a sealed export."""
-    from privacy.history import BLOB_KINDS
+    from privacy.blobs import BLOB_KINDS
 
     _check_secret(password, key)
     info = store.get_tenant(tenant)

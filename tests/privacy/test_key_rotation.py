@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from privacy import MasterKeyError, StoreConfig, envelope, open_store
-from privacy.history import BLOB_KINDS
+from privacy.blobs import BLOB_KINDS
 from privacy.keyring import load_keyring
 from privacy.rotation import retire_master_versions
 

@@ -9,7 +9,7 @@ import os
 import pytest
 
 from privacy import IntegrityError, MasterKeyError, open_store
-from privacy.history import KIND_SNAPSHOT
+from privacy.blobs import KIND_SNAPSHOT
 
 
 def _one(store, tenant):

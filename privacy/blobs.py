@@ -1,0 +1,172 @@
+"""Sealed blobs of a tenant: index snapshots, corpora (named token sequences, added in parts) and
+hidden-state vectors. ``HistoryStore`` inherits these methods.
+
+A blob is a sealed head (JSON: name, sizes, chunk count) and its body sealed in chunks of
+``chunk_bytes``. Each chunk's record id binds the blob's tag, its random blob id, the chunk's index and
+the chunk count from the authenticated head, so chunks cannot be reordered, dropped, duplicated or
+mixed between blobs or versions without an IntegrityError.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import time
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from privacy.config import StoreConfig
+from privacy.errors import IntegrityError
+from privacy.records import (
+    CorpusInfo,
+    IndexSnapshot,
+    as_token_ids,
+    decode_documents,
+    decode_hidden_states,
+    encode_documents,
+    encode_hidden_states,
+)
+from privacy.storage import Storage, StoredBlob
+from privacy.tenants import TenantId
+
+if TYPE_CHECKING:
+    from privacy.keychain import Keychain, TenantKeys
+
+KIND_SNAPSHOT = "snapshot"
+KIND_CORPUS = "corpus"
+KIND_HIDDEN = "hidden"
+BLOB_KINDS = (KIND_SNAPSHOT, KIND_CORPUS, KIND_HIDDEN)
+
+
+class BlobRecords:
+    """Snapshot, corpus and hidden-state methods of ``HistoryStore``."""
+
+    config: StoreConfig
+    storage: Storage
+    keychain: Keychain
+
+    def _open(self, tk: TenantKeys, kind: str, record_id: bytes, sealed: bytes) -> bytes:
+        raise NotImplementedError
+
+    def _put_blob(self, tk: TenantKeys, kind: str, tag: bytes, head: dict[str, Any], body: bytes,
+                  blob_id: bytes | None = None) -> None:
+        size = self.config.chunk_bytes
+        blob_id = blob_id or os.urandom(16)
+        n = (len(body) + size - 1) // size
+        head = dict(head, body_bytes=len(body), num_chunks=n)
+        sealed_head = self.keychain.seal(tk, kind, _blob_rid(tag, blob_id, 0, 0), json.dumps(head).encode())
+        chunks = [self.keychain.seal(tk, kind, _blob_rid(tag, blob_id, i + 1, n), body[i * size:(i + 1) * size])
+                  for i in range(n)]
+        self.storage.blob_put(tk.tenant.value, kind, tag, blob_id, sealed_head, chunks)
+
+    def _blob_head(self, tk: TenantKeys, kind: str, blob: StoredBlob) -> dict[str, Any]:
+        return json.loads(self._open(tk, kind, _blob_rid(blob.tag, blob.blob_id, 0, 0), blob.head))
+
+    def _get_blob(self, tk: TenantKeys, kind: str, tag: bytes) -> tuple[dict[str, Any], bytes] | None:
+        blob = self.storage.blob_get(tk.tenant.value, kind, tag)
+        if blob is None:
+            return None
+        head = self._blob_head(tk, kind, blob)
+        chunks = blob.chunks or []
+        n = head["num_chunks"]
+        if len(chunks) != n:
+            raise IntegrityError(f"tenant {tk.tenant.value}: {kind} blob has {len(chunks)} chunks, its head says {n}")
+        body = b"".join(self._open(tk, kind, _blob_rid(tag, blob.blob_id, i + 1, n), c) for i, c in enumerate(chunks))
+        if len(body) != head["body_bytes"]:
+            raise IntegrityError(f"tenant {tk.tenant.value}: {kind} blob is {len(body)} bytes, its head says {head['body_bytes']}")
+        return head, body
+
+    def put_snapshot(self, tenant: TenantId, data: bytes, cursor: str = "", name: str = "default") -> None:
+        """Store serialized index bytes (replacing the previous snapshot of this name) and the cursor of
+        the last trajectory they include, so a cold start loads the snapshot plus the trajectories after it."""
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TypeError(f"snapshot data must be bytes, got {type(data).__name__}")
+        tk = self.keychain.tenant_keys(tenant)
+        head = {"name": name, "cursor": cursor, "created_at": time.time()}
+        self._put_blob(tk, KIND_SNAPSHOT, tk.tag(KIND_SNAPSHOT, name), head, bytes(data))
+
+    def get_snapshot(self, tenant: TenantId, name: str = "default") -> IndexSnapshot | None:
+        tk = self.keychain.tenant_keys(tenant)
+        got = self._get_blob(tk, KIND_SNAPSHOT, tk.tag(KIND_SNAPSHOT, name))
+        if got is None:
+            return None
+        head, body = got
+        return IndexSnapshot(head["name"], body, head["cursor"], head["created_at"])
+
+    def delete_snapshot(self, tenant: TenantId, name: str = "default") -> bool:
+        tk = self.keychain.tenant_keys(tenant)
+        return self.storage.blob_delete(tenant.value, KIND_SNAPSHOT, tk.tag(KIND_SNAPSHOT, name))
+
+    def add_corpus_documents(self, tenant: TenantId, documents: Sequence[Sequence[int] | np.ndarray],
+                             name: str = "default", replace: bool = False) -> CorpusInfo:
+        """Add token sequences to the tenant's corpus ``name`` as one new sealed part (``replace``: drop
+        the corpus first). Returns the corpus after the addition."""
+        docs = [as_token_ids(d, f"document {i}") for i, d in enumerate(documents)]
+        tk = self.keychain.tenant_keys(tenant)
+        if replace:
+            self.delete_corpus(tenant, name)
+        parts = self._corpus_parts(tk, name)
+        head = {"name": name, "part": max((h["part"] for _, h in parts), default=-1) + 1,
+                "num_documents": len(docs), "num_tokens": int(sum(len(d) for d in docs)), "created_at": time.time()}
+        self._put_blob(tk, KIND_CORPUS, os.urandom(16), head, encode_documents(docs))
+        return next(c for c in self.list_corpora(tenant) if c.name == name)
+
+    def _corpus_parts(self, tk: TenantKeys, name: str | None) -> list[tuple[StoredBlob, dict[str, Any]]]:
+        parts = [(b, self._blob_head(tk, KIND_CORPUS, b)) for b in self.storage.blob_list(tk.tenant.value, KIND_CORPUS)]
+        return sorted([(b, h) for b, h in parts if name is None or h["name"] == name], key=lambda p: p[1]["part"])
+
+    def list_corpora(self, tenant: TenantId) -> list[CorpusInfo]:
+        tk = self.keychain.tenant_keys(tenant)
+        out: dict[str, CorpusInfo] = {}
+        for _, h in self._corpus_parts(tk, None):
+            c = out.get(h["name"], CorpusInfo(h["name"], 0, 0, 0))
+            out[h["name"]] = CorpusInfo(c.name, c.num_documents + h["num_documents"],
+                                        c.num_tokens + h["num_tokens"], c.num_parts + 1)
+        return sorted(out.values(), key=lambda c: c.name)
+
+    def iter_corpus(self, tenant: TenantId, name: str = "default") -> Iterator[np.ndarray]:
+        """The corpus's documents (int32 arrays) in the order they were added."""
+        tk = self.keychain.tenant_keys(tenant)
+        for blob, _ in self._corpus_parts(tk, name):
+            got = self._get_blob(tk, KIND_CORPUS, blob.tag)
+            if got is not None:
+                yield from decode_documents(got[1])
+
+    def delete_corpus(self, tenant: TenantId, name: str = "default") -> int:
+        """Delete every part of corpus ``name``; returns the number of parts deleted."""
+        tk = self.keychain.tenant_keys(tenant)
+        parts = self._corpus_parts(tk, name)
+        for blob, _ in parts:
+            self.storage.blob_delete(tenant.value, KIND_CORPUS, blob.tag)
+        return len(parts)
+
+    def put_hidden_states(self, tenant: TenantId, key: str, positions: Sequence[int] | np.ndarray,
+                          states: np.ndarray) -> None:
+        """Store fp16 hidden-state vectors (``states[i]`` at token position ``positions[i]``) under ``key``."""
+        pos = as_token_ids(positions, "positions")
+        arr = np.asarray(states)
+        if arr.ndim != 2 or arr.shape[0] != len(pos):
+            raise ValueError(f"states must have shape [{len(pos)}, hidden_size], got {arr.shape}")
+        if not np.issubdtype(arr.dtype, np.floating):
+            raise TypeError(f"states must be floating point, got dtype {arr.dtype}")
+        tk = self.keychain.tenant_keys(tenant)
+        head = {"key": key, "created_at": time.time()}
+        self._put_blob(tk, KIND_HIDDEN, tk.tag(KIND_HIDDEN, key), head, encode_hidden_states(pos, arr.astype(np.float16)))
+
+    def get_hidden_states(self, tenant: TenantId, key: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """``(positions [n] int32, states [n, hidden] float16)`` stored under ``key``, or None."""
+        tk = self.keychain.tenant_keys(tenant)
+        got = self._get_blob(tk, KIND_HIDDEN, tk.tag(KIND_HIDDEN, key))
+        return decode_hidden_states(got[1]) if got is not None else None
+
+    def delete_hidden_states(self, tenant: TenantId, key: str) -> bool:
+        tk = self.keychain.tenant_keys(tenant)
+        return self.storage.blob_delete(tenant.value, KIND_HIDDEN, tk.tag(KIND_HIDDEN, key))
+
+
+def _blob_rid(tag: bytes, blob_id: bytes, index: int, num_chunks: int) -> bytes:
+    """Record id of a blob's head (index 0) or chunk: binds the blob, its position and chunk count."""
+    return tag + blob_id + struct.pack(">II", index, num_chunks)
