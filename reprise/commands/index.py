@@ -1,0 +1,240 @@
+"""`reprise index`: per-tenant drafting indexes on a running server.
+
+    reprise index stats [TENANT] [--json]    # index size, hit rate, tau, acceptance by position, drafter mix
+    reprise index build TENANT               # rebuild the in-memory index from the encrypted history
+    reprise index compact TENANT             # rewrite the stored history and snapshot compactly
+    reprise index import-corpus TENANT FILE...   # documents that draft REST-style for this tenant
+    reprise index export TENANT --out FILE   # the tenant's history as a password-sealed file
+    reprise index import FILE [--name NEW | --into TENANT]
+
+import-corpus reads plain text files (one document each) or .jsonl files with one {"text": ...} or
+{"token_ids": [...]} object per line. Passwords come from --password-file, $REPRISE_EXPORT_PASSWORD or
+a prompt. Exit codes: 0 done, 1 refused or failed, 2 bad usage, 3 server unreachable, 4 admin key
+missing or wrong.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+
+def add_parser(sub) -> None:
+    from reprise.commands._remote import add_connection_arguments
+
+    parser = sub.add_parser("index", help="per-tenant index statistics, build, compact, corpus, export (admin)",
+                            description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    actions = parser.add_subparsers(dest="action", metavar="ACTION")
+
+    p = actions.add_parser("stats", help="index size, hit rate, tau, acceptance by position, drafter mix")
+    p.add_argument("tenant", nargs="?", help="tenant id or name (default: every tenant)")
+    add_connection_arguments(p)
+    p.set_defaults(func=run_stats)
+
+    for name, text in (("build", "rebuild a tenant's index from its encrypted history"),
+                       ("compact", "rewrite a tenant's stored history and index snapshot compactly")):
+        p = actions.add_parser(name, help=text)
+        p.add_argument("tenant", help="tenant id or name")
+        add_connection_arguments(p)
+        p.set_defaults(func=run_index_op, op=name)
+
+    p = actions.add_parser("import-corpus", help="upload documents that draft for one tenant (REST-style)")
+    p.add_argument("tenant", help="tenant id or name")
+    p.add_argument("files", nargs="+", metavar="FILE", help="text files (one document each) or .jsonl files")
+    p.add_argument("--replace", action="store_true", help="drop the tenant's current corpus first")
+    add_connection_arguments(p)
+    p.set_defaults(func=run_import_corpus)
+
+    p = actions.add_parser("export", help="write a tenant's history to a password-sealed file")
+    p.add_argument("tenant", help="tenant id or name")
+    p.add_argument("--out", required=True, metavar="FILE", help="file to write (refuses to overwrite)")
+    p.add_argument("--password-file", metavar="FILE", help="read the password from FILE")
+    add_connection_arguments(p)
+    p.set_defaults(func=run_export)
+
+    p = actions.add_parser("import", help="load an export file into a new tenant or append it to one")
+    p.add_argument("file", help="an export file")
+    target = p.add_mutually_exclusive_group()
+    target.add_argument("--name", default="", help="name of the new tenant (default: the exported name)")
+    target.add_argument("--into", default="", metavar="TENANT", help="append to this existing tenant")
+    p.add_argument("--password-file", metavar="FILE", help="read the password from FILE")
+    add_connection_arguments(p)
+    p.set_defaults(func=run_import)
+
+    parser.set_defaults(func=lambda args: parser.print_help() or 2)
+
+
+def _stats_dict(s: Any, name: str = "") -> dict[str, Any]:
+    from dataclasses import asdict
+
+    return {"name": name, **asdict(s)}
+
+
+def run_stats(args: argparse.Namespace) -> int:
+    from reprise.commands._remote import admin_client, call, emit_json, resolve_tenant
+
+    with admin_client(args) as client:
+        names = {t.tenant_id: t.name for t in call(client.list_tenants)}
+        tenant_id = resolve_tenant(client, args.tenant)[0] if args.tenant else None
+        stats = call(client.index_stats, tenant_id)
+    if args.json:
+        emit_json([_stats_dict(s, names.get(s.tenant_id, "")) for s in stats])
+        return 0
+    if not stats:
+        print("no tenants", file=sys.stderr)
+        return 0
+    width = max(6, *(len(names.get(s.tenant_id, s.tenant_id[:8])) for s in stats))
+    print(f"{'tenant':<{width}} {'requests':>9} {'steps':>9} {'hit rate':>9} {'tau':>6} {'accept':>7} "
+          f"{'index tok':>10} {'memory':>9} {'corpus tok':>10}  drafter mix")
+    for s in stats:
+        accept = s.num_accepted_tokens / s.num_draft_tokens if s.num_draft_tokens else 0.0
+        mix = ", ".join(f"{k} {v}" for k, v in sorted(s.drafter_steps.items(), key=lambda kv: -kv[1])) or "-"
+        print(f"{names.get(s.tenant_id, s.tenant_id[:8]):<{width}} {s.num_requests:>9} {s.num_steps:>9} "
+              f"{s.hit_rate:>8.1%} {s.tau:>6.2f} {accept:>6.1%} {s.index_tokens:>10} "
+              f"{_bytes(s.index_memory_bytes):>9} {s.corpus_tokens:>10}  {mix}")
+    if len(stats) == 1 and stats[0].acceptance_by_position:
+        shown = ", ".join(f"{i + 1}: {a:.0%}" for i, a in enumerate(stats[0].acceptance_by_position[:16]))
+        print(f"acceptance by position  {shown}")
+    return 0
+
+
+def _bytes(n: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def run_index_op(args: argparse.Namespace) -> int:
+    from reprise.commands._remote import ProgressBar, admin_client, call, emit_json, resolve_tenant
+
+    with admin_client(args) as client:
+        tenant_id, name = resolve_tenant(client, args.tenant)
+        fn = client.build_index if args.op == "build" else client.compact_index
+        with ProgressBar(args, f"{args.op} {name}") as bar:
+            stats, seconds = call(fn, tenant_id, bar.progress)
+    if args.json:
+        emit_json({**_stats_dict(stats, name), "seconds": seconds})
+    else:
+        verb = "built" if args.op == "build" else "compacted"
+        print(f"{verb} the index of {name} in {seconds:.2f} s: {stats.index_tokens} tokens, "
+              f"{stats.index_sequences} trajectories, {_bytes(stats.index_memory_bytes)}")
+    return 0
+
+
+def read_documents(paths: list[str]) -> Iterator[str | list[int]]:
+    """Documents from text files (one each) and .jsonl files (one per line); errors name file and line."""
+    from reprise.cli import CliError
+
+    for name in paths:
+        path = Path(name)
+        try:
+            if path.suffix != ".jsonl":
+                yield path.read_text(encoding="utf-8")
+                continue
+            with path.open(encoding="utf-8") as f:
+                for lineno, line in enumerate(f, 1):
+                    if not line.strip():
+                        continue
+                    try:
+                        doc = json.loads(line)
+                    except json.JSONDecodeError as exc:
+                        raise CliError(f"{path}:{lineno}: not JSON ({exc.msg})", 2) from None
+                    if isinstance(doc, dict) and isinstance(doc.get("text"), str):
+                        yield doc["text"]
+                    elif isinstance(doc, dict) and isinstance(doc.get("token_ids"), list) and all(
+                            isinstance(t, int) for t in doc["token_ids"]):
+                        yield doc["token_ids"]
+                    else:
+                        raise CliError(f'{path}:{lineno}: expected {{"text": "..."}} or {{"token_ids": [...]}}', 2)
+        except OSError as exc:
+            raise CliError(f"cannot read {path}: {exc.strerror}", 2) from None
+        except UnicodeDecodeError:
+            raise CliError(f"{path} is not UTF-8 text", 2) from None
+
+
+def run_import_corpus(args: argparse.Namespace) -> int:
+    from reprise.commands._remote import ProgressBar, admin_client, call, emit_json, resolve_tenant
+
+    with admin_client(args) as client:
+        tenant_id, name = resolve_tenant(client, args.tenant)
+        with ProgressBar(args, f"uploading to {name}", "doc") as bar:
+            result = call(client.import_corpus, tenant_id, read_documents(args.files), args.replace,
+                          lambda n: bar.update(n))
+    if args.json:
+        emit_json({"tenant_id": tenant_id, "name": name, "num_documents": result.num_documents,
+                   "num_tokens": result.num_tokens, "corpus_tokens": result.corpus_tokens})
+    else:
+        print(f"imported {result.num_documents} documents ({result.num_tokens} tokens) for {name}; "
+              f"its corpus now holds {result.corpus_tokens} tokens")
+    return 0
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from reprise.cli import CliError
+    from reprise.commands._remote import (
+        ProgressBar,
+        admin_client,
+        call,
+        emit_json,
+        read_password,
+        resolve_tenant,
+    )
+
+    out = Path(args.out)
+    if out.exists():
+        raise CliError(f"{out} exists; choose another --out (exports never overwrite)", 2)
+    with admin_client(args) as client:
+        tenant_id, name = resolve_tenant(client, args.tenant)
+        password = read_password(args, twice=True)
+        partial = out.with_name(out.name + ".partial")
+        try:
+            with partial.open("xb") as f, ProgressBar(args, f"exporting {name}") as bar:
+                size = call(client.export_history, tenant_id, f, password, bar.progress)
+            partial.rename(out)  # only a complete export gets the name asked for
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
+    if args.json:
+        emit_json({"tenant_id": tenant_id, "name": name, "file": str(out), "bytes": size})
+    else:
+        print(f"exported {name} to {out} ({size} bytes, sealed with the password)")
+    return 0
+
+
+def run_import(args: argparse.Namespace) -> int:
+    from reprise.cli import CliError
+    from reprise.commands._remote import (
+        ProgressBar,
+        admin_client,
+        call,
+        emit_json,
+        read_password,
+        resolve_tenant,
+    )
+
+    path = Path(args.file)
+    if not path.is_file():
+        raise CliError(f"no such file: {path}", 2)
+    with admin_client(args) as client:
+        into = resolve_tenant(client, args.into)[0] if args.into else ""
+        password = read_password(args, twice=False)
+        with path.open("rb") as f, ProgressBar(args, "uploading", "B", path.stat().st_size) as bar:
+            reply = call(client.import_history, f, password, new_tenant_name=args.name, into_tenant_id=into,
+                         on_bytes=lambda n: bar.update(n))
+    if args.json:
+        emit_json({"tenant_id": reply.tenant.tenant_id, "name": reply.tenant.name, "created": reply.created,
+                   "num_trajectories": reply.num_trajectories, "num_blobs": reply.num_blobs,
+                   "api_key": reply.api_key})
+    else:
+        where = "new tenant" if reply.created else "tenant"
+        print(f"imported {reply.num_trajectories} trajectories and {reply.num_blobs} blobs into {where} "
+              f"{reply.tenant.name} ({reply.tenant.tenant_id})")
+        if reply.api_key:
+            print(f"api key {reply.api_key}")
+            print("The API key is shown once: keep it now.", file=sys.stderr)
+    return 0
