@@ -59,7 +59,7 @@ def test_bulk_accounting_matches_per_step() -> None:
         a.observe_step(drafted, accepted)
     b.observe_drafts(num_drafts=3, num_draft_tokens=18, accepted_per_pos=[2, 2, 2, 1, 1, 1], num_steps=4)
     keep = ("reprise_spec_decode", "reprise_index_lookups_total", "reprise_verify_steps_total")
-    pick = lambda s: {k: v for k, v in s.items() if k[0].startswith(keep) and not k[0].endswith("_created")}  # noqa: E731
+    pick = lambda s: {k: v for k, v in s.items() if k[0].startswith(keep) and not k[0].endswith("_created")}
     assert pick(samples(a)) == pick(samples(b))
 
 
