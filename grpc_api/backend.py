@@ -59,6 +59,7 @@ class GenerateParams:
     top_p: float = 1.0
     top_k: int = 0
     seed: int | None = None
+    repetition_penalty: float = 1.0
     min_new_tokens: int = 0
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()

@@ -106,7 +106,8 @@ def build_request(
     tokens: Sequence[int] | None = None, text: str | None = None,
     messages: Sequence[Mapping[str, str]] | None = None, session_id: str = "", request_id: str | None = None,
     temperature: float | None = None, top_p: float | None = None, top_k: int | None = None,
-    seed: int | None = None, max_new_tokens: int | None = None, min_new_tokens: int = 0,
+    seed: int | None = None, repetition_penalty: float | None = None, max_new_tokens: int | None = None,
+    min_new_tokens: int = 0,
     stop: Sequence[str] = (), stop_token_ids: Sequence[int] = (), ignore_eos: bool = False,
     include_stop_str_in_output: bool = False, do_not_record: bool = False, speculation: bool = True,
     stream_chunk_tokens: int = 0,
@@ -140,6 +141,8 @@ def build_request(
         s.top_k = top_k
     if seed is not None:
         s.seed = seed
+    if repetition_penalty is not None:
+        s.repetition_penalty = repetition_penalty
     st = req.stopping
     if max_new_tokens is not None:
         st.max_new_tokens = max_new_tokens

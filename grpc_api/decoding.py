@@ -93,6 +93,11 @@ def generate_params(request: decoding_pb2.GenerateRequest, vocab_size: int,
     top_k = s.top_k if s.HasField("top_k") else 0
     if top_k < 0:
         raise errors.InvalidArgument(f"sampling.top_k must be >= 0 (0 = no cut), got {top_k}")
+    if s.HasField("seed") and s.seed >= 2**63:
+        raise errors.InvalidArgument(f"sampling.seed must be below 2^63, got {s.seed}")
+    penalty = s.repetition_penalty if s.HasField("repetition_penalty") else 1.0
+    if not math.isfinite(penalty) or penalty <= 0:
+        raise errors.InvalidArgument(f"sampling.repetition_penalty must be a finite number > 0, got {penalty}")
     explicit = st.HasField("max_new_tokens")
     max_new = st.max_new_tokens if explicit else 0
     if explicit and not 1 <= max_new < max_context:
@@ -121,6 +126,7 @@ def generate_params(request: decoding_pb2.GenerateRequest, vocab_size: int,
         top_p=float(top_p),
         top_k=int(top_k),
         seed=int(s.seed) if s.HasField("seed") else None,
+        repetition_penalty=float(penalty),
         min_new_tokens=int(st.min_new_tokens),
         stop=tuple(st.stop),
         stop_token_ids=tuple(st.stop_token_ids),

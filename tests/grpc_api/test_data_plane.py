@@ -119,6 +119,8 @@ def test_model_info(server, tenant) -> None:
         ({'tokens': [1], 'temperature': -1.0}, "INVALID_ARGUMENT", "temperature must be a finite number >= 0"),
         ({'tokens': [1], 'temperature': float('nan')}, "INVALID_ARGUMENT", "temperature"),
         ({'tokens': [1], 'top_k': -1}, "INVALID_ARGUMENT", "top_k must be >= 0"),
+        ({'tokens': [1], 'seed': 2**63}, "INVALID_ARGUMENT", "seed must be below 2^63"),
+        ({'tokens': [1], 'repetition_penalty': 0.0}, "INVALID_ARGUMENT", "repetition_penalty must be a finite"),
         ({'tokens': [1], 'max_new_tokens': 0}, "INVALID_ARGUMENT", "max_new_tokens must be in [1, 511]"),
         ({'tokens': [1], 'max_new_tokens': 4, 'min_new_tokens': 5}, "INVALID_ARGUMENT", "min_new_tokens (5) exceeds"),
         ({'tokens': [1], 'stop': ['x'] * 17}, "INVALID_ARGUMENT", "at most 16"),

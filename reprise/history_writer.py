@@ -1,0 +1,98 @@
+"""Persists finished requests' trajectories to the encrypted store, off the engine thread.
+
+The engine hands each recorded request to ``put`` (non-blocking); a writer thread seals and appends
+them in batches per tenant (one transaction each), so a slow fsync or a Redis round trip never delays a
+decoding step. ``flush`` waits until everything queued so far is stored (graceful shutdown calls it).
+History is rebuildable: if the queue is full, or the tenant was deleted meanwhile, a record is dropped
+and counted, never retried forever and never written under another tenant.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import defaultdict
+from typing import Any
+
+log = logging.getLogger(__name__)
+_STOP = object()
+
+
+class HistoryWriter:
+    def __init__(self, store: Any, max_queue: int = 10_000, max_batch: int = 64) -> None:
+        self._store = store
+        self._queue: queue.Queue[Any] = queue.Queue(max_queue)
+        self._max_batch = max_batch
+        self.num_written = 0
+        self.num_dropped = 0
+        self._thread = threading.Thread(target=self._run, name="reprise-history", daemon=True)
+        self._thread.start()
+
+    def put(self, record: Any) -> None:
+        """Queue a ``reprise.request.HistoryRecord`` (called on the engine thread; never blocks)."""
+        try:
+            self._queue.put_nowait(record)
+        except queue.Full:
+            self.num_dropped += 1
+            log.warning("history queue full: dropped the trajectory of request %s", record.request_id)
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until everything queued before this call is stored; False on timeout."""
+        done = threading.Event()
+        try:
+            self._queue.put(done, timeout=timeout)
+        except queue.Full:
+            return False
+        return done.wait(timeout)
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Store what is queued, then stop the thread."""
+        self.flush(timeout)
+        self._queue.put(_STOP)
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            batch, events, stop = [], [], False
+            while True:
+                if item is _STOP:
+                    stop = True
+                elif isinstance(item, threading.Event):
+                    events.append(item)
+                else:
+                    batch.append(item)
+                if len(batch) >= self._max_batch:
+                    break
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+            if batch:
+                self._write(batch)
+            for event in events:
+                event.set()
+            if stop:
+                return
+
+    def _write(self, batch: list[Any]) -> None:
+        from privacy.errors import UnknownTenantError
+        from privacy.records import Trajectory
+        from privacy.tenants import TenantId
+
+        by_tenant: dict[str, list[Any]] = defaultdict(list)
+        now = time.time()
+        for r in batch:
+            ids = list(r.prompt_ids) + list(r.output_ids)
+            by_tenant[r.tenant].append(Trajectory(r.session_id, ids, "", len(r.prompt_ids), 0.0, now))
+        for tenant, trajectories in by_tenant.items():
+            try:
+                self._store.append_trajectories(TenantId(tenant), trajectories)
+                self.num_written += len(trajectories)
+            except UnknownTenantError:
+                self.num_dropped += len(trajectories)  # deleted while its requests ran: nothing to keep
+            except Exception:  # noqa: BLE001 - a store failure loses this batch (history is rebuildable)
+                self.num_dropped += len(trajectories)
+                log.exception("could not store %d trajectories of tenant %s", len(trajectories), tenant)
