@@ -57,10 +57,11 @@ class BlobRecords:
         blob_id = blob_id or os.urandom(16)
         n = (len(body) + size - 1) // size
         head = dict(head, body_bytes=len(body), num_chunks=n)
-        sealed_head = self.keychain.seal(tk, kind, _blob_rid(tag, blob_id, 0, 0), json.dumps(head).encode())
-        chunks = [self.keychain.seal(tk, kind, _blob_rid(tag, blob_id, i + 1, n), body[i * size:(i + 1) * size])
-                  for i in range(n)]
-        self.storage.blob_put(tk.tenant.value, kind, tag, blob_id, sealed_head, chunks)
+        with tk.gate.shared():
+            sealed_head = self.keychain.seal(tk, kind, _blob_rid(tag, blob_id, 0, 0), json.dumps(head).encode())
+            chunks = [self.keychain.seal(tk, kind, _blob_rid(tag, blob_id, i + 1, n), body[i * size:(i + 1) * size])
+                      for i in range(n)]
+            self.storage.blob_put(tk.tenant.value, kind, tag, blob_id, sealed_head, chunks)
 
     def _blob_head(self, tk: TenantKeys, kind: str, blob: StoredBlob) -> dict[str, Any]:
         return json.loads(self._open(tk, kind, _blob_rid(blob.tag, blob.blob_id, 0, 0), blob.head))

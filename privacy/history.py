@@ -290,17 +290,16 @@ class HistoryStore(BlobRecords):
 
     def append_trajectories(self, tenant: TenantId, trajectories: Sequence[Trajectory]) -> list[TrajectoryRef]:
         """Append several in one atomic write (one transaction / one pipelined MULTI)."""
-        tk = self.keychain.tenant_keys(tenant)
-        items = []
         for t in trajectories:
             if not isinstance(t, Trajectory):
                 raise TypeError(f"expected Trajectory, got {type(t).__name__}")
-            rid = os.urandom(16)
-            sealed = self.keychain.seal(tk, KIND_TRAJECTORY, rid, encode_trajectory(t))
-            items.append((rid, tk.tag("session", t.session_id), sealed))
-        if not items:
+        if not trajectories:
             return []
-        cursors = self.storage.traj_append(tenant.value, items)
+        tk = self.keychain.tenant_keys(tenant)
+        bodies = [(os.urandom(16), encode_trajectory(t), tk.tag("session", t.session_id)) for t in trajectories]
+        with tk.gate.shared():
+            items = [(rid, tag, self.keychain.seal(tk, KIND_TRAJECTORY, rid, body)) for rid, body, tag in bodies]
+            cursors = self.storage.traj_append(tenant.value, items)
         return [TrajectoryRef(c, rid.hex()) for c, (rid, _, _) in zip(cursors, items)]
 
     def iter_trajectories(

@@ -15,6 +15,8 @@ import hmac
 import logging
 import os
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from cryptography.hazmat.primitives import hashes
@@ -44,6 +46,45 @@ def dek_version(name: str) -> int | None:
     return int(name[4:]) if name.startswith("dek:") else None
 
 
+class SharedGate:
+    """Many holders share it (writers sealing and storing records); an exclusive holder (the last step
+    of a data key rotation) waits until they have left and keeps new ones out meanwhile."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._shared = 0
+        self._exclusive = False
+
+    @contextmanager
+    def shared(self) -> Iterator[None]:
+        with self._cond:
+            while self._exclusive:
+                self._cond.wait()
+            self._shared += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._shared -= 1
+                if not self._shared:
+                    self._cond.notify_all()
+
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        with self._cond:
+            while self._exclusive:
+                self._cond.wait()
+            self._exclusive = True
+            while self._shared:
+                self._cond.wait()
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._exclusive = False
+                self._cond.notify_all()
+
+
 @dataclass(slots=True)
 class TenantKeys:
     """A tenant's unwrapped keys. ``ciphers`` maps data key version -> AESGCM; ``current`` seals."""
@@ -55,6 +96,8 @@ class TenantKeys:
     reserved: int = 0  # encryptions reserved in storage for ``current``
     used: int = 0      # of which used; a new block is reserved when used == reserved
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # Held shared from sealing a record to storing it, so a rotation can wait for in-flight writes.
+    gate: SharedGate = field(default_factory=SharedGate)
 
     def tag(self, label: str, value: str) -> bytes:
         """A keyed hash that stands for ``value`` in storage keys (session ids, names)."""
@@ -218,6 +261,7 @@ class Keychain:
     def _refresh(self, tk: TenantKeys) -> None:
         fresh = self._load(tk.tenant)
         tk.ciphers, tk.current = fresh.ciphers, fresh.current
+        tk.reserved = tk.used = 0
 
     def _add_version(self, tk: TenantKeys) -> int:
         """Create the next data key version and make it current (callers hold ``tk.lock``)."""

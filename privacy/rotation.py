@@ -2,7 +2,10 @@
 
 - Data key (per tenant): a new version takes new writes at once; every record sealed under an older
   version is re-encrypted under it (same record ids, so the associated data still binds them); then the
-  old versions are destroyed. Records written meanwhile already use the new version.
+  old versions are destroyed. Writes continue meanwhile; the last step (remaining records, blobs, the
+  tenant record, destroying the old keys) waits for this process's in-flight writes and holds new ones
+  for its duration. Other processes on the same store must drop their cached keys
+  (``HistoryStore.evict_tenant``) when told of the rotation, or they keep sealing under the old version.
 - Master key: a new version wraps every data key, tag key and system key again (records are not
   touched); the old versions are then retired: their check values are deleted and, for a key file,
   they are removed from it. Done after tenant deletions, this is the "shred epoch": backups that still
@@ -32,49 +35,53 @@ def _report(progress: ProgressCallback | None, phase: str, done: int, total: int
 
 
 def rotate_data_key(store: HistoryStore, tenant: TenantId, progress: ProgressCallback | None = None) -> RotationReport:
-    from privacy.history import _TENANT_RECORD_ID, BLOB_KINDS, KIND_TENANT, KIND_TRAJECTORY, RotationReport
+    from privacy.blobs import BLOB_KINDS
+    from privacy.history import _TENANT_RECORD_ID, KIND_TENANT, RotationReport
 
     kc, storage = store.keychain, store.storage
     tk = kc.tenant_keys(tenant)
-    new = kc.add_data_key_version(tk)
+    new = kc.add_data_key_version(tk)  # new writes use it from here on
     old = sorted(v for v in tk.ciphers if v != new)
     total = storage.traj_count(tenant.value) + storage.blob_count(tenant.value)
-    done = 0
-    for _ in range(3):  # a second pass catches records another process sealed under an old version
-        moved = _reencrypt_trajectories(store, tk, new, KIND_TRAJECTORY, progress, done, total)
-        moved += _reencrypt_blobs(store, tk, new, BLOB_KINDS)
-        done += moved
-        if moved == 0:
-            break
-    row = storage.tenant_get(tenant.value)
-    assert row is not None
-    info = store._open(tk, KIND_TENANT, _TENANT_RECORD_ID, row.info)
-    aad = envelope.record_aad(tenant.raw, KIND_TENANT, _TENANT_RECORD_ID, new)
-    storage.tenant_update(tenant.value, info=envelope.seal(tk.ciphers[new], new, aad, info))
-    kc.drop_data_key_versions(tk, old)
+    # Bulk pass while writes continue. Records committed later have later cursors, so the final pass
+    # starts where this one ended.
+    done, cursor = _reencrypt_trajectories(store, tk, new, None, progress, 0, total)
+    with tk.gate.exclusive():  # no write of this process is between sealing and storing now
+        moved, _ = _reencrypt_trajectories(store, tk, new, cursor, progress, done, total)
+        done += moved + _reencrypt_blobs(store, tk, new, BLOB_KINDS)
+        row = storage.tenant_get(tenant.value)
+        assert row is not None
+        info = store._open(tk, KIND_TENANT, _TENANT_RECORD_ID, row.info)
+        aad = envelope.record_aad(tenant.raw, KIND_TENANT, _TENANT_RECORD_ID, new)
+        storage.tenant_update(tenant.value, info=envelope.seal(tk.ciphers[new], new, aad, info))
+        kc.drop_data_key_versions(tk, old)
     _report(progress, "re-encrypt", done, done, "records")
     log.info("tenant %s: data key rotated to version %d, %d records re-encrypted, versions %s destroyed",
              tenant.value, new, done, old)
     return RotationReport(new, done)
 
 
-def _reencrypt_trajectories(store: HistoryStore, tk: TenantKeys, new: int, kind: str,
-                            progress: ProgressCallback | None, done: int, total: int) -> int:
-    moved, cursor = 0, None
+def _reencrypt_trajectories(store: HistoryStore, tk: TenantKeys, new: int, cursor: str | None,
+                            progress: ProgressCallback | None, done: int, total: int) -> tuple[int, str | None]:
+    """Re-seal every trajectory after ``cursor`` not under ``new``; returns (count, last cursor seen)."""
+    from privacy.history import KIND_TRAJECTORY
+
+    moved = 0
     while True:
         rows = store.storage.traj_scan(tk.tenant.value, cursor, _BATCH)
         batch = []
         for row in rows:
             if envelope.sealed_version(row.sealed, "trajectory") != new:
-                body = store._open(tk, kind, row.record_id, row.sealed)
-                batch.append((row.record_id, store.keychain.seal(tk, kind, row.record_id, body)))
+                body = store._open(tk, KIND_TRAJECTORY, row.record_id, row.sealed)
+                batch.append((row.record_id, store.keychain.seal(tk, KIND_TRAJECTORY, row.record_id, body)))
         if batch:
             store.storage.traj_replace(tk.tenant.value, batch)
             moved += len(batch)
             _report(progress, "re-encrypt", done + moved, total, "records")
+        if rows:
+            cursor = rows[-1].cursor
         if len(rows) < _BATCH:
-            return moved
-        cursor = rows[-1].cursor
+            return moved, cursor
 
 
 def _reencrypt_blobs(store: HistoryStore, tk: TenantKeys, new: int, kinds: tuple[str, ...]) -> int:
