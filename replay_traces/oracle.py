@@ -15,7 +15,7 @@ tokens stamped with the first call whose prompt contains it; each request adds a
 last ``max_len - 1`` prompt tokens, the header, the response). For m = 1 .. max_len, every window of m
 tokens is hashed (a cyclic-polynomial "buzhash" over a random 64-bit table, salted per tenant); sorting
 the hashes gives, per distinct window, the first call that may see it, and, inside a request, where it
-first occurs. A response position copies m tokens when the window there was visible at that call. Cost:
+first occurs (the sort packs that value into the hash's low bits, keeping >= 40 hash bits). A response position copies m tokens when the window there was visible at that call. Cost:
 ``max_len`` sorts of the trace's distinct tokens (tens of seconds for 3000 swe_gemini calls).
 """
 
@@ -40,25 +40,43 @@ def _rotl1(h: np.ndarray) -> np.ndarray:
     return (h << np.uint64(1)) | (h >> np.uint64(63))
 
 
-def _group_min(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Distinct ``keys`` (sorted) and the minimum of ``values`` over each key's entries."""
+_MAX_VALUE_BITS = 24  # values packed under the hash keep >= 40 bits of hash
+
+
+def _group_min(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """Distinct ``keys`` (sorted), the minimum of ``values`` (>= 0) per key, and the number of low
+    key bits dropped: look keys up with ``_lookup(..., shift)``.
+
+    Small values are packed into the low bits of their key so one plain sort (several times faster than
+    an argsort) groups the keys and orders each group by value.
+    """
     if len(keys) == 0:
-        return keys, values
+        return keys, values, 0
+    shift = max(int(values.max()).bit_length(), 1)
+    if shift <= _MAX_VALUE_BITS:
+        s = np.uint64(shift)
+        packed = ((keys >> s) << s) | values.astype(np.uint64)
+        packed.sort()
+        groups = packed >> s
+        starts = np.flatnonzero(np.concatenate(([True], groups[1:] != groups[:-1])))
+        low = packed[starts] & np.uint64((1 << shift) - 1)
+        return groups[starts], low.astype(np.int64), shift
     order = np.argsort(keys)
     sorted_keys = keys[order]
     starts = np.flatnonzero(np.concatenate(([True], sorted_keys[1:] != sorted_keys[:-1])))
-    return sorted_keys[starts], np.minimum.reduceat(values[order], starts)
+    return sorted_keys[starts], np.minimum.reduceat(values[order], starts), 0
 
 
-def _lookup(table_keys: np.ndarray, table_values: np.ndarray, keys: np.ndarray, missing: int) -> np.ndarray:
-    """``table_values`` at each of ``keys`` (``missing`` where absent)."""
+def _lookup(table: tuple[np.ndarray, np.ndarray, int], keys: np.ndarray, missing: int) -> np.ndarray:
+    """The table's value at each of ``keys`` (``missing`` where absent)."""
+    table_keys, table_values, shift = table
     out = np.full(len(keys), missing, dtype=np.int64)
     if len(table_keys) == 0 or len(keys) == 0:
         return out
-    idx = np.searchsorted(table_keys, keys)
-    idx_c = np.minimum(idx, len(table_keys) - 1)
-    found = table_keys[idx_c] == keys
-    out[found] = table_values[idx_c[found]]
+    keys = keys >> np.uint64(shift)
+    idx = np.minimum(np.searchsorted(table_keys, keys), len(table_keys) - 1)
+    found = table_keys[idx] == keys
+    out[found] = table_values[idx[found]]
     return out
 
 
@@ -93,6 +111,7 @@ def _layout(calls: Sequence[Call], tokenizer: CanonicalTokenizer, responses: Seq
     offset = 0
     header = tokenizer.prompt_ids(())
     tail_len = max_len - 1
+    seen_messages: set[tuple[int, str, str]] = set()
 
     def add(ids: np.ndarray, vis: np.ndarray | int, tenant: int, request: int) -> int:
         nonlocal offset
@@ -119,8 +138,21 @@ def _layout(calls: Sequence[Call], tokenizer: CanonicalTokenizer, responses: Seq
                 j += 1
         stream = np.concatenate(message_ids) if message_ids else header[:0]
         stream_vis = np.repeat(first_call, [len(m) for m in message_ids])
-        add(stream, stream_vis, tenant, -1)
         ends = np.cumsum([0] + [len(m) for m in message_ids])
+        # A message the tenant already showed (same role and content, earlier or as early) adds no new
+        # window except where it meets its neighbours: keep its first and last max_len - 1 tokens and
+        # cut the stream in between (agents resend the same system prompt and examples every session).
+        piece_start = 0
+        for j, m in enumerate(last.messages):
+            key = (tenant, m.role, m.content)
+            if key not in seen_messages:
+                seen_messages.add(key)
+                continue
+            lo, hi = int(ends[j]) + tail_len, int(ends[j + 1]) - tail_len
+            if hi - lo > 0:
+                add(stream[piece_start:lo], stream_vis[piece_start:lo], tenant, -1)
+                piece_start = hi
+        add(stream[piece_start:], stream_vis[piece_start:], tenant, -1)
         for k in ks:
             end = int(ends[calls[k].message_index])
             tail = stream[max(0, end - tail_len) : end]
@@ -134,6 +166,15 @@ def _layout(calls: Sequence[Call], tokenizer: CanonicalTokenizer, responses: Seq
         tenant=cat(tenant_of, np.int64), request=cat(request_of, np.int64),
         response_start=response_start, response_len=response_len,
     )
+
+
+def _segment_starts(seg_end: np.ndarray) -> np.ndarray:
+    """[n] start index of each token's sequence, from the sequences' exclusive ends."""
+    if len(seg_end) == 0:
+        return seg_end
+    new = np.concatenate(([True], seg_end[1:] != seg_end[:-1]))
+    first = np.flatnonzero(new)
+    return np.repeat(first, np.diff(np.concatenate((first, [len(seg_end)]))))
 
 
 def copy_limits(calls: Sequence[Call], tokenizer: CanonicalTokenizer, *, max_len: int = DEFAULT_MAX_LEN,
@@ -153,40 +194,42 @@ def copy_limits(calls: Sequence[Call], tokenizer: CanonicalTokenizer, *, max_len
     table = rng.integers(0, top, size=int(lay.tokens.max()) + 1, dtype=np.uint64, endpoint=True)
     tenant_salt = rng.integers(0, top, size=int(lay.tenant.max()) + 1, dtype=np.uint64, endpoint=True)
     request_salt = rng.integers(0, top, size=len(calls), dtype=np.uint64, endpoint=True)
-    # Query positions: every response token, with its call.
+    # Queries: every response token: its call, its position in the layout, the end of its response.
     q_call = np.repeat(np.arange(len(calls), dtype=np.int64), lay.response_len)
     q_pos = np.repeat(lay.response_start - np.concatenate(([0], np.cumsum(lay.response_len)[:-1])),
                       lay.response_len) + np.arange(num_queries, dtype=np.int64)
+    q_end = (lay.response_start + lay.response_len)[q_call]
+    positions = np.arange(n, dtype=np.int64)
+    room = lay.seg_end - positions  # tokens from here to the end of the sequence
     in_request = lay.request >= 0
+    offset_in_seg = positions - _segment_starts(lay.seg_end)
+    t_salt = tenant_salt[lay.tenant]
+    r_salt = np.where(in_request, request_salt[np.maximum(lay.request, 0)], np.uint64(0))
     limit = np.zeros(num_queries, dtype=np.int64)
-    alive = np.ones(num_queries, dtype=bool)  # every shorter window matched
+    alive = np.arange(num_queries)  # queries whose every shorter window matched
     h = np.zeros(n, dtype=np.uint64)
     hashed = table[lay.tokens]
-    positions = np.arange(n, dtype=np.int64)
     for m in range(1, max_len + 1):
         count = n - m + 1
         if count <= 0:
             break
         h = _rotl1(h[:count]) ^ hashed[m - 1 :]
-        starts = positions[:count]
-        valid = starts + m <= lay.seg_end[:count]
-        window_vis = lay.visible_from[m - 1 :][valid]
+        valid = room[:count] >= m
         # History: the first call that may see each distinct window of this tenant.
-        keys = h[valid] ^ tenant_salt[lay.tenant[:count][valid]]
-        hist_keys, hist_first = _group_min(keys, window_vis)
-        # This request: where each distinct window of the request segment first starts.
+        history = _group_min(h[valid] ^ t_salt[:count][valid], lay.visible_from[m - 1 :][valid])
+        # This request: where each distinct window of the request segment first starts (relative to
+        # the segment, which keeps the packed values small).
         own = valid & in_request[:count]
-        own_keys, own_first = _group_min(h[own] ^ request_salt[lay.request[:count][own]], starts[own])
-        q = alive & (q_pos + m <= lay.response_start[q_call] + lay.response_len[q_call])
-        qi = np.flatnonzero(q)
+        own_table = _group_min(h[own] ^ r_salt[:count][own], offset_in_seg[:count][own])
+        qi = alive[q_pos[alive] + m <= q_end[alive]]
         qp = q_pos[qi]
-        seen_before = _lookup(hist_keys, hist_first, h[qp] ^ tenant_salt[lay.tenant[qp]], _NEVER) <= q_call[qi]
-        seen_here = _lookup(own_keys, own_first, h[qp] ^ request_salt[lay.request[qp]], _NEVER) + m <= qp
-        ok = seen_before | seen_here
-        alive[:] = False
-        alive[qi[ok]] = True
-        limit[qi[ok]] = m
-        if not alive.any():
+        hq = h[qp]
+        seen_before = _lookup(history, hq ^ t_salt[qp], _NEVER) <= q_call[qi]
+        first_here = _lookup(own_table, hq ^ r_salt[qp], _NEVER)
+        seen_here = (first_here != _NEVER) & (first_here + m <= offset_in_seg[qp])
+        alive = qi[seen_before | seen_here]
+        limit[alive] = m
+        if len(alive) == 0:
             break
     bounds = np.cumsum(lay.response_len)[:-1]
     return list(np.split(limit, bounds))

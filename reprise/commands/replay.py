@@ -218,9 +218,14 @@ def run(args: argparse.Namespace) -> int:
     progress = Progress(enabled=not args.json)
     reports = []
     for path in paths:
-        reports.append(replay_one(path, drafter, tokenizer=tokenizer, budget=args.budget,
-                                  max_calls=args.max_calls, skip_bad_lines=args.skip_bad_lines,
-                                  progress=progress, config=config))
+        try:
+            reports.append(replay_one(path, drafter, tokenizer=tokenizer, budget=args.budget,
+                                      max_calls=args.max_calls, skip_bad_lines=args.skip_bad_lines,
+                                      progress=progress, config=config))
+        except CliError:
+            if reports and not args.json:  # keep the files already replayed
+                print(format_table(reports, args.budget))
+            raise
     report_skipped(reports, "replay")
     if args.json:
         json.dump({"drafter": drafter, "budget": args.budget, "tokenizer": args.tokenizer,

@@ -37,10 +37,13 @@ def brute_force_limits(calls, tok, max_len):
     return out
 
 
-def _random_trace(rng: random.Random, path):
+def _random_trace(rng: random.Random, path, repeats: bool = False):
     words = ["ab", "ba", "abc", "cab", "x", "yy", "ls", "cd"]
+    pool = ["".join(rng.choice(words) for _ in range(rng.randint(3, 12))) for _ in range(4)]
 
     def text():
+        if repeats and rng.random() < 0.6:  # agents resend the same messages: exercise the dedup
+            return rng.choice(pool)
         return "".join(rng.choice(words) for _ in range(rng.randint(1, 6)))
 
     lines = []
@@ -56,10 +59,11 @@ def _random_trace(rng: random.Random, path):
     return write_trace(path, lines)
 
 
-@pytest.mark.parametrize("seed", range(40))
-def test_matches_brute_force(tmp_path, seed):
+@pytest.mark.parametrize("repeats", [False, True])
+@pytest.mark.parametrize("seed", range(25))
+def test_matches_brute_force(tmp_path, seed, repeats):
     rng = random.Random(seed)
-    calls = list(iter_calls(_random_trace(rng, tmp_path / "t.jsonl")))
+    calls = list(iter_calls(_random_trace(rng, tmp_path / "t.jsonl", repeats)))
     tok = CharTokenizer()
     max_len = rng.choice([1, 3, 6])
     got = [row.tolist() for row in copy_limits(calls, tok, max_len=max_len)]
@@ -90,3 +94,18 @@ def test_oracle_replay_drafts_are_always_accepted(tmp_path):
     with pytest.raises(ValueError, match="out of order"):
         oracle = CopyLimitOracle(calls, tok, max_len=4)
         oracle.begin("someone-else", "s", [1, 2, 3])
+
+
+def test_repeated_messages_keep_the_windows_at_their_seams(tmp_path):
+    system = "You are an agent. " * 6 + "Answer with one tool call."  # > 2 * 31 tokens: deduplicated
+    copy = "tool call.\n<|user|>\nfind omega"  # spans the end of the repeated system prompt
+    path = write_trace(tmp_path / "t.jsonl", [
+        conversation("a", "s1", ("system", system), ("user", "find alpha"), ("assistant", "ok alpha")),
+        # the seam is more than max_len tokens before the end of the prompt: only the stream holds it
+        conversation("a", "s2", ("system", system), ("user", "find omega " + "z" * 40), ("assistant", copy)),
+    ])
+    calls = list(iter_calls(path))
+    tok = CharTokenizer()
+    got = [row.tolist() for row in copy_limits(calls, tok, max_len=32)]
+    assert got == brute_force_limits(calls, tok, 32)
+    assert got[1][0] == len(copy)  # the whole response is one copy across the seam
