@@ -70,7 +70,9 @@ def accept_with_q(
         kids = children.get(row, [])
         if kids:
             qq = q[kids[0]].double().clone()  # without replacement: the shared parent q, shrinking
-            uniforms = torch.rand(len(kids), generator=generator, device=p.device, dtype=torch.float64).tolist()
+            uniforms = torch.rand(
+                len(kids), generator=generator, device=p.device, dtype=torch.float64
+            ).tolist()
             for node, u in zip(kids, uniforms):
                 x = int(layout.token_ids[node])
                 if mode == "iid":

@@ -33,7 +33,9 @@ def reprise_tree_attention(module, query, key, value, attention_mask, scaling=No
     if meta is None:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, scaling=scaling, dropout=dropout
+        )
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     out = tree_attention(query, key, value, meta.prefix_lens, meta.tree_mask, scale, backend=meta.backend)
     return out.transpose(1, 2), None

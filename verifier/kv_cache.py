@@ -2,7 +2,10 @@
 
     kv [2, num_layers, num_slots, num_kv_heads, max_rows, head_dim]
 
-Each request owns one slot for its lifetime. A slot's rows ``[0, length)`` hold the committed context
+Each request owns one slot for its lifetime. Rows a packed step reads but no request wrote (past a short
+request's own rows) are masked out, but a masked NaN still poisons attention (0 x NaN), so rows are
+zeroed once, the first time a step reads them (``ensure_finite``); after that they only ever hold finite
+values written by some request. A slot's rows ``[0, length)`` hold the committed context
 (minus the root token, whose KV is computed by the next step). A forward pass writes the step's rows at
 ``length .. length + Q`` and attention reads ``[0, max(length) + Q)``. ``max_rows`` is the context limit
 plus headroom for one step's padded rows, so a packed step never writes out of bounds.
@@ -27,6 +30,15 @@ class KVPool:
         self.max_rows = max_rows
         shape = (2, self.num_layers, num_slots, self.num_kv_heads, max_rows, self.head_dim)
         self.kv = torch.empty(shape, dtype=dtype, device=device)
+        self._finite_rows = [0] * num_slots  # rows [0, n) of each slot hold finite values
+
+    def ensure_finite(self, slots: list[int], num_rows: int) -> None:
+        """Zero each slot's never-written rows below ``num_rows`` (each row at most once per pool)."""
+        for slot in slots:
+            start = self._finite_rows[slot]
+            if start < num_rows:
+                self.kv[:, :, slot, :, start:num_rows] = 0
+                self._finite_rows[slot] = num_rows
 
     @property
     def bytes_per_row(self) -> int:
@@ -64,9 +76,9 @@ class StepCache(Cache):
         values[rows, :, self.write_positions] = value_states.transpose(1, 2).to(values.dtype)
         if self._slice is not None:
             return keys[self._slice, :, : self.kv_len], values[self._slice, :, : self.kv_len]
-        return keys[:, :, : self.kv_len].index_select(0, self.slots), values[:, :, : self.kv_len].index_select(
-            0, self.slots
-        )
+        return keys[:, :, : self.kv_len].index_select(0, self.slots), values[
+            :, :, : self.kv_len
+        ].index_select(0, self.slots)
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.kv_len

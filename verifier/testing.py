@@ -12,13 +12,30 @@ from typing import Any
 FAMILIES = ("llama", "qwen2", "gpt2")
 
 
-def tiny_model(family: str = "llama", *, vocab_size: int = 256, seed: int = 0, init_range: float = 0.2) -> Any:
+def tiny_model(
+    family: str = "llama", *, vocab_size: int = 256, seed: int = 0, init_range: float = 0.2
+) -> Any:
     """A random ``{family}`` causal LM: vocab ``vocab_size``, d 64, 2 layers, 4 heads (2 KV heads)."""
     import torch
-    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from transformers import (
+        GPT2Config,
+        GPT2LMHeadModel,
+        LlamaConfig,
+        LlamaForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+    )
 
     torch.manual_seed(seed)
-    common = dict(vocab_size=vocab_size, initializer_range=init_range, bos_token_id=0, eos_token_id=1, pad_token_id=0)
+    common: dict[str, Any] = {
+        "vocab_size": vocab_size,
+        "initializer_range": init_range,
+        "bos_token_id": 0,
+        "eos_token_id": 1,
+        "pad_token_id": 0,
+    }
+    config: Any
+    model: Any
     if family == "llama":
         config = LlamaConfig(
             hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -85,7 +102,9 @@ def random_tree(rng: Any, truth: list[int], num_nodes: int, vocab: int, p_right:
         parents.append(parent)
         tokens.append(token)
         on_truth.append(state)
-    return DraftTree(np.array(tokens, np.int32), np.array(parents, np.int32), np.full(num_nodes, 0.5, np.float32))
+    return DraftTree(
+        np.array(tokens, np.int32), np.array(parents, np.int32), np.full(num_nodes, 0.5, np.float32)
+    )
 
 
 def chi_square(counts: Any, probs: Any, min_expected: float = 5.0) -> tuple[float, int]:

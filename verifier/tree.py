@@ -10,8 +10,8 @@ Several requests pack into one forward pass by padding every request to the same
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -48,7 +48,9 @@ def layout_tree(tree: DraftTree) -> TreeLayout:
     bad = np.nonzero((parents < -1) | (parents >= nodes))[0]
     if len(bad):
         i = int(bad[0])
-        raise ValueError(f"DraftTree node {i} has parent {int(parents[i])}: parents must be -1 or precede the node")
+        raise ValueError(
+            f"DraftTree node {i} has parent {int(parents[i])}: parents must be -1 or precede the node"
+        )
     token_ids = np.asarray(tree.token_ids, dtype=np.int64)
     if num_nodes and token_ids.min() < 0:
         raise ValueError(f"DraftTree has a negative token id {int(token_ids.min())}")
@@ -85,7 +87,9 @@ class StepBatch:
         return self.input_ids.shape[1]
 
 
-def pack_steps(layouts: Sequence[TreeLayout], root_ids: Sequence[int], prefix_lens: Sequence[int]) -> StepBatch:
+def pack_steps(
+    layouts: Sequence[TreeLayout], root_ids: Sequence[int], prefix_lens: Sequence[int]
+) -> StepBatch:
     """Pad every request's rows to the longest and stack them (the "pad" form of packing)."""
     batch = len(layouts)
     q = max(layout.num_rows for layout in layouts)

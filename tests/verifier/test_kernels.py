@@ -24,7 +24,9 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 def random_tree(rng: np.random.Generator, n: int) -> DraftTree:
     parents = [int(rng.integers(-1, i)) for i in range(n)]
-    return DraftTree(rng.integers(0, 100, n).astype(np.int32), np.array(parents, np.int32), np.ones(n, np.float32))
+    return DraftTree(
+        rng.integers(0, 100, n).astype(np.int32), np.array(parents, np.int32), np.ones(n, np.float32)
+    )
 
 
 def make_inputs(seed, batch, q_heads, kv_heads, head_dim, prefixes, nodes, device="cpu", dtype=torch.float32):
@@ -41,7 +43,7 @@ def make_inputs(seed, batch, q_heads, kv_heads, head_dim, prefixes, nodes, devic
 
 def naive_attention(q, k, v, prefix_lens, tree_mask, scale):
     """Row by row, from the definition (what each row may see), for the reference itself."""
-    batch, hq, q_len, d = q.shape
+    batch, hq, q_len, _ = q.shape
     group = hq // k.shape[1]
     out = torch.zeros_like(q)
     for b in range(batch):
@@ -126,7 +128,9 @@ def test_dispatch_uses_reference_on_cpu_and_rejects_unknown() -> None:
 @needs_triton
 @pytest.mark.parametrize("dtype,atol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 def test_tree_attention_cuda(dtype, atol) -> None:
-    args = make_inputs(4, 4, 32, 8, 64, prefixes=[1500, 256, 17, 0], nodes=[64, 32, 1, 0], device="cuda", dtype=dtype)
+    args = make_inputs(
+        4, 4, 32, 8, 64, prefixes=[1500, 256, 17, 0], nodes=[64, 32, 1, 0], device="cuda", dtype=dtype
+    )
     ref = tree_attention_reference(*args, scale=0.125)
     out = tree_attention(*args, scale=0.125)  # auto: Triton on CUDA
     assert torch.allclose(out.float(), ref.float(), atol=atol), (out.float() - ref.float()).abs().max()

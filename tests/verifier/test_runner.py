@@ -75,6 +75,7 @@ def test_packed_verify_equals_one_by_one(model) -> None:
     rng = np.random.default_rng(5)
     trees = [random_tree(rng, hf_greedy(model, p, 8), n, VOCAB, 0.8) for p, n in zip(prompts, [9, 0, 4])]
     packed = ModelRunner(model, num_slots=3, max_len=64)
+    packed.pool.kv.fill_(float("nan"))  # garbage in never-written rows must not leak into attention
     slots = [packed.start(p) for p in prompts]
     slots = [slots[2], slots[0], slots[1]]  # non-consecutive order exercises the gathered cache view
     order = [2, 0, 1]
@@ -93,7 +94,11 @@ def test_packed_verify_equals_one_by_one(model) -> None:
 
 
 @settings(max_examples=10, deadline=None)
-@given(seed=st.integers(0, 2**31), p_right=st.sampled_from([0.0, 0.5, 0.9, 1.0]), max_nodes=st.sampled_from([0, 4, 24]))
+@given(
+    seed=st.integers(0, 2**31),
+    p_right=st.sampled_from([0.0, 0.5, 0.9, 1.0]),
+    max_nodes=st.sampled_from([0, 4, 24]),
+)
 def test_greedy_equals_generate_with_random_trees(model, seed, p_right, max_nodes) -> None:
     rng = np.random.default_rng(seed)
     prompt = prompt_of(seed, int(rng.integers(1, 20)))

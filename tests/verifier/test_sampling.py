@@ -70,8 +70,12 @@ def test_sample_rows_distribution_and_zero_mass() -> None:
 
 # ---- a synthetic order-1 target and drafter (V small) for exact joint distributions -------------
 V = 6
-TARGET = torch.randn(V, V, generator=torch.Generator().manual_seed(10), dtype=torch.float64) * 1.5  # logits[next | last]
-DRAFT = TARGET + torch.randn(V, V, generator=torch.Generator().manual_seed(11), dtype=torch.float64)  # a similar, wrong q
+TARGET = (
+    torch.randn(V, V, generator=torch.Generator().manual_seed(10), dtype=torch.float64) * 1.5
+)  # logits[next | last]
+DRAFT = TARGET + torch.randn(
+    V, V, generator=torch.Generator().manual_seed(11), dtype=torch.float64
+)  # a similar, wrong q
 
 
 def target_probs(last_tokens: list[int], params: SamplingParams) -> torch.Tensor:
@@ -95,7 +99,9 @@ def deterministic_tree(rng: np.random.Generator) -> DraftTree:
     c, d = rng.choice(V, 2, replace=False)
     e = rng.integers(V)
     tokens = [a, b, c, d, e]
-    return DraftTree(np.array(tokens, np.int32), np.array([-1, -1, 0, 0, 1], np.int32), np.ones(5, np.float32))
+    return DraftTree(
+        np.array(tokens, np.int32), np.array([-1, -1, 0, 0, 1], np.int32), np.ones(5, np.float32)
+    )
 
 
 def run_two_tokens(step, first: int, trials: int) -> np.ndarray:
@@ -110,7 +116,11 @@ def run_two_tokens(step, first: int, trials: int) -> np.ndarray:
 
 @pytest.mark.parametrize(
     "params",
-    [SamplingParams(temperature=1.0), SamplingParams(temperature=0.6, top_k=4), SamplingParams(temperature=1.2, top_p=0.7)],
+    [
+        SamplingParams(temperature=1.0),
+        SamplingParams(temperature=0.6, top_k=4),
+        SamplingParams(temperature=1.2, top_p=0.7),
+    ],
 )
 def test_deterministic_drafts_preserve_distribution(params) -> None:
     rng = np.random.default_rng(0)
@@ -130,7 +140,9 @@ def test_deterministic_drafts_preserve_distribution(params) -> None:
 
 
 @pytest.mark.parametrize("mode", ["iid", "without_replacement"])
-@pytest.mark.parametrize("params", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.8, top_k=4)])
+@pytest.mark.parametrize(
+    "params", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.8, top_k=4)]
+)
 def test_sampled_drafts_with_q_preserve_distribution(mode, params) -> None:
     g = torch.Generator().manual_seed(2)
     rng = np.random.default_rng(3)
@@ -146,7 +158,9 @@ def test_sampled_drafts_with_q_preserve_distribution(mode, params) -> None:
         # depth 1: 3 children of the root; depth 2: 2 children under the first child
         top = draw_children(q_table[root], 3)
         below = draw_children(q_table[top[0]], 2)
-        tree = DraftTree(np.array(top + below, np.int32), np.array([-1, -1, -1, 0, 0], np.int32), np.ones(5, np.float32))
+        tree = DraftTree(
+            np.array(top + below, np.int32), np.array([-1, -1, -1, 0, 0], np.int32), np.ones(5, np.float32)
+        )
         layout = layout_tree(tree)
         q = torch.stack([q_table[root]] * 3 + [q_table[top[0]]] * 2)
         path, token = accept_with_q(layout, table[row_lasts(layout, root)], q, g, mode)
@@ -158,7 +172,9 @@ def test_sampled_drafts_with_q_preserve_distribution(mode, params) -> None:
 
 
 def test_greedy_walk_picks_deepest_matching_path() -> None:
-    tree = DraftTree(np.array([3, 4, 5, 6, 7], np.int32), np.array([-1, -1, 1, 2, 1], np.int32), np.ones(5, np.float32))
+    tree = DraftTree(
+        np.array([3, 4, 5, 6, 7], np.int32), np.array([-1, -1, 1, 2, 1], np.int32), np.ones(5, np.float32)
+    )
     layout = layout_tree(tree)
     targets = np.array([4, 0, 5, 6, 9, 0])  # root->4 (node 1), then 5 (node 2), then 6 (node 3), bonus 9
     path, bonus = accept_by_targets(layout, targets)

@@ -52,7 +52,9 @@ def test_layout_rejects_bad_parents() -> None:
 
 
 def test_pack_pads_and_positions() -> None:
-    a = layout_tree(DraftTree(np.array([5, 6, 7], np.int32), np.array([-1, 0, -1], np.int32), np.ones(3, np.float32)))
+    a = layout_tree(
+        DraftTree(np.array([5, 6, 7], np.int32), np.array([-1, 0, -1], np.int32), np.ones(3, np.float32))
+    )
     b = layout_tree(DraftTree.empty())
     batch = pack_steps([a, b], root_ids=[9, 4], prefix_lens=[10, 3])
     assert batch.input_ids.tolist() == [[9, 5, 6, 7], [4, 0, 0, 0]]

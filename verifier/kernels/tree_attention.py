@@ -21,8 +21,7 @@ def tree_attention_reference(q, k, v, prefix_lens, tree_mask, scale: float):
     """Pure-torch reference: a float additive mask and scaled dot-product attention."""
     from verifier.tree import additive_mask
 
-    batch, num_q_heads, q_len, _ = q.shape
-    num_kv_heads = k.shape[1]
+    num_q_heads, num_kv_heads = q.shape[1], k.shape[1]
     mask = additive_mask(prefix_lens, tree_mask, k.shape[2], q.dtype).to(q.device)  # [B, 1, Q, L]
     if num_kv_heads != num_q_heads:
         group = num_q_heads // num_kv_heads
@@ -62,7 +61,8 @@ def _kernel():
         d_ok = offs_d < head_dim
         q = tl.load(
             Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
-            mask=m_ok[:, None] & d_ok[None, :], other=0.0,
+            mask=m_ok[:, None] & d_ok[None, :],
+            other=0.0,
         )
         k_base = K + b * stride_kb + kvh * stride_kh
         v_base = V + b * stride_vb + kvh * stride_vh
@@ -87,12 +87,14 @@ def _kernel():
                     cols = prefix + rel
                     tm = tl.load(
                         TreeMask + b * stride_tb + offs_m[:, None] * stride_tm + rel[None, :] * stride_tn,
-                        mask=m_ok[:, None] & n_ok[None, :], other=0,
+                        mask=m_ok[:, None] & n_ok[None, :],
+                        other=0,
                     )
                     allowed = tm != 0
                 k = tl.load(
                     k_base + cols[None, :] * stride_kn + offs_d[:, None] * stride_kd,
-                    mask=n_ok[None, :] & d_ok[:, None], other=0.0,
+                    mask=n_ok[None, :] & d_ok[:, None],
+                    other=0.0,
                 )  # [D, N]
                 if IEEE:
                     s = tl.dot(q, k, input_precision="ieee")
@@ -106,7 +108,8 @@ def _kernel():
                 l_i = l_i * alpha + tl.sum(p, 1)
                 v = tl.load(
                     v_base + cols[:, None] * stride_vn + offs_d[None, :] * stride_vd,
-                    mask=n_ok[:, None] & d_ok[None, :], other=0.0,
+                    mask=n_ok[:, None] & d_ok[None, :],
+                    other=0.0,
                 )  # [N, D]
                 if IEEE:
                     pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
@@ -119,7 +122,8 @@ def _kernel():
         out = acc / l_safe[:, None]
         tl.store(
             Out + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
-            out.to(Out.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :],
+            out.to(Out.dtype.element_ty),
+            mask=m_ok[:, None] & d_ok[None, :],
         )
 
     return tree_attention_kernel

@@ -1,0 +1,142 @@
+"""How many draft nodes a step should verify: as many as expected acceptance pays for.
+
+Cost model (``reprise tune``'s): a verification step with ``d`` draft tokens costs ``a + b * d``; plain
+decoding costs ``a`` per token. ``reprise bench verify`` measures a and b; it also measures the cost at
+each tree size, and a table of those points (``CostModel.points``) is used in preference to the line
+when given, since on CPU the first draft tokens cost more than the line says (GEMV turns into GEMM).
+
+Expected acceptance: node i's path probability is the product of its (calibrated) ``probs`` along its
+ancestors; verifying the ``n`` nodes of highest path probability commits ``1 + sum(path probs)``
+tokens in expectation. The policy keeps the ``n`` that maximises tokens per unit of cost, ``n = 0``
+(a plain decoding step) included. ``probs`` come from the drafter and can be miscalibrated (prompt
+lookup says 1.0 for every node), so each request scales them by a running ratio of the levels its
+drafts actually passed to the levels they were predicted to pass (``AcceptanceTracker``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from retrieval.draft_tree import DraftTree
+
+# Measured with `reprise bench verify` on SmolLM2-135M, fp32, one thread, 2-core CPU, 256-token prefix.
+DEFAULT_A_MS = 66.0
+DEFAULT_B_MS = 3.4
+
+
+@dataclass(frozen=True, slots=True)
+class CostModel:
+    """Step cost by number of draft tokens: ``points`` (draft tokens -> cost) if given, else ``a + b*d``."""
+
+    a: float = DEFAULT_A_MS
+    b: float = DEFAULT_B_MS
+    points: tuple[tuple[int, float], ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.a > 0 or self.b < 0:
+            raise ValueError(f"cost model needs a > 0 and b >= 0, got a={self.a}, b={self.b}")
+        if any(c <= 0 for _, c in self.points):
+            raise ValueError(f"cost model points must be positive, got {self.points}")
+
+    def cost(self, num_draft: np.ndarray) -> np.ndarray:
+        """Cost of steps with ``num_draft`` draft tokens (vectorised)."""
+        d = np.asarray(num_draft, dtype=np.float64)
+        if self.points:
+            xs, ys = zip(*sorted(self.points))
+            inside = np.interp(d, xs, ys)
+            slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) if len(xs) > 1 else self.b
+            return np.where(d > xs[-1], ys[-1] + slope * (d - xs[-1]), inside)
+        return self.a + self.b * d
+
+
+@dataclass(slots=True)
+class AcceptanceTracker:
+    """Running calibration of one request's draft probabilities (pseudo-counts keep it near 1 at first)."""
+
+    passed: float = 2.0
+    predicted: float = 2.0
+
+    @property
+    def scale(self) -> float:
+        return self.passed / self.predicted
+
+    def update(self, tree: DraftTree, accepted: np.ndarray) -> None:
+        """Count the levels the walk attempted: each accepted node passed one; the level after the last
+        accepted node was attempted too when it had children. Predicted: the children's prob mass."""
+        if len(tree) == 0:
+            return
+        parents = np.asarray(tree.parents)
+        probs = np.asarray(tree.probs, dtype=np.float64)
+        at = -1
+        for node in list(accepted) + [None]:
+            kids = parents == at
+            if not kids.any():
+                break
+            self.predicted += min(1.0, float(probs[kids].sum()))
+            if node is None:
+                break
+            self.passed += 1.0
+            at = int(node)
+
+
+@dataclass(frozen=True, slots=True)
+class DraftBudget:
+    """The per-step policy: cap, cost model, and whether to adapt to expected acceptance."""
+
+    max_draft_tokens: int = 32
+    cost_model: CostModel = field(default_factory=CostModel)
+    adaptive: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_draft_tokens < 0:
+            raise ValueError(f"max_draft_tokens must be >= 0, got {self.max_draft_tokens}")
+
+    def choose(self, tree: DraftTree, max_nodes: int, scale: float = 1.0) -> DraftTree:
+        """The subtree worth verifying: at most ``max_nodes`` nodes of highest path probability, cut
+        to the size that maximises expected tokens per unit of cost. Parents always come along."""
+        n = len(tree)
+        if n == 0 or max_nodes <= 0:
+            return DraftTree.empty(tree.source) if n else tree
+        parents = np.asarray(tree.parents, dtype=np.int64)
+        probs = np.clip(np.asarray(tree.probs, dtype=np.float64) * scale, 0.0, 1.0)
+        path = probs.copy()
+        for i in range(n):  # parents precede children
+            if parents[i] >= 0:
+                path[i] *= path[parents[i]]
+        # Sort by path probability (ties: tree order), which keeps every parent before its children.
+        order = np.lexsort((np.arange(n), -path))[: min(n, max_nodes)]
+        keep = len(order)
+        if self.adaptive:
+            sizes = np.arange(keep + 1)
+            gain = 1.0 + np.concatenate(([0.0], np.cumsum(path[order])))
+            keep = int(np.argmax(gain / self.cost_model.cost(sizes)))
+        if keep == n:
+            return tree
+        return subtree(tree, np.sort(order[:keep]))
+
+
+def subtree(tree: DraftTree, nodes: np.ndarray) -> DraftTree:
+    """The nodes ``nodes`` (sorted, closed under parents) of ``tree`` as a new tree, parents remapped."""
+    if len(nodes) == 0:
+        return DraftTree.empty(tree.source)
+    remap = np.full(len(tree), -1, dtype=np.int64)
+    remap[nodes] = np.arange(len(nodes))
+    old_parents = np.asarray(tree.parents, dtype=np.int64)[nodes]
+    new_parents = np.where(old_parents >= 0, remap[np.maximum(old_parents, 0)], -1)
+    if np.any((old_parents >= 0) & (new_parents < 0)):
+        raise ValueError("subtree nodes must include every kept node's parent")
+    probs = np.asarray(tree.probs, dtype=np.float32)[nodes]
+    path = probs.astype(np.float64)
+    for i, p in enumerate(new_parents):
+        if p >= 0:
+            path[i] *= path[p]
+    return DraftTree(
+        np.asarray(tree.token_ids, dtype=np.int32)[nodes],
+        new_parents.astype(np.int32),
+        probs,
+        float(path.sum()),
+        tree.source,
+        tree.match_len,
+    )

@@ -1,0 +1,70 @@
+"""The draft budget: cost model, expected-acceptance pruning, calibration."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from reprise.draft_budget import AcceptanceTracker, CostModel, DraftBudget, subtree
+from retrieval.draft_tree import DraftTree
+
+
+def tree_of(probs, parents=None) -> DraftTree:
+    n = len(probs)
+    parents = list(range(-1, n - 1)) if parents is None else parents
+    return DraftTree(
+        np.arange(10, 10 + n, dtype=np.int32), np.array(parents, np.int32), np.array(probs, np.float32)
+    )
+
+
+def test_cost_model_line_and_points() -> None:
+    line = CostModel(a=10.0, b=2.0)
+    assert line.cost(np.array([0, 5])).tolist() == [10.0, 20.0]
+    table = CostModel(points=((0, 66.0), (16, 140.0), (32, 171.0)))
+    assert table.cost(np.array([8]))[0] == pytest.approx(103.0)
+    assert table.cost(np.array([48]))[0] == pytest.approx(202.0)  # extrapolates the last segment
+    with pytest.raises(ValueError, match="a > 0 and b >= 0, got a=0"):
+        CostModel(a=0.0)
+    with pytest.raises(ValueError, match="points must be positive"):
+        CostModel(points=((0, -1.0),))
+
+
+def test_confident_chain_is_kept_and_doubtful_one_is_cut() -> None:
+    budget = DraftBudget(cost_model=CostModel(a=66.0, b=3.4))
+    sure = tree_of([0.99] * 20)
+    assert len(budget.choose(sure, 32)) == 20
+    doubtful = tree_of([0.05] * 20)
+    assert len(budget.choose(doubtful, 32)) == 0  # a plain step is cheaper per expected token
+    middling = tree_of([0.7] * 30)
+    kept = len(budget.choose(middling, 32))
+    assert 0 < kept < 30
+    assert len(budget.choose(middling, 5)) <= 5
+    assert len(DraftBudget(adaptive=False).choose(middling, 32)) == 30
+
+
+def test_choice_keeps_parents_and_best_branches() -> None:
+    # root children: 0 (p .9) and 1 (p .2); 2 under 0 (.9); 3 under 1 (.9); 4 under 2 (.1)
+    tree = tree_of([0.9, 0.2, 0.9, 0.9, 0.1], parents=[-1, -1, 0, 1, 2])
+    kept = DraftBudget(adaptive=False).choose(tree, 3)
+    assert kept.token_ids.tolist() == [10, 11, 12] and kept.parents.tolist() == [-1, -1, 0]
+    kept = DraftBudget(adaptive=False).choose(tree, 2)
+    assert kept.token_ids.tolist() == [10, 12] and kept.parents.tolist() == [-1, 0]
+    assert kept.score == pytest.approx(0.9 + 0.81)
+
+
+def test_subtree_requires_closed_node_sets() -> None:
+    tree = tree_of([1.0, 1.0, 1.0])
+    with pytest.raises(ValueError, match="include every kept node's parent"):
+        subtree(tree, np.array([0, 2]))
+
+
+def test_tracker_learns_from_rejections() -> None:
+    tracker = AcceptanceTracker()
+    tree = tree_of([1.0] * 8)  # prompt lookup style: every prob is 1
+    for _ in range(20):
+        tracker.update(tree, np.array([0]))  # one level passes, the next fails
+    assert 0.45 < tracker.scale < 0.6
+    budget = DraftBudget(cost_model=CostModel(a=66.0, b=3.4))
+    assert len(budget.choose(tree, 8, tracker.scale)) < 8
+    tracker.update(DraftTree.empty(), np.zeros(0, np.int32))  # no draft: nothing learnt
+    assert 0.45 < tracker.scale < 0.6
