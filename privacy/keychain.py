@@ -36,6 +36,7 @@ CHECK_PREFIX = "kek-check:"
 SYSTEM_KEY_PREFIX = "syskey:"
 _RESERVE_BLOCK = 4096
 TAG_BYTES = 16
+_TAG_CACHE = 4096
 
 
 def dek_name(version: int) -> str:
@@ -98,11 +99,22 @@ class TenantKeys:
     lock: threading.Lock = field(default_factory=threading.Lock)
     # Held shared from sealing a record to storing it, so a rotation can wait for in-flight writes.
     gate: SharedGate = field(default_factory=SharedGate)
+    raw: bytes = field(init=False)  # the tenant id's 16 bytes, bound into every record's associated data
+    _tags: dict[tuple[str, str], bytes] = field(default_factory=dict)  # agents reuse session ids
+
+    def __post_init__(self) -> None:
+        self.raw = self.tenant.raw
 
     def tag(self, label: str, value: str) -> bytes:
-        """A keyed hash that stands for ``value`` in storage keys (session ids, names)."""
-        msg = label.encode() + b"\x00" + value.encode()
-        return hmac.new(self.tag_key, msg, hashlib.sha256).digest()[:TAG_BYTES]
+        """A keyed hash (HMAC-SHA256, 128 bits) that stands for ``value`` in storage keys (session ids,
+        names)."""
+        tag = self._tags.get((label, value))
+        if tag is None:
+            tag = hmac.digest(self.tag_key, label.encode() + b"\x00" + value.encode(), "sha256")[:TAG_BYTES]
+            if len(self._tags) >= _TAG_CACHE:
+                self._tags.clear()
+            self._tags[(label, value)] = tag
+        return tag
 
 
 class Keychain:
@@ -224,7 +236,7 @@ class Keychain:
                 self._reserve(tk)
             tk.used += 1
             version, cipher = tk.current, tk.ciphers[tk.current]
-        return envelope.seal(cipher, version, envelope.record_aad(tk.tenant.raw, kind, record_id, version), body)
+        return envelope.seal(cipher, version, envelope.record_aad(tk.raw, kind, record_id, version), body)
 
     def open(self, tk: TenantKeys, kind: str, record_id: bytes, sealed: bytes) -> bytes:
         """Authenticate and decrypt a record; IntegrityError if anything does not match."""
@@ -237,7 +249,7 @@ class Keychain:
             cipher = tk.ciphers.get(version)
             if cipher is None:
                 raise IntegrityError(f"{what}: sealed with data key version {version}, which this tenant does not have")
-        return envelope.open_sealed(cipher, envelope.record_aad(tk.tenant.raw, kind, record_id, version), sealed, what)
+        return envelope.open_sealed(cipher, envelope.record_aad(tk.raw, kind, record_id, version), sealed, what)
 
     def _reserve(self, tk: TenantKeys) -> None:
         limit = self.config.max_encryptions_per_key
