@@ -28,7 +28,7 @@ def test_threads_append_read_and_rotate(store) -> None:
                 store.append_trajectory(t, f"w{w}", [w, i, w * 1000 + i], f"{w}:{i}")
                 if i % 10 == 0:
                     store.put_snapshot(t, f"snapshot {w}:{i}".encode(), name=f"w{w}")
-        except BaseException as exc:  # surfaced below
+        except Exception as exc:  # noqa: BLE001 - surfaced by the assert below
             errors.append(exc)
 
     def reader() -> None:
@@ -38,7 +38,7 @@ def test_threads_append_read_and_rotate(store) -> None:
                     for rec in store.iter_trajectories(t, batch_size=16):
                         w, i = map(int, rec.trajectory.text.split(":"))
                         assert rec.trajectory.token_ids.tolist() == [w, i, w * 1000 + i]
-        except BaseException as exc:
+        except Exception as exc:  # noqa: BLE001 - surfaced by the assert below
             errors.append(exc)
 
     threads = [threading.Thread(target=writer, args=(w,)) for w in range(4)] + [threading.Thread(target=reader)]
