@@ -123,7 +123,7 @@ def render_html(results: Sequence[TuneResult], best: TuneResult, png: bytes, *, 
                               f"{f.draft_tokens_per_step:.2f}", f"{f.acceptance_rate:.3f}", f"{f.hit_rate:.3f}"])
     files_table = _table(["#", "file", "calls", "tokens", "steps", "tau", "draft/step", "accept", "hit"], file_rows)
     detail_rows = [[k, v if isinstance(v, str) else json.dumps(v)] for k, v in details.items()]
-    detail_table = _table(["", ""], detail_rows)
+    detail_table = _table(["run", "value"], detail_rows)
     image = base64.b64encode(png).decode("ascii")
     return f"""<!DOCTYPE html>
 <html lang="en">

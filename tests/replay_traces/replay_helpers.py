@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import gzip
 import json
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
+
 from retrieval.draft_tree import DraftTree
 
 

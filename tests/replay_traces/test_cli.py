@@ -9,8 +9,8 @@ import pytest
 from replay_helpers import conversation, write_trace
 
 from reprise.cli import main
-from retrieval.config import DraftingConfig
 from reprise.tenant_config import load_drafting_config
+from retrieval.config import DraftingConfig
 
 CODE = "def area(r):\n    return 3.14159 * r * r\n\nprint(area(2))\n"
 

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from retrieval.config import DraftingConfig
 from reprise.tenant_config import drafting_config_path, load_drafting_config, save_drafting_config
+from retrieval.config import DraftingConfig
 
 
 def test_round_trip(tmp_path):
