@@ -137,7 +137,9 @@ def accepted_length(token_ids: Sequence[int], parents: Sequence[int], target: li
     """Greedy verification: the depth of the deepest tree node whose root path equals
     ``target[pos : pos + depth]``. Raises ValueError when a parent does not precede its node.
 
-    ``token_ids``/``parents`` are lists (one entry per node); ``target`` is the recorded response.
+    ``token_ids``/``parents`` are lists (one entry per node); ``target`` is the recorded response. A plain
+    loop over at most ``budget`` nodes: for trees of tens of nodes it beats numpy's per-call overhead,
+    and chains (the common case) stop at the first mismatch.
     """
     n = len(token_ids)
     limit = len(target) - pos
@@ -202,8 +204,12 @@ def replay_calls(
                         f"{call.path}:{call.line_no}: drafter {drafter or type(proposer).__name__!r} "
                         f"proposed {n} nodes with a budget of {budget}"
                     )
+                parents = tree.parents.tolist()
+                if len(parents) != n:
+                    raise ValueError(f"{call.path}:{call.line_no}: drafter {drafter!r}: draft tree has {n} tokens "
+                                     f"but {len(parents)} parents")
                 try:
-                    a = accepted_length(tree.token_ids.tolist(), tree.parents.tolist(), target, pos)
+                    a = accepted_length(tree.token_ids.tolist(), parents, target, pos)
                 except ValueError as exc:
                     raise ValueError(f"{call.path}:{call.line_no}: drafter {drafter!r}: {exc}") from None
             else:
