@@ -1,0 +1,161 @@
+// Exact-key index: for each key length k, a hash table from every indexed k-gram to its locus (the
+// shallowest trie node whose depth is >= k on the k-gram's path). The trie keeps the counts and the
+// newest occurrence, so a lookup is one probe sequence plus one verification against the arena, and
+// the entry stays right as the trie changes: every operation that moves a locus (new node, split,
+// fuse, demotion, leaf growth, deletion) calls keys_insert/move/erase_range for the depths it affects.
+// Tables grow past load 4/5 and shrink below 1/5.
+#include <cstring>
+#include <stdexcept>
+
+#include "suffix_tree.h"
+
+namespace reprise {
+namespace {
+
+inline bool is_empty(uint64_t slot) { return (uint32_t)slot == kNil; }
+inline uint32_t hash32(uint64_t slot) { return (uint32_t)(slot >> 32); }
+
+}  // namespace
+
+namespace {
+
+inline uint64_t hash_step(uint64_t h, Tok t) { return (h ^ (uint32_t)t) * 0xff51afd7ed558ccdull + 0x9E3779B97F4A7C15ull; }
+
+inline uint64_t hash_final(uint64_t h, size_t k) {
+  h ^= (uint64_t)k * 0xD6E8FEB86659FD93ull;
+  h ^= h >> 32;
+  h *= 0xc4ceb9fe1a85ec53ull;
+  h ^= h >> 29;
+  h *= 0xff51afd7ed558ccdull;
+  h ^= h >> 32;
+  return h;
+}
+
+}  // namespace
+
+uint64_t SuffixTree::hash_tokens(const Tok* t, size_t k) {
+  uint64_t h = 0;
+  for (size_t i = 0; i < k; ++i) h = hash_step(h, t[i]);
+  return hash_final(h, k);
+}
+
+void SuffixTree::hash_key_prefixes(const Tok* t, uint32_t max_k, uint64_t* out) const {
+  uint64_t h = 0;
+  uint32_t i = 0;
+  for (size_t ki = 0; ki < keys_.size(); ++ki) {
+    const uint32_t k = keys_[ki].k;
+    if (k > max_k) break;
+    for (; i < k; ++i) h = hash_step(h, t[i]);
+    out[ki] = hash_final(h, k);
+  }
+}
+
+const uint64_t* SuffixTree::key_hashes_at(uint32_t pos, uint32_t max_k) {
+  HashedPos& e = hash_ring_[pos % kHashRing];
+  if (e.pos != pos || e.max_k < max_k) {
+    e.pos = pos;
+    e.max_k = max_k;
+    hash_key_prefixes(tok_.data() + pos, max_k, e.h);
+  }
+  return e.h;
+}
+
+uint32_t SuffixTree::key_find(const KeyTable& table, const Tok* key, uint64_t h) const {
+  const uint32_t h32 = (uint32_t)(h >> 32);
+  const size_t mask = table.slots.size() - 1;
+  for (size_t i = h32 & mask;; i = (i + 1) & mask) {
+    uint64_t slot = table.slots[i];
+    if (is_empty(slot)) return kNil;
+    if (hash32(slot) == h32) {
+      // Verify the k-gram itself: a 32-bit hash match is not proof.
+      const Tok* a = tok_.data() + ref_of((ChildRef)slot);
+      if (std::memcmp(a, key, table.k * sizeof(Tok)) == 0) return (uint32_t)i;
+    }
+  }
+}
+
+void SuffixTree::key_rehash(KeyTable& table, size_t capacity) {
+  std::vector<uint64_t> slots(capacity, (uint64_t)kNil);
+  const size_t mask = capacity - 1;
+  for (uint64_t slot : table.slots) {
+    if (is_empty(slot)) continue;
+    size_t i = hash32(slot) & mask;
+    while (!is_empty(slots[i])) i = (i + 1) & mask;
+    slots[i] = slot;
+  }
+  table.slots.swap(slots);
+}
+
+uint32_t SuffixTree::key_slot_of(const KeyTable& table, uint64_t h, ChildRef node) const {
+  const uint64_t want = ((h >> 32) << 32) | node;
+  const size_t mask = table.slots.size() - 1;
+  for (size_t i = (uint32_t)(h >> 32) & mask;; i = (i + 1) & mask) {
+    const uint64_t slot = table.slots[i];
+    if (slot == want) return (uint32_t)i;
+    if (is_empty(slot)) throw std::logic_error("suffix index: exact key missing from its table");
+  }
+}
+
+void SuffixTree::keys_insert_range(ChildRef node, uint32_t lo, uint32_t hi) {
+  if (keys_.empty() || keys_.back().k <= lo || keys_.front().k > hi) return;
+  const uint64_t* hashes = key_hashes_at(ref_of(node), hi);
+  for (size_t ki = 0; ki < keys_.size(); ++ki) {
+    KeyTable& table = keys_[ki];
+    if (table.k <= lo || table.k > hi) continue;
+    if ((table.size + 1) * 5 > table.slots.size() * 4) key_rehash(table, table.slots.size() * 2);
+    const uint64_t h = hashes[ki];
+    const size_t mask = table.slots.size() - 1;
+    size_t j = (uint32_t)(h >> 32) & mask;
+    while (!is_empty(table.slots[j])) j = (j + 1) & mask;
+    table.slots[j] = ((h >> 32) << 32) | node;
+    ++table.size;
+  }
+}
+
+void SuffixTree::keys_move_range(ChildRef from, ChildRef to, uint32_t lo, uint32_t hi) {
+  if (keys_.empty() || keys_.back().k <= lo || keys_.front().k > hi) return;
+  const uint64_t* hashes = key_hashes_at(ref_of(to), hi);
+  for (size_t ki = 0; ki < keys_.size(); ++ki) {
+    KeyTable& table = keys_[ki];
+    if (table.k <= lo || table.k > hi) continue;
+    const uint64_t h = hashes[ki];
+    const uint32_t i = key_slot_of(table, h, from);
+    table.slots[i] = (table.slots[i] & 0xFFFFFFFF00000000ull) | to;
+  }
+}
+
+void SuffixTree::keys_erase_range(ChildRef node, uint32_t lo, uint32_t hi) {
+  if (keys_.empty() || keys_.back().k <= lo || keys_.front().k > hi) return;
+  const uint64_t* hashes = key_hashes_at(ref_of(node), hi);
+  for (size_t ki = 0; ki < keys_.size(); ++ki) {
+    KeyTable& table = keys_[ki];
+    if (table.k <= lo || table.k > hi) continue;
+    const uint64_t h = hashes[ki];
+    const size_t mask = table.slots.size() - 1;
+    size_t i = key_slot_of(table, h, node);
+    // Backward-shift deletion: pull later entries of the probe run into the hole when their home allows.
+    for (size_t j = (i + 1) & mask;; j = (j + 1) & mask) {
+      const uint64_t slot = table.slots[j];
+      if (is_empty(slot)) break;
+      const size_t home = hash32(slot) & mask;
+      const bool stays = (i <= j) ? (i < home && home <= j) : (i < home || home <= j);
+      if (!stays) {
+        table.slots[i] = slot;
+        i = j;
+      }
+    }
+    table.slots[i] = (uint64_t)kNil;
+    --table.size;
+    if (table.slots.size() > 16 && table.size * 5 < table.slots.size()) key_rehash(table, table.slots.size() / 2);
+  }
+}
+
+bool SuffixTree::key_lookup(size_t idx, const Tok* key, Locus* out) const {
+  const KeyTable& table = keys_[idx];
+  uint32_t i = key_find(table, key, hash_tokens(key, table.k));
+  if (i == kNil) return false;
+  *out = Locus{(ChildRef)table.slots[i], table.k};
+  return true;
+}
+
+}  // namespace reprise

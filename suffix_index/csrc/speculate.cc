@@ -1,0 +1,259 @@
+// Drafting from the trie (SuffixDecoding's speculation, arXiv 2411.04975 sec. 3) and from the
+// exact-key index.
+//
+// For a match of the context's last m tokens (string s0, count c0), the probability of a draft node
+// whose string is s0 + t1..ti is count(s0 t1..ti) / c0: the fraction of s0's occurrences that continue
+// that way (the product of count(child) / count(parent) along the path telescopes to it).
+#include <algorithm>
+#include <cmath>
+#include <queue>
+
+#include "suffix_tree.h"
+
+namespace reprise {
+namespace {
+
+// A relative slack so a bound computed as a product never prunes a sum that rounds above it.
+constexpr double kBoundSlack = 1.0 + 1e-9;
+
+struct Candidate {
+  double prob;
+  uint32_t seq;     // push order: ties in prob go to the earlier push
+  uint32_t node;    // the token lies on the edge ending at node ...
+  uint32_t depth;   // ... at string length depth (the token is the depth-th character)
+  int32_t parent;   // draft index of the parent, -1 for the context's last token
+  Tok token;
+};
+
+struct WorseCandidate {
+  bool operator()(const Candidate& a, const Candidate& b) const {
+    return a.prob != b.prob ? a.prob < b.prob : a.seq > b.seq;
+  }
+};
+
+inline void push_token(DraftOut* out, Tok t, int32_t parent, double p) {
+  out->token_ids.push_back(t);
+  out->parents.push_back(parent);
+  out->probs.push_back((float)p);
+}
+
+}  // namespace
+
+bool SuffixTree::locate(const Tok* s, size_t m, Locus* out) const {
+  if (m > max_depth_) return false;
+  if (m == 0) {
+    *out = Locus{kRoot, 0};
+    return true;
+  }
+  const Tok* tok = tok_.data();
+  uint32_t node = kRoot, d = 0;
+  for (;;) {
+    const ChildRef c = find_child(node, s[d]);
+    if (c == kNil) return false;
+    const Tok* a = tok + ref_of(c);
+    if (is_inline_leaf(c)) {  // the leaf's string ends at its sequence's sentinel, which never matches
+      for (uint32_t j = d + 1; j < m; ++j)
+        if (a[j] != s[j]) return false;
+      *out = Locus{c, (uint32_t)m};
+      return true;
+    }
+    const uint32_t depth = nodes_[c].depth;
+    const uint32_t lim = std::min<uint32_t>(depth, (uint32_t)m);
+    for (uint32_t j = d + 1; j < lim; ++j)
+      if (a[j] != s[j]) return false;
+    if (depth >= m) {
+      *out = Locus{c, (uint32_t)m};
+      return true;
+    }
+    node = c;
+    d = depth;
+  }
+}
+
+Tok SuffixTree::next_in_edge(const Locus& l) const {
+  if (l.depth >= max_depth_) return kSentinel;
+  if (is_inline_leaf(l.node)) return tok_[(l.node & ~kLeafTag) + l.depth];
+  const Node& n = nodes_[l.node];
+  return l.depth < n.depth ? tok_[n.ref + l.depth] : kSentinel;
+}
+
+uint32_t SuffixTree::longest_match(const Tok* ctx, size_t n) const {
+  // Matching is monotone: if the last m tokens occur, so do the last m - 1.
+  uint32_t lo = 0, hi = (uint32_t)std::min<size_t>(n, max_depth_);
+  Locus l;
+  if (hi > 0 && locate(ctx + n - hi, hi, &l)) return hi;
+  if (hi > 0) --hi;
+  while (lo < hi) {
+    uint32_t mid = (lo + hi + 1) / 2;
+    if (locate(ctx + n - mid, mid, &l))
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return lo;
+}
+
+double SuffixTree::draft_path(const Locus& l, uint32_t budget, double min_prob, DraftOut* out) const {
+  const double c0 = count_of(l.node);
+  Locus cur = l;
+  double score = 0.0;
+  while (out->token_ids.size() < budget && cur.depth < max_depth_) {
+    Tok t = next_in_edge(cur);
+    if (t == kSentinel) {  // at a node: follow the most frequent child
+      const ChildRef b = best_child(cur.node);
+      if (b == kNil) break;
+      cur.node = b;
+      t = tok_[ref_of(b) + cur.depth];
+    }
+    const double p = count_of(cur.node) / c0;
+    if (p < min_prob) break;
+    push_token(out, t, (int32_t)out->token_ids.size() - 1, p);
+    score += p;
+    ++cur.depth;
+  }
+  return score;
+}
+
+double SuffixTree::draft_tree(const Locus& l, uint32_t budget, double min_prob, DraftOut* out) const {
+  const double c0 = count_of(l.node);
+  std::priority_queue<Candidate, std::vector<Candidate>, WorseCandidate> heap;
+  std::vector<std::pair<uint32_t, Slot>> kids;  // (count, {token, child})
+  uint32_t seq = 0;
+  // Candidates for the token after the locus (node, d), children of draft node `parent`.
+  auto expand = [&](ChildRef node, uint32_t d, int32_t parent) {
+    if (d >= max_depth_) return;
+    const Tok t = next_in_edge(Locus{node, d});
+    if (t != kSentinel) {
+      const double p = count_of(node) / c0;
+      if (p >= min_prob) heap.push(Candidate{p, seq++, node, d + 1, parent, t});
+      return;
+    }
+    const ChildRef b = best_child(node);
+    if (b == kNil || count_of(b) / c0 < min_prob) return;
+    kids.clear();
+    for_each_child(node, [&](Tok ct, ChildRef c) {
+      if (count_of(c) / c0 >= min_prob) kids.push_back({count_of(c), Slot{(uint32_t)ct, c}});
+    });
+    // count descending, then first token ascending
+    std::sort(kids.begin(), kids.end(), [](const auto& x, const auto& y) {
+      return x.first != y.first ? x.first > y.first : x.second.a < y.second.a;
+    });
+    for (const auto& [count, e] : kids) heap.push(Candidate{count / c0, seq++, e.b, d + 1, parent, (Tok)e.a});
+  };
+  expand(l.node, l.depth, -1);
+  double score = 0.0;
+  while (!heap.empty() && out->token_ids.size() < budget) {
+    const Candidate c = heap.top();
+    heap.pop();
+    const int32_t idx = (int32_t)out->token_ids.size();
+    push_token(out, c.token, c.parent, c.prob);
+    score += c.prob;
+    expand(c.node, c.depth, idx);
+  }
+  return score;
+}
+
+DraftOut SuffixTree::speculate(const Tok* ctx, size_t n, const SpecParams& params) const {
+  DraftOut best;
+  if (n == 0 || nodes_[kRoot].count == 0) return best;
+  const uint32_t longest = longest_match(ctx, n);
+  best.match_len = longest;  // an empty draft reports the longest match
+  DraftOut cand;
+  // Every match length, longest first; a shorter match must score strictly higher to win.
+  for (uint32_t m = longest; m >= 1; --m) {
+    const uint32_t depth_room = max_depth_ - m;
+    if (depth_room == 0) continue;
+    const double raw = std::floor(m * params.max_spec_factor + params.max_spec_offset);
+    const uint32_t budget = !(raw > 0) ? 0 : raw >= params.max_tokens ? params.max_tokens : (uint32_t)raw;
+    if (budget == 0) continue;
+    const uint32_t max_nodes = params.use_tree ? budget : std::min(budget, depth_room);
+    if (max_nodes * kBoundSlack <= best.score) continue;
+    Locus l;
+    if (!locate(ctx + n - m, m, &l)) continue;  // cannot happen: shorter suffixes of a match occur
+    double p1 = 1.0;  // every draft probability is <= the first token's best
+    if (next_in_edge(l) == kSentinel) {
+      const ChildRef b = best_child(l.node);
+      p1 = b == kNil ? 0.0 : count_of(b) / (double)count_of(l.node);
+    }
+    if (p1 < params.min_token_prob || p1 * max_nodes * kBoundSlack <= best.score) continue;
+    cand.token_ids.clear();
+    cand.parents.clear();
+    cand.probs.clear();
+    const double score = params.use_tree ? draft_tree(l, budget, params.min_token_prob, &cand)
+                                         : draft_path(l, budget, params.min_token_prob, &cand);
+    if (score > best.score) {
+      std::swap(best, cand);
+      best.score = score;
+      best.match_len = m;
+    }
+  }
+  return best;
+}
+
+bool SuffixTree::newest_continuation(const Locus& l, uint32_t* pos, uint32_t* end) const {
+  uint32_t start;
+  if (next_in_edge(l) != kSentinel) {
+    start = ref_of(l.node);  // every occurrence continues along the edge; ref is the newest
+  } else {
+    if (num_children(l.node) == 0) return false;
+    start = 0;
+    for_each_child(l.node, [&](Tok, ChildRef c) { start = std::max(start, ref_of(c)); });
+  }
+  *pos = start + l.depth;
+  auto it = by_base_.upper_bound(*pos);
+  const Sequence& s = seqs_[std::prev(it)->second];
+  *end = s.base + s.len;
+  return *pos < *end;
+}
+
+// Longest key first. The draft copies the continuation of the key's newest occurrence that has one.
+// Probabilities: token i's is count(key t1..ti) / (occurrences of key followed by a token), exact while
+// k + i <= max_depth; beyond the trie's depth the last exact value decays geometrically at the mean
+// per-token rate observed over the exact part (no decay if the exact part never dropped).
+DraftOut SuffixTree::speculate_exact(const Tok* ctx, size_t n, uint32_t max_tokens, uint32_t min_key_len) const {
+  DraftOut out;
+  for (size_t ti = keys_.size(); ti-- > 0;) {
+    const uint32_t k = keys_[ti].k;
+    if (k > n || k < min_key_len) continue;
+    Locus l;
+    if (!key_lookup(ti, ctx + n - k, &l)) continue;
+    uint32_t pos, end;
+    if (!newest_continuation(l, &pos, &end)) continue;
+    double c_cont = 0;  // occurrences of the key followed by a token
+    if (next_in_edge(l) != kSentinel)
+      c_cont = count_of(l.node);
+    else
+      for_each_child(l.node, [&](Tok, ChildRef c) { c_cont += count_of(c); });
+    const uint32_t len = std::min<uint32_t>(max_tokens, end - pos);
+    Locus cur = l;
+    double first = 0, last = 0, rate = 1.0;
+    uint32_t exact = 0;
+    for (uint32_t i = 0; i < len; ++i) {
+      const Tok t = tok_[pos + i];
+      double p;
+      if (exact == i && cur.depth < max_depth_) {  // still inside the trie: exact count
+        const Tok e = next_in_edge(cur);
+        const ChildRef c = e == kSentinel ? find_child(cur.node, t) : (e == t ? cur.node : kNil);
+        if (c != kNil) {
+          cur = Locus{c, cur.depth + 1};
+          p = count_of(c) / c_cont;
+          if (exact == 0) first = p;
+          last = p;
+          ++exact;
+          push_token(&out, t, (int32_t)i - 1, p);
+          out.score += p;
+          continue;
+        }
+      }
+      if (exact == i && exact >= 2 && first > 0) rate = std::pow(last / first, 1.0 / (exact - 1));
+      p = last * std::pow(rate, (double)(i + 1 - exact));
+      push_token(&out, t, (int32_t)i - 1, p);
+      out.score += p;
+    }
+    out.match_len = k;
+    return out;
+  }
+  return out;
+}
+
+}  // namespace reprise
