@@ -93,6 +93,6 @@ class HistoryWriter:
                 self.num_written += len(trajectories)
             except UnknownTenantError:
                 self.num_dropped += len(trajectories)  # deleted while its requests ran: nothing to keep
-            except Exception:  # noqa: BLE001 - a store failure loses this batch (history is rebuildable)
+            except Exception:
                 self.num_dropped += len(trajectories)
                 log.exception("could not store %d trajectories of tenant %s", len(trajectories), tenant)

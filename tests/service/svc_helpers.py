@@ -1,9 +1,14 @@
-"""Helpers for service tests: an event loop in a thread that runs a server while sync code talks to it."""
+"""Helpers of the service tests: an event loop in a thread that runs a server while sync code talks to
+it, and a real service (encrypted SQLite store in a temp dir, the decode pipeline, gRPC, HTTP) around a
+tiny random Llama with a real byte-level tokenizer, on loopback."""
 
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 
@@ -25,3 +30,77 @@ class LoopThread:
     def close(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(5)
+
+
+TINY_EOS = 256
+
+
+def byte_tokenizer() -> Any:
+    """A real byte-level BPE tokenizer (256 byte tokens, no merges) with two special tokens and a chat
+    template: text and chat prompts go through the service's real tokenization path."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers.pre_tokenizers import ByteLevel
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {c: i for i, c in enumerate(sorted(ByteLevel.alphabet()))}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok)
+    fast.add_special_tokens({"eos_token": "<|end|>", "bos_token": "<|begin|>"})
+    fast.chat_template = (
+        "{% for m in messages %}<|begin|>{{ m['role'] }}\n{{ m['content'] }}<|end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|begin|>assistant\n{% endif %}"
+    )
+    assert fast.eos_token_id == TINY_EOS
+    return fast
+
+
+def tiny_llama(seed: int = 7) -> Any:
+    from verifier.testing import tiny_model
+
+    model = tiny_model("llama", vocab_size=258, seed=seed)
+    model.config.eos_token_id = TINY_EOS
+    model.generation_config.eos_token_id = TINY_EOS
+    return model
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Running:
+    service: Any
+    loop: LoopThread
+    target: str
+    http: str
+    admin_key: str
+    home: Path
+
+    def stop(self, grace: float | None = 0) -> None:
+        self.loop.call(self.service.stop(grace))
+        self.loop.close()
+
+
+def start_service(home: Path, model: Any = None, **settings: Any) -> Running:
+    from reprise.config import load_config
+    from reprise.service import Service
+    from verifier.models import LoadedModel
+
+    flags = {"home": str(home), "server.grpc_port": "0", "server.http_port": str(free_port()),
+             "model.num_slots": "4", "model.max_len": "1000", "server.stats_interval_s": "0.2", **settings}
+    config = load_config(flags, env={})
+    loaded = LoadedModel(model if model is not None else tiny_llama(), byte_tokenizer(), "tiny-llama")
+    loop = LoopThread()
+
+    async def make() -> Any:
+        return Service(config, model=loaded, model_name="tiny-llama")
+
+    service = loop.call(make())
+    loop.call(service.start(), timeout=120)
+    admin_key = (home / "admin.key").read_text().strip()
+    return Running(service, loop, f"127.0.0.1:{service.grpc_port}", f"http://127.0.0.1:{service.http_port}",
+                   admin_key, home)

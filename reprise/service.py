@@ -1,0 +1,149 @@
+"""The whole service, wired from one ``ServiceConfig``: what `reprise serve` runs.
+
+    service = Service(config)            # or Service(config, model=LoadedModel(...)) in tests
+    await service.start()                # store, model, engine thread, gRPC, HTTP, stats sampler
+    await service.wait()                 # until SIGTERM/SIGINT (install_signal_handlers) or stop()
+
+Start-up order: the encrypted store (and, on first start, the admin key file), the model, the engine on
+its own thread, the tenants' indexes, the gRPC server (data and admin planes), the HTTP server
+(/metrics, /dashboard). Shutdown (``stop``) reverses it: health NOT_SERVING, in-flight streams finish
+within the grace period, the engine stops, queued history is written, the store closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Any
+
+from reprise.config import ServiceConfig
+
+log = logging.getLogger(__name__)
+
+
+def load_target_model(config: ServiceConfig) -> Any:
+    """The configured model (a ``verifier.models.LoadedModel``): a local folder or the default SmolLM2."""
+    from verifier.models import load_default_model, load_model
+
+    m = config.model
+    if m.path:
+        return load_model(m.path, dtype=m.dtype, device=m.device, num_threads=m.num_threads)
+    return load_default_model(num_threads=m.num_threads, device=m.device)
+
+
+def default_drafter() -> str:
+    """The full Reprise proposer once registered, else the prompt-lookup baseline."""
+    from retrieval.registry import proposer_names
+
+    return "reprise" if "reprise" in proposer_names() else "prompt_lookup"
+
+
+class Service:
+    """Store + model engine + indexes + gRPC + HTTP, started and stopped together."""
+
+    def __init__(self, config: ServiceConfig, *, model: Any = None, model_name: str = "") -> None:
+        self.config = config
+        self._model = model
+        self._model_name = model_name
+        self.store: Any = None
+        self.metrics: Any = None
+        self.grpc: Any = None
+        self.http: Any = None
+        self.history: Any = None
+        self.stats_history: Any = None
+        self.admin_key_file: Path | None = None
+
+    # ---- start-up ------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self._build)
+        self.grpc_port = await self.grpc.start()
+        self.http_port = self.http.start() if self.http is not None else 0
+        self.stats_history.start()
+
+    def _build(self) -> None:
+        from grpc_api.server import GrpcServer
+        from privacy import ensure_admin_key, open_store
+        from reprise import __version__
+        from reprise.admin import ServiceAdmin
+        from reprise.auth import StoreAuthenticator
+        from reprise.dashboard import HttpServer, StatsHistory
+        from reprise.decode_backend import EngineBackend
+        from reprise.history_writer import HistoryWriter
+        from reprise.indexes import TenantIndexes
+        from reprise.metered import MeteredBudget, MeteredProposer, TenantAccounting
+        from reprise.metrics import ServiceMetrics
+        from reprise.pipeline import Engine, EngineConfig
+        from retrieval.registry import make_proposer
+        from verifier.runner import ModelRunner
+
+        c = self.config
+        c.home.mkdir(parents=True, exist_ok=True)
+        self.metrics = ServiceMetrics()
+        self.store = open_store(c.store)
+        try:
+            self.admin_key_file = ensure_admin_key(self.store)
+            if self.admin_key_file is not None:
+                log.warning("first start: the admin key is in %s (0600); `reprise tenant ...` reads it there",
+                            self.admin_key_file)
+            loaded = self._model if self._model is not None else load_target_model(c)
+            model = getattr(loaded, "model", loaded)
+            tokenizer = getattr(loaded, "tokenizer", None)
+            name = self._model_name or Path(getattr(loaded, "source", "") or "model").name
+            runner = ModelRunner(model, num_slots=c.model.num_slots, max_len=c.model.max_len,
+                                 max_draft_nodes=c.model.max_draft_nodes)
+            accounting = TenantAccounting()
+            engine_config = EngineConfig()
+            budget = MeteredBudget(engine_config.budget)
+            inner = make_proposer(c.model.drafter or default_drafter(), c.drafting)
+            proposer = MeteredProposer(inner, budget, accounting, self.metrics)
+            self.history = HistoryWriter(self.store)
+            self.indexes = TenantIndexes(self.store, inner, accounting, self.metrics)
+            self.indexes.load_all()
+            engine = Engine(runner, proposer, tokenizer,
+                            EngineConfig(budget=budget, history_sink=self.history.put))  # type: ignore[arg-type]
+            auth = StoreAuthenticator(self.store)
+            self.store.add_deletion_hook(lambda tid: (auth.invalidate(), self.indexes.forget(tid.value)))
+            decode = EngineBackend(engine, tokenizer, name, record_trajectory=self.indexes.record,
+                                   on_close=self._close_history)
+            admin = ServiceAdmin(self.store, self.indexes, auth.invalidate)
+            self.grpc = GrpcServer(decode, admin, auth, c.server, self.metrics, version=__version__)
+            self.stats_history = StatsHistory(lambda: admin.index_stats(None), admin.list_tenants,
+                                              interval_s=c.server.stats_interval_s)
+            if c.server.http_port:
+                self.http = HttpServer(c.server.host, c.server.http_port, auth, self.stats_history.snapshot,
+                                       self.metrics.render, lambda: self.grpc.admission.draining)
+        except BaseException:
+            if self.history is not None:
+                self.history.close()
+            self.store.close()
+            raise
+
+    def _close_history(self) -> None:
+        self.history.close()
+
+    # ---- running and stopping ------------------------------------------------------------------------
+
+    def install_signal_handlers(self) -> None:
+        self.grpc.install_signal_handlers()
+
+    async def wait(self) -> None:
+        await self.grpc.wait()
+        await self._after_grpc()
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Graceful shutdown; idempotent."""
+        await self.grpc.stop(grace)
+        await self._after_grpc()
+
+    async def _after_grpc(self) -> None:
+        if self.stats_history is not None:
+            self.stats_history.stop()
+        if self.http is not None:
+            self.http.stop()
+            self.http = None
+        if self.store is not None:
+            self.store.close()
+            self.store = None
