@@ -28,7 +28,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import redis
+from redis.backoff import ExponentialWithJitterBackoff
 from redis.cluster import RedisCluster
+from redis.retry import Retry
 
 from privacy.config import RedisConfig
 from privacy.errors import StorageError, TenantExistsError
@@ -59,6 +61,9 @@ def connect(config: RedisConfig) -> Any:
         "socket_timeout": config.socket_timeout_s,
         "socket_connect_timeout": config.connect_timeout_s,
         "decode_responses": False,
+        # Transient errors are retried twice with short backoff; redis-py's default (10 retries, up to
+        # 1 s apart) makes a misconfigured start-up hang for seconds before saying what is wrong.
+        "retry": Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5), retries=2),
     }
     if config.tls:
         kwargs.update(
