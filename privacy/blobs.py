@@ -41,6 +41,15 @@ KIND_HIDDEN = "hidden"
 BLOB_KINDS = (KIND_SNAPSHOT, KIND_CORPUS, KIND_HIDDEN)
 
 
+def _check_name(value: object, what: str) -> str:
+    """A snapshot/corpus name or hidden-state key: a string of at most 4096 UTF-8 bytes."""
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a string, got {type(value).__name__}")
+    if len(value.encode()) > 4096:
+        raise ValueError(f"{what} is {len(value.encode())} bytes, at most 4096")
+    return value
+
+
 class BlobRecords:
     """Snapshot, corpus and hidden-state methods of ``HistoryStore``."""
 
@@ -85,11 +94,14 @@ class BlobRecords:
         the last trajectory they include, so a cold start loads the snapshot plus the trajectories after it."""
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError(f"snapshot data must be bytes, got {type(data).__name__}")
+        _check_name(name, "snapshot name")
+        _check_name(cursor, "cursor")
         tk = self.keychain.tenant_keys(tenant)
         head = {"name": name, "cursor": cursor, "created_at": time.time()}
         self._put_blob(tk, KIND_SNAPSHOT, tk.tag(KIND_SNAPSHOT, name), head, bytes(data))
 
     def get_snapshot(self, tenant: TenantId, name: str = "default") -> IndexSnapshot | None:
+        _check_name(name, "snapshot name")
         tk = self.keychain.tenant_keys(tenant)
         got = self._get_blob(tk, KIND_SNAPSHOT, tk.tag(KIND_SNAPSHOT, name))
         if got is None:
@@ -98,6 +110,7 @@ class BlobRecords:
         return IndexSnapshot(head["name"], body, head["cursor"], head["created_at"])
 
     def delete_snapshot(self, tenant: TenantId, name: str = "default") -> bool:
+        _check_name(name, "snapshot name")
         tk = self.keychain.tenant_keys(tenant)
         return self.storage.blob_delete(tenant.value, KIND_SNAPSHOT, tk.tag(KIND_SNAPSHOT, name))
 
@@ -106,6 +119,7 @@ class BlobRecords:
         """Add token sequences to the tenant's corpus ``name`` as one new sealed part (``replace``: drop
         the corpus first). Returns the corpus after the addition."""
         docs = [as_token_ids(d, f"document {i}") for i, d in enumerate(documents)]
+        _check_name(name, "corpus name")
         tk = self.keychain.tenant_keys(tenant)
         if replace:
             self.delete_corpus(tenant, name)
@@ -130,7 +144,11 @@ class BlobRecords:
 
     def iter_corpus(self, tenant: TenantId, name: str = "default") -> Iterator[np.ndarray]:
         """The corpus's documents (int32 arrays) in the order they were added."""
+        _check_name(name, "corpus name")
         tk = self.keychain.tenant_keys(tenant)
+        return self._iter_corpus(tk, name)
+
+    def _iter_corpus(self, tk: TenantKeys, name: str) -> Iterator[np.ndarray]:
         for blob, _ in self._corpus_parts(tk, name):
             got = self._get_blob(tk, KIND_CORPUS, blob.tag)
             if got is not None:
@@ -138,6 +156,7 @@ class BlobRecords:
 
     def delete_corpus(self, tenant: TenantId, name: str = "default") -> int:
         """Delete every part of corpus ``name``; returns the number of parts deleted."""
+        _check_name(name, "corpus name")
         tk = self.keychain.tenant_keys(tenant)
         parts = self._corpus_parts(tk, name)
         for blob, _ in parts:
@@ -153,17 +172,20 @@ class BlobRecords:
             raise ValueError(f"states must have shape [{len(pos)}, hidden_size], got {arr.shape}")
         if not np.issubdtype(arr.dtype, np.floating):
             raise TypeError(f"states must be floating point, got dtype {arr.dtype}")
+        _check_name(key, "hidden-state key")
         tk = self.keychain.tenant_keys(tenant)
         head = {"key": key, "created_at": time.time()}
         self._put_blob(tk, KIND_HIDDEN, tk.tag(KIND_HIDDEN, key), head, encode_hidden_states(pos, arr.astype(np.float16)))
 
     def get_hidden_states(self, tenant: TenantId, key: str) -> tuple[np.ndarray, np.ndarray] | None:
         """``(positions [n] int32, states [n, hidden] float16)`` stored under ``key``, or None."""
+        _check_name(key, "hidden-state key")
         tk = self.keychain.tenant_keys(tenant)
         got = self._get_blob(tk, KIND_HIDDEN, tk.tag(KIND_HIDDEN, key))
         return decode_hidden_states(got[1]) if got is not None else None
 
     def delete_hidden_states(self, tenant: TenantId, key: str) -> bool:
+        _check_name(key, "hidden-state key")
         tk = self.keychain.tenant_keys(tenant)
         return self.storage.blob_delete(tenant.value, KIND_HIDDEN, tk.tag(KIND_HIDDEN, key))
 

@@ -119,6 +119,16 @@ def test_snapshots_corpora_hidden_states(make_config, master_env) -> None:
     assert store.delete_snapshot(t, "empty") and store.get_snapshot(t, "empty") is None
     with pytest.raises(TypeError, match="bytes"):
         store.put_snapshot(t, "text")
+    with pytest.raises(TypeError, match="snapshot name"):
+        store.get_snapshot(t, name=7)
+    with pytest.raises(TypeError, match="cursor"):
+        store.put_snapshot(t, b"x", cursor=12)
+    with pytest.raises(ValueError, match="at most 4096"):
+        store.put_snapshot(t, b"x", name="n" * 5000)
+    with pytest.raises(TypeError, match="corpus name"):
+        store.iter_corpus(t, None)
+    with pytest.raises(TypeError, match="hidden-state key"):
+        store.get_hidden_states(t, b"key")
 
     docs = [np.arange(5), [7, 8, 70_000], []]
     info = store.add_corpus_documents(t, docs, name="docs")
