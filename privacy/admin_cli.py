@@ -34,6 +34,7 @@ from privacy.tenants import Progress, TenantId
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``python -m privacy``."""
     parser = argparse.ArgumentParser(prog="python -m privacy", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--backend", choices=("sqlite", "redis"), help="store backend [env REPRISE_STORE_BACKEND]")
@@ -116,6 +117,7 @@ def _progress(p: Progress) -> None:
 
 
 def run(args: argparse.Namespace, env: dict[str, str] | None = None) -> int:
+    """Run one parsed command against the store ``args``/``env`` name; returns the exit code."""
     from privacy.bootstrap import open_store
 
     env = dict(os.environ) if env is None else env
@@ -182,6 +184,7 @@ def _status_text(data: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Entry point: errors become one line on stderr and exit code 2."""
     args = build_parser().parse_args(argv)
     try:
         return run(args)

@@ -101,6 +101,7 @@ class BlobRecords:
         self._put_blob(tk, KIND_SNAPSHOT, tk.tag(KIND_SNAPSHOT, name), head, bytes(data))
 
     def get_snapshot(self, tenant: TenantId, name: str = "default") -> IndexSnapshot | None:
+        """The snapshot called ``name``, or None."""
         _check_name(name, "snapshot name")
         tk = self.keychain.tenant_keys(tenant)
         got = self._get_blob(tk, KIND_SNAPSHOT, tk.tag(KIND_SNAPSHOT, name))
@@ -110,6 +111,7 @@ class BlobRecords:
         return IndexSnapshot(head["name"], body, head["cursor"], head["created_at"])
 
     def delete_snapshot(self, tenant: TenantId, name: str = "default") -> bool:
+        """Delete the snapshot called ``name``; True if it existed."""
         _check_name(name, "snapshot name")
         tk = self.keychain.tenant_keys(tenant)
         return self.storage.blob_delete(tenant.value, KIND_SNAPSHOT, tk.tag(KIND_SNAPSHOT, name))
@@ -134,6 +136,7 @@ class BlobRecords:
         return sorted([(b, h) for b, h in parts if name is None or h["name"] == name], key=lambda p: p[1]["part"])
 
     def list_corpora(self, tenant: TenantId) -> list[CorpusInfo]:
+        """The tenant's corpora with their document and token counts, by name."""
         tk = self.keychain.tenant_keys(tenant)
         out: dict[str, CorpusInfo] = {}
         for _, h in self._corpus_parts(tk, None):
@@ -185,6 +188,7 @@ class BlobRecords:
         return decode_hidden_states(got[1]) if got is not None else None
 
     def delete_hidden_states(self, tenant: TenantId, key: str) -> bool:
+        """Delete the hidden states stored under ``key``; True if they existed."""
         _check_name(key, "hidden-state key")
         tk = self.keychain.tenant_keys(tenant)
         return self.storage.blob_delete(tenant.value, KIND_HIDDEN, tk.tag(KIND_HIDDEN, key))

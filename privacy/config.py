@@ -202,10 +202,12 @@ class StoreConfig:
 
     @property
     def sqlite(self) -> SqliteConfig:
+        """The SQLite backend's record (path resolved against the data directory)."""
         return SqliteConfig(self.sqlite_path or self.directory / "history.db", self.sqlite_synchronous)
 
     @property
     def redis(self) -> RedisConfig:
+        """The Redis backend's record: ``redis_url`` with the other ``redis_*`` settings applied."""
         overrides: dict[str, Any] = {"key_prefix": self.redis_key_prefix, "cluster": self.redis_cluster}
         if self.redis_username:
             overrides["username"] = self.redis_username

@@ -87,6 +87,8 @@ class TenantKeyStatus:
 
 @dataclass(frozen=True, slots=True)
 class KeyStatus:
+    """Master key versions (primary and where they come from) and every tenant's key status."""
+
     master_key_versions: tuple[int, ...]
     master_key_primary: int
     master_key_source: str
@@ -118,6 +120,7 @@ class HistoryStore(BlobRecords):
                 storage.tenant_purge(tid)
 
     def close(self) -> None:
+        """Close the backend connection."""
         self.storage.close()
 
     def __enter__(self) -> Self:
@@ -145,6 +148,7 @@ class HistoryStore(BlobRecords):
         return envelope.seal(tk.ciphers[tk.current], tk.current, aad, body)
 
     def get_tenant(self, tenant: TenantId) -> Tenant:
+        """The tenant's name, creation time and current data key version (UnknownTenantError if none)."""
         tk = self.keychain.tenant_keys(tenant)
         row = self.storage.tenant_get(tenant.value)
         if row is None:
@@ -249,6 +253,7 @@ class HistoryStore(BlobRecords):
         ]
 
     def has_admin_key(self) -> bool:
+        """True once any admin key exists."""
         return bool(self.storage.cred_list(creds.ADMIN_OWNER))
 
     def authenticate(self, api_key: str) -> TenantId:
@@ -327,6 +332,7 @@ class HistoryStore(BlobRecords):
             cursor = rows[-1].cursor
 
     def count_trajectories(self, tenant: TenantId) -> int:
+        """How many trajectories the tenant has."""
         self.keychain.tenant_keys(tenant)
         return self.storage.traj_count(tenant.value)
 

@@ -40,10 +40,12 @@ _TAG_CACHE = 4096
 
 
 def dek_name(version: int) -> str:
+    """Storage name of a data key version."""
     return f"dek:{version}"
 
 
 def dek_version(name: str) -> int | None:
+    """The version in a data key's storage name, None for other keys."""
     return int(name[4:]) if name.startswith("dek:") else None
 
 
@@ -58,6 +60,7 @@ class SharedGate:
 
     @contextmanager
     def shared(self) -> Iterator[None]:
+        """Hold the gate with others (waits while an exclusive holder has it)."""
         with self._cond:
             while self._exclusive:
                 self._cond.wait()
@@ -72,6 +75,7 @@ class SharedGate:
 
     @contextmanager
     def exclusive(self) -> Iterator[None]:
+        """Hold the gate alone: waits for shared holders to leave, keeps new ones out."""
         with self._cond:
             while self._exclusive:
                 self._cond.wait()
@@ -156,6 +160,7 @@ class Keychain:
                     return
 
     def set_keyring(self, keyring: MasterKeyring) -> None:
+        """Use ``keyring`` from now on (verified like at start-up)."""
         with self._lock:
             self.keyring = keyring
             self.verify_master_key()
@@ -166,6 +171,7 @@ class Keychain:
         return envelope.wrap_key(self.keyring.key(primary), primary, owner, name, key)
 
     def unwrap(self, owner: bytes, name: str, wrapped: bytes) -> bytes:
+        """Unwrap with the master key version named in the wrapped key's header."""
         version = envelope.sealed_version(wrapped, f"wrapped key {name!r}")
         return envelope.unwrap_key(self.keyring.key(version), owner, name, wrapped)
 
@@ -226,6 +232,7 @@ class Keychain:
             self._tenants.pop(tenant.value, None)
 
     def cached_tenants(self) -> list[str]:
+        """Ids of the tenants whose keys are cached."""
         return list(self._tenants)
 
     # sealing

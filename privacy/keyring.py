@@ -54,6 +54,7 @@ class MasterKeyring:
 
     @property
     def versions(self) -> list[int]:
+        """The versions held, ascending."""
         return sorted(v for v, _ in self.keys)
 
     @property
@@ -62,12 +63,14 @@ class MasterKeyring:
         return max(v for v, _ in self.keys)
 
     def key(self, version: int) -> bytes:
+        """The key of ``version``; MasterKeyError if it is not held."""
         for v, k in self.keys:
             if v == version:
                 return k
         raise MasterKeyError(f"master key version {version} is not in {self.source} (it has {self.versions})")
 
     def has(self, version: int) -> bool:
+        """True if ``version`` is held."""
         return any(v == version for v, _ in self.keys)
 
     def with_new_version(self) -> MasterKeyring:
@@ -79,6 +82,7 @@ class MasterKeyring:
         return MasterKeyring(tuple((v, k) for v, k in self.keys if v not in versions), self.source, self.path)
 
     def to_text(self) -> str:
+        """The key file text (highest version first)."""
         lines = ["# Reprise master key: <version>:<base64>. Losing it loses every tenant's history."]
         lines += [f"{v}:{base64.b64encode(k).decode()}" for v, k in sorted(self.keys, reverse=True)]
         return "\n".join(lines) + "\n"

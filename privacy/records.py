@@ -164,6 +164,7 @@ def _unpack_str(r: _Reader) -> str:
 
 
 def encode_trajectory(t: Trajectory) -> bytes:
+    """The framed body sealed for a trajectory."""
     return b"".join((
         _U8.pack(_TRAJ_VERSION),
         _pack_str(t.session_id),
@@ -175,6 +176,7 @@ def encode_trajectory(t: Trajectory) -> bytes:
 
 
 def decode_trajectory(body: bytes) -> Trajectory:
+    """Inverse of :func:`encode_trajectory`; IntegrityError on any framing mismatch."""
     r = _Reader(body, "trajectory")
     (version,) = r.unpack(_U8)
     if version != _TRAJ_VERSION:
@@ -196,6 +198,7 @@ def encode_documents(docs: Sequence[np.ndarray]) -> bytes:
 
 
 def decode_documents(body: bytes) -> list[np.ndarray]:
+    """Inverse of :func:`encode_documents`."""
     r = _Reader(body, "corpus")
     (count,) = r.unpack(_U32)
     lengths = np.frombuffer(r.take(4 * count), dtype="<u4").astype(np.int64)
@@ -207,11 +210,13 @@ def decode_documents(body: bytes) -> list[np.ndarray]:
 
 
 def encode_hidden_states(positions: np.ndarray, states: np.ndarray) -> bytes:
+    """Count, hidden size, int32 positions, fp16 states (row-major)."""
     n, d = states.shape
     return _U32.pack(n) + _U32.pack(d) + positions.astype("<i4").tobytes() + states.astype("<f2").tobytes()
 
 
 def decode_hidden_states(body: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """Inverse of :func:`encode_hidden_states`."""
     r = _Reader(body, "hidden states")
     (n,) = r.unpack(_U32)
     (d,) = r.unpack(_U32)

@@ -35,6 +35,7 @@ def _report(progress: ProgressCallback | None, phase: str, done: int, total: int
 
 
 def rotate_data_key(store: HistoryStore, tenant: TenantId, progress: ProgressCallback | None = None) -> RotationReport:
+    """See ``HistoryStore.rotate_data_key`` and the module docstring."""
     from privacy.blobs import BLOB_KINDS
     from privacy.history import _TENANT_RECORD_ID, KIND_TENANT, RotationReport
 
@@ -108,6 +109,8 @@ def _reencrypt_blobs(store: HistoryStore, tk: TenantKeys, new: int, kinds: tuple
 
 def rotate_master_key(store: HistoryStore, progress: ProgressCallback | None = None,
                       retire_old: bool = True) -> RotationReport:
+    """See ``HistoryStore.rotate_master_key`` and the module docstring. A keyring from a file gets a new
+    version written first; one from the environment must already hold the new version as primary."""
     from privacy.history import RotationReport
 
     kc, storage = store.keychain, store.storage

@@ -56,6 +56,8 @@ _BATCH = 256
 
 @dataclass(frozen=True, slots=True)
 class ExportReport:
+    """What an export wrote."""
+
     num_trajectories: int
     num_blobs: int
     num_bytes: int
@@ -63,6 +65,8 @@ class ExportReport:
 
 @dataclass(frozen=True, slots=True)
 class ImportReport:
+    """What an import read, and into which tenant (``created``: a new one)."""
+
     tenant: Tenant
     created: bool
     num_trajectories: int

@@ -27,6 +27,7 @@ TARGET_SHARE = 0.05
 
 
 def add_arguments(parser) -> None:
+    """Flags of ``reprise bench store``."""
     parser.add_argument("--backend", choices=("sqlite", "redis"), default="sqlite", help="store backend (default sqlite)")
     parser.add_argument("--records", type=int, default=2000, help="trajectories to write and read (default 2000)")
     parser.add_argument("--batch", type=int, default=64, help="records per transaction in the batched write (default 64)")
@@ -81,6 +82,7 @@ def _stored_bytes(store, config, tenant) -> int:
 
 
 def measure(args) -> dict[str, Any]:
+    """Run the benchmark and return its figures."""
     from privacy import StoreConfig, open_store
     from privacy.history import KIND_TRAJECTORY
     from privacy.records import encode_trajectory
@@ -191,6 +193,7 @@ def measure(args) -> dict[str, Any]:
 
 
 def run(args) -> int:
+    """Print the figures (a table, or JSON with --json)."""
     figures = measure(args)
     if args.json:
         print(json.dumps(figures, indent=2))
