@@ -44,11 +44,13 @@ def test_threads_append_read_and_rotate(store) -> None:
     threads = [threading.Thread(target=writer, args=(w,)) for w in range(4)] + [threading.Thread(target=reader)]
     for th in threads:
         th.start()
-    rotations = [store.rotate_data_key(tenants[0]) for _ in range(2)]
-    for th in threads[:4]:
-        th.join()
-    stop.set()
-    threads[4].join()
+    try:
+        rotations = [store.rotate_data_key(tenants[0]) for _ in range(2)]
+    finally:  # never leave writers running past the fixtures' cleanup
+        for th in threads[:4]:
+            th.join()
+        stop.set()
+        threads[4].join()
     assert not errors, errors
     assert [r.version for r in rotations] == [2, 3]
     texts = sorted(r.trajectory.text for t in tenants for r in store.iter_trajectories(t))
