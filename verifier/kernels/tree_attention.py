@@ -18,16 +18,14 @@ import torch
 
 
 def tree_attention_reference(q, k, v, prefix_lens, tree_mask, scale: float):
-    """Pure-torch reference: a float additive mask and scaled dot-product attention."""
+    """Pure-torch reference: a float additive mask and scaled dot-product attention (GQA without
+    copying the KV heads)."""
     from verifier.tree import additive_mask
 
-    num_q_heads, num_kv_heads = q.shape[1], k.shape[1]
     mask = additive_mask(prefix_lens, tree_mask, k.shape[2], q.dtype).to(q.device)  # [B, 1, Q, L]
-    if num_kv_heads != num_q_heads:
-        group = num_q_heads // num_kv_heads
-        k = k.repeat_interleave(group, dim=1)
-        v = v.repeat_interleave(group, dim=1)
-    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    return torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, scale=scale, enable_gqa=k.shape[1] != q.shape[1]
+    )
 
 
 def _kernel():
