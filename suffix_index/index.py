@@ -7,10 +7,9 @@ exact-key index, and drafts continuations of a context from them.
 
 from __future__ import annotations
 
-import math
 import operator
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -32,7 +31,11 @@ def _empty(dtype: type) -> np.ndarray:
     return a
 
 
-@dataclass(frozen=True, slots=True)
+_EMPTY_I32 = _empty(np.int32)
+_EMPTY_F32 = _empty(np.float32)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
 class Draft:
     """A draft tree continuing a context (the ``DraftTree`` contract of ../shared/DESIGN.md).
 
@@ -40,12 +43,12 @@ class Draft:
     estimated probability that node i is accepted (its string's share of the matched context's
     occurrences); ``score`` = ``sum(probs)``, the expected number of accepted tokens; ``match_len`` is
     how many context tokens the draft's match used (for an empty draft: the longest match found, 0 when
-    nothing matched).
+    nothing matched). Empty drafts share read-only empty arrays.
     """
 
-    token_ids: np.ndarray = field(default_factory=lambda: _empty(np.int32))  # [n] int32
-    parents: np.ndarray = field(default_factory=lambda: _empty(np.int32))  # [n] int32
-    probs: np.ndarray = field(default_factory=lambda: _empty(np.float32))  # [n] float32
+    token_ids: np.ndarray = field(default_factory=lambda: _EMPTY_I32)  # [n] int32
+    parents: np.ndarray = field(default_factory=lambda: _EMPTY_I32)  # [n] int32
+    probs: np.ndarray = field(default_factory=lambda: _EMPTY_F32)  # [n] float32
     score: float = 0.0
     match_len: int = 0
 
@@ -63,8 +66,13 @@ def as_tokens(values: TokensLike, name: str = "tokens") -> np.ndarray:
     Raises TypeError for non-integer data (floats, bools, strings) and ValueError naming the first id
     outside [0, 2**31) or a shape that is not 1-D.
     """
-    if type(values) is np.ndarray and values.dtype == _INT32 and values.ndim == 1 and values.flags.c_contiguous:
-        return values  # fast path; negative ids are rejected natively
+    if (
+        type(values) is np.ndarray
+        and values.dtype == _INT32
+        and values.ndim == 1
+        and values.flags.c_contiguous
+    ):
+        return values  # negative ids are rejected natively
     if isinstance(values, (str, bytes, bytearray)):
         raise TypeError(f"{name} must be a sequence of int token ids, got {type(values).__name__}")
     if isinstance(values, np.ndarray):
@@ -90,6 +98,10 @@ def as_tokens(values: TokensLike, name: str = "tokens") -> np.ndarray:
                 raise ValueError(f"token id {v} at index {i} of {name} is outside [0, 2**31)")
         return np.array(ints, dtype=np.int32)
     if kind not in "iu":
+        if not isinstance(values, np.ndarray):  # name the first element that is not an int
+            for i, v in enumerate(values if hasattr(values, "__len__") else arr.tolist()):
+                if isinstance(v, (bool, np.bool_)) or not hasattr(v, "__index__"):
+                    raise TypeError(f"{name}[{i}] = {v!r} is not an int token id")
         raise TypeError(f"{name} must hold integer token ids, got dtype {arr.dtype}")
     if arr.size:
         bad = (arr < 0) | (arr > _MAX_TOKEN_ID) if arr.dtype.itemsize >= 4 else None
@@ -97,6 +109,12 @@ def as_tokens(values: TokensLike, name: str = "tokens") -> np.ndarray:
             i = int(np.argmax(bad))
             raise ValueError(f"token id {int(arr[i])} at index {i} of {name} is outside [0, 2**31)")
     return np.ascontiguousarray(arr, dtype=np.int32)
+
+
+def _check_real(value: object, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    return float(value)
 
 
 def _check_int(value: object, name: str, lo: int, hi: int) -> int:
@@ -128,7 +146,9 @@ class SuffixIndex:
 
     __slots__ = ("_ix",)
 
-    def __init__(self, max_depth: int = 64, max_bytes: int = 0, key_lengths: Iterable[int] | None = None) -> None:
+    def __init__(
+        self, max_depth: int = 64, max_bytes: int = 0, key_lengths: Iterable[int] | None = None
+    ) -> None:
         max_depth = _check_int(max_depth, "max_depth", 1, MAX_DEPTH_LIMIT)
         max_bytes = _check_int(max_bytes, "max_bytes", 0, 2**63 - 1)
         if key_lengths is None:
@@ -153,17 +173,17 @@ class SuffixIndex:
     def add(self, seq_id: int, tokens: TokensLike) -> int:
         """Index a new sequence; ValueError if ``seq_id`` exists. Returns how many sequences the byte
         budget evicted."""
-        return self._ix.add(_check_id(seq_id), as_tokens(tokens))
+        return self._ix.add(seq_id if type(seq_id) is int else _check_id(seq_id), tokens)
 
     def extend(self, seq_id: int, tokens: TokensLike) -> int:
         """Append tokens to a sequence (a request growing), creating it when new. Returns how many
         sequences the byte budget evicted."""
-        return self._ix.extend(_check_id(seq_id), as_tokens(tokens))
+        return self._ix.extend(seq_id if type(seq_id) is int else _check_id(seq_id), tokens)
 
     def remove(self, seq_id: int) -> None:
         """Forget a sequence entirely (the index is then exactly as if it had never been added);
         ValueError naming the id when it is unknown or already removed."""
-        self._ix.remove(_check_id(seq_id))
+        self._ix.remove(seq_id if type(seq_id) is int else _check_id(seq_id))
 
     # ---- drafting ----
     def speculate(
@@ -181,22 +201,25 @@ class SuffixIndex:
         Every match length m = 1 .. min(len(context), max_depth) of the context's end is tried with
         at most ``min(max_tokens, floor(m * max_spec_factor + max_spec_offset))`` tokens: a path along
         the most frequent child (``use_tree=False``) or a best-first tree by probability; tokens below
-        ``min_token_prob`` stop it. The highest score wins, ties to the longer match.
+        ``min_token_prob`` stop it. The highest score wins, ties to the longer match. ValueError for
+        ``max_tokens < 1``, a negative or non-finite factor, a non-finite offset, or
+        ``min_token_prob`` outside [0, 1].
         """
-        if not 1 <= max_tokens <= _MAX_TOKENS_PER_DRAFT:
-            raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
-        if not (max_spec_factor >= 0 and math.isfinite(max_spec_factor)):
-            raise ValueError(f"max_spec_factor must be a finite number >= 0, got {max_spec_factor}")
-        if not math.isfinite(max_spec_offset):
-            raise ValueError(f"max_spec_offset must be finite, got {max_spec_offset}")
-        if not 0.0 <= min_token_prob <= 1.0:
-            raise ValueError(f"min_token_prob must be in [0, 1], got {min_token_prob}")
-        t = self._ix.speculate(
-            as_tokens(context, "context"), max_tokens, max_spec_factor, max_spec_offset, min_token_prob, bool(use_tree)
+        if type(max_tokens) is not int:
+            max_tokens = _check_int(max_tokens, "max_tokens", 1, _MAX_TOKENS_PER_DRAFT)
+        if type(max_spec_factor) is not float:
+            max_spec_factor = _check_real(max_spec_factor, "max_spec_factor")
+        if type(max_spec_offset) is not float:
+            max_spec_offset = _check_real(max_spec_offset, "max_spec_offset")
+        if type(min_token_prob) is not float:
+            min_token_prob = _check_real(min_token_prob, "min_token_prob")
+        return self._ix.speculate(
+            context, max_tokens, max_spec_factor, max_spec_offset, min_token_prob, use_tree is True
         )
-        return Draft(*t)
 
-    def speculate_exact(self, context: TokensLike, max_tokens: int, *, min_key_len: int | None = None) -> Draft:
+    def speculate_exact(
+        self, context: TokensLike, max_tokens: int, *, min_key_len: int | None = None
+    ) -> Draft:
         """Draft from the exact-key index: the longest key length k (>= ``min_key_len``) whose key, the
         context's last k tokens, is indexed with a continuation; copy up to ``max_tokens`` tokens that
         followed the key's newest occurrence (a chain, not limited by ``max_depth``).
@@ -205,10 +228,10 @@ class SuffixIndex:
         while k + i + 1 <= max_depth; past the trie's depth the last exact value decays geometrically
         at the mean per-token rate of the exact part (no decay when the exact part never dropped).
         """
-        if not 1 <= max_tokens <= _MAX_TOKENS_PER_DRAFT:
-            raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
-        lo = 0 if min_key_len is None else _check_int(min_key_len, "min_key_len", 1, MAX_DEPTH_LIMIT)
-        return Draft(*self._ix.speculate_exact(as_tokens(context, "context"), max_tokens, lo))
+        if type(max_tokens) is not int:
+            max_tokens = _check_int(max_tokens, "max_tokens", 1, _MAX_TOKENS_PER_DRAFT)
+        lo = 0 if min_key_len is None else _check_int(min_key_len, "min_key_len", 1, 2**31 - 1)
+        return self._ix.speculate_exact(context, max_tokens, lo)
 
     # ---- inspection ----
     @property
@@ -284,3 +307,6 @@ class SuffixIndex:
 
     def __reduce__(self):
         return (SuffixIndex.deserialize, (self.serialize(),))
+
+
+_native._register(Draft, as_tokens, _EMPTY_I32, _EMPTY_F32)

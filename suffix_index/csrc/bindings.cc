@@ -5,12 +5,16 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cmath>
 #include <cstring>
 #include <string>
 
 #include "index.h"
 
 namespace py = pybind11;
+
+static bool PyArray_Check_(PyObject* obj) { return py::detail::npy_api::get().PyArray_Check_(obj); }
+static_assert(sizeof(int) == sizeof(int32_t), "NPY_INT is int32 here");
 using reprise::DraftOut;
 using reprise::SpecParams;
 using reprise::SuffixIndex;
@@ -18,43 +22,90 @@ using reprise::Tok;
 
 namespace {
 
-// A borrowed view of a validated token array (the caller keeps the array alive).
+// Set once by suffix_index.index at import: the Draft record type, the converter for token inputs
+// that are not already 1-D int32 arrays, and shared read-only empty arrays for empty drafts.
+struct Registry {
+  PyObject* draft_type = nullptr;
+  PyObject* as_tokens = nullptr;
+  PyObject* empty_i32 = nullptr;
+  PyObject* empty_f32 = nullptr;
+  PyObject* names[5] = {nullptr, nullptr, nullptr, nullptr, nullptr};
+};
+Registry reg;
+
+// A validated token array: `data` stays valid while `owner` lives.
 struct Tokens {
-  const Tok* data;
-  size_t size;
+  py::object owner;
+  const Tok* data = nullptr;
+  size_t size = 0;
 };
 
-Tokens tokens_of(const py::handle& obj, const char* name) {
-  if (!py::isinstance<py::array>(obj))
-    throw py::type_error(std::string(name) + " must be a numpy int32 array, got " + std::string(py::str(py::type::handle_of(obj).attr("__name__"))));
-  auto arr = py::reinterpret_borrow<py::array>(obj);
-  if (!arr.dtype().is(py::dtype::of<int32_t>()))
-    throw py::type_error(std::string(name) + " must have dtype int32, got " + std::string(py::str(arr.dtype())));
-  if (arr.ndim() != 1) throw py::value_error(std::string(name) + " must be 1-D, got " + std::to_string(arr.ndim()) + " dimensions");
-  if (!(arr.flags() & py::array::c_style)) throw py::value_error(std::string(name) + " must be contiguous");
-  const Tok* data = static_cast<const Tok*>(arr.data());
-  size_t n = (size_t)arr.shape(0);
-  for (size_t i = 0; i < n; ++i)
-    if (data[i] < 0)
-      throw py::value_error("token id " + std::to_string(data[i]) + " at index " + std::to_string(i) + " of " + name +
-                            " is negative (token ids are in [0, 2**31))");
-  return Tokens{data, n};
+// A 1-D C-contiguous native-endian int32 ndarray? Reads NumPy's array header directly (the fields
+// used sit at the same offsets in NumPy 1.x and 2.x); this check is on every drafting call.
+bool is_fast_array(PyObject* obj) {
+  if (!PyArray_Check_(obj)) return false;
+  const auto* a = py::detail::array_proxy(obj);
+  const auto* d = py::detail::array_descriptor_proxy(a->descr);
+  return a->nd == 1 && (a->flags & py::detail::npy_api::NPY_ARRAY_C_CONTIGUOUS_) &&
+         d->type_num == py::detail::npy_api::NPY_INT_ && d->byteorder != '>';
 }
 
-py::tuple draft_tuple(const DraftOut& d) {
-  size_t n = d.token_ids.size();
-  py::array_t<int32_t> ids(n), parents(n);
-  py::array_t<float> probs(n);
-  if (n) {
-    std::memcpy(ids.mutable_data(), d.token_ids.data(), n * sizeof(int32_t));
-    std::memcpy(parents.mutable_data(), d.parents.data(), n * sizeof(int32_t));
-    std::memcpy(probs.mutable_data(), d.probs.data(), n * sizeof(float));
+Tokens tokens_of(py::handle obj, const char* name) {
+  Tokens t;
+  if (is_fast_array(obj.ptr())) {
+    t.owner = py::reinterpret_borrow<py::object>(obj);
+  } else {
+    if (!reg.as_tokens) throw py::type_error(std::string(name) + " must be a 1-D int32 numpy array");
+    PyObject* conv = PyObject_CallFunction(reg.as_tokens, "Os", obj.ptr(), name);
+    if (!conv) throw py::error_already_set();
+    t.owner = py::reinterpret_steal<py::object>(conv);
+    if (!is_fast_array(conv)) throw py::type_error(std::string(name) + ": converter did not return a 1-D int32 array");
   }
-  return py::make_tuple(std::move(ids), std::move(parents), std::move(probs), d.score, d.match_len);
+  const auto* a = py::detail::array_proxy(t.owner.ptr());
+  t.data = reinterpret_cast<const Tok*>(a->data);
+  t.size = (size_t)a->dimensions[0];
+  for (size_t i = 0; i < t.size; ++i)
+    if (t.data[i] < 0)
+      throw py::value_error("token id " + std::to_string(t.data[i]) + " at index " + std::to_string(i) + " of " + name +
+                            " is outside [0, 2**31)");
+  return t;
+}
+
+template <typename T>
+PyObject* new_array(const std::vector<T>& v, PyObject* empty) {
+  if (v.empty()) {
+    Py_INCREF(empty);
+    return empty;
+  }
+  py::array_t<T> a(v.size());
+  std::memcpy(a.mutable_data(), v.data(), v.size() * sizeof(T));
+  return a.release().ptr();
+}
+
+// A Draft instance without running the dataclass __init__ (frozen: object.__setattr__ semantics).
+py::object make_draft(const DraftOut& d) {
+  if (!reg.draft_type) throw std::logic_error("suffix_index._native used before suffix_index.index registered Draft");
+  PyTypeObject* type = reinterpret_cast<PyTypeObject*>(reg.draft_type);
+  py::object obj = py::reinterpret_steal<py::object>(type->tp_alloc(type, 0));
+  if (!obj) throw py::error_already_set();
+  PyObject* values[5] = {new_array(d.token_ids, reg.empty_i32), new_array(d.parents, reg.empty_i32),
+                         new_array(d.probs, reg.empty_f32), PyFloat_FromDouble(d.score), PyLong_FromUnsignedLong(d.match_len)};
+  int rc = 0;
+  for (int i = 0; i < 5; ++i) {
+    if (rc == 0 && values[i]) rc = PyObject_GenericSetAttr(obj.ptr(), reg.names[i], values[i]);
+    Py_XDECREF(values[i]);
+  }
+  if (rc != 0) throw py::error_already_set();
+  return obj;
 }
 
 void check_id(int64_t id) {
   if (id < 0) throw py::value_error("sequence id must be >= 0, got " + std::to_string(id));
+}
+
+void check_budget(int64_t max_tokens) {
+  if (max_tokens < 1 || max_tokens > INT32_MAX)
+    throw py::value_error("max_tokens must be in [1, 2**31), got " + std::to_string(max_tokens));
 }
 
 }  // namespace
@@ -64,6 +115,19 @@ PYBIND11_MODULE(_native, m) {
   m.attr("ABI_VERSION") = 2;
   m.attr("MAX_DEPTH_LIMIT") = reprise::kMaxDepthLimit;
   m.attr("MAX_KEY_LENGTHS") = reprise::kMaxKeyLengths;
+
+  m.def(
+      "_register",
+      [](py::object draft_type, py::object as_tokens, py::object empty_i32, py::object empty_f32) {
+        if (!PyType_Check(draft_type.ptr())) throw py::type_error("draft_type must be a class");
+        reg.draft_type = draft_type.release().ptr();
+        reg.as_tokens = as_tokens.release().ptr();
+        reg.empty_i32 = empty_i32.release().ptr();
+        reg.empty_f32 = empty_f32.release().ptr();
+        const char* names[5] = {"token_ids", "parents", "probs", "score", "match_len"};
+        for (int i = 0; i < 5; ++i) reg.names[i] = PyUnicode_InternFromString(names[i]);
+      },
+      "Internal: called once by suffix_index.index.");
 
   py::class_<SuffixIndex>(m, "SuffixIndex")
       .def(py::init([](uint32_t max_depth, uint64_t max_bytes, std::vector<uint32_t> keys) {
@@ -86,32 +150,42 @@ PYBIND11_MODULE(_native, m) {
            })
       .def("remove",
            [](SuffixIndex& self, int64_t id) {
+             check_id(id);
              py::gil_scoped_release nogil;
              self.remove(id);
            })
       .def("speculate",
-           [](const SuffixIndex& self, py::handle context, uint32_t max_tokens, double factor, double offset,
+           [](const SuffixIndex& self, py::handle context, int64_t max_tokens, double factor, double offset,
               double min_prob, bool use_tree) {
+             check_budget(max_tokens);
+             if (!(factor >= 0) || !std::isfinite(factor))
+               throw py::value_error("max_spec_factor must be a finite number >= 0, got " + std::to_string(factor));
+             if (!std::isfinite(offset)) throw py::value_error("max_spec_offset must be finite, got " + std::to_string(offset));
+             if (!(min_prob >= 0 && min_prob <= 1))
+               throw py::value_error("min_token_prob must be in [0, 1], got " + std::to_string(min_prob));
              Tokens t = tokens_of(context, "context");
-             SpecParams p{max_tokens, factor, offset, min_prob, use_tree};
+             SpecParams p{(uint32_t)max_tokens, factor, offset, min_prob, use_tree};
              DraftOut d;
              {
                py::gil_scoped_release nogil;
                std::shared_lock<std::shared_mutex> lock(self.mutex);
                d = self.tree.speculate(t.data, t.size, p);
              }
-             return draft_tuple(d);
+             return make_draft(d);
            })
       .def("speculate_exact",
-           [](const SuffixIndex& self, py::handle context, uint32_t max_tokens, uint32_t min_key_len) {
+           [](const SuffixIndex& self, py::handle context, int64_t max_tokens, int64_t min_key_len) {
+             check_budget(max_tokens);
+             if (min_key_len < 0) throw py::value_error("min_key_len must be >= 1, got " + std::to_string(min_key_len));
              Tokens t = tokens_of(context, "context");
              DraftOut d;
              {
                py::gil_scoped_release nogil;
                std::shared_lock<std::shared_mutex> lock(self.mutex);
-               d = self.tree.speculate_exact(t.data, t.size, max_tokens, min_key_len);
+               d = self.tree.speculate_exact(t.data, t.size, (uint32_t)max_tokens,
+                                             (uint32_t)std::min<int64_t>(min_key_len, UINT32_MAX));
              }
-             return draft_tuple(d);
+             return make_draft(d);
            })
       .def_property_readonly("num_sequences",
                              [](const SuffixIndex& self) {

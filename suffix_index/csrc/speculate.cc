@@ -6,6 +6,7 @@
 // that way (the product of count(child) / count(parent) along the path telescopes to it).
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <queue>
 
 #include "suffix_tree.h"
@@ -46,7 +47,28 @@ bool SuffixTree::locate(const Tok* s, size_t m, Locus* out) const {
     return true;
   }
   const Tok* tok = tok_.data();
+  // Start below the trie's wide top levels when an exact-key table covers a prefix of s: the table
+  // holds every indexed k-gram, so a miss there also proves s is not indexed.
   uint32_t node = kRoot, d = 0;
+  for (size_t ki = keys_.size(); ki-- > 0;) {
+    const uint32_t k = keys_[ki].k;
+    if (k > m) continue;
+    Locus l;
+    if (!key_lookup(ki, s, &l)) return false;
+    if (is_inline_leaf(l.node) || nodes_[l.node].depth >= m) {  // s ends on this edge
+      const Tok* a = tok + ref_of(l.node);
+      for (uint32_t j = k; j < m; ++j)
+        if (a[j] != s[j]) return false;
+      *out = Locus{l.node, (uint32_t)m};
+      return true;
+    }
+    const Tok* a = tok + nodes_[l.node].ref;
+    for (uint32_t j = k; j < nodes_[l.node].depth; ++j)
+      if (a[j] != s[j]) return false;
+    node = l.node;
+    d = nodes_[l.node].depth;
+    break;
+  }
   for (;;) {
     const ChildRef c = find_child(node, s[d]);
     if (c == kNil) return false;
@@ -156,35 +178,141 @@ double SuffixTree::draft_tree(const Locus& l, uint32_t budget, double min_prob, 
 DraftOut SuffixTree::speculate(const Tok* ctx, size_t n, const SpecParams& params) const {
   DraftOut best;
   if (n == 0 || nodes_[kRoot].count == 0) return best;
-  const uint32_t longest = longest_match(ctx, n);
+  const uint32_t top = (uint32_t)std::min<size_t>(n, max_depth_);
+  // Loci found so far, by match length (each costs a walk from the root).
+  Locus loci[kMaxDepthLimit + 1];
+  uint8_t have[kMaxDepthLimit + 1];
+  std::memset(have, 0, top + 1);
+  auto find = [&](uint32_t m) -> int {  // 1 found, 0 not indexed
+    if (!have[m]) have[m] = locate(ctx + n - m, m, &loci[m]) ? 1 : 2;
+    return have[m] == 1;
+  };
+  // Longest indexed suffix of the context (matching is monotone in m).
+  uint32_t longest = 0;
+  if (find(top)) {
+    longest = top;
+  } else {
+    uint32_t lo = 0, hi = top - 1;
+    while (lo < hi) {
+      const uint32_t mid = (lo + hi + 1) / 2;
+      if (find(mid))
+        lo = mid;
+      else
+        hi = mid - 1;
+    }
+    longest = lo;
+  }
   best.match_len = longest;  // an empty draft reports the longest match
-  DraftOut cand;
-  // Every match length, longest first; a shorter match must score strictly higher to win.
-  for (uint32_t m = longest; m >= 1; --m) {
-    const uint32_t depth_room = max_depth_ - m;
-    if (depth_room == 0) continue;
+  if (longest == 0) return best;
+  auto budget_of = [&](uint32_t m) -> uint32_t {
     const double raw = std::floor(m * params.max_spec_factor + params.max_spec_offset);
-    const uint32_t budget = !(raw > 0) ? 0 : raw >= params.max_tokens ? params.max_tokens : (uint32_t)raw;
-    if (budget == 0) continue;
-    const uint32_t max_nodes = params.use_tree ? budget : std::min(budget, depth_room);
-    if (max_nodes * kBoundSlack <= best.score) continue;
-    Locus l;
-    if (!locate(ctx + n - m, m, &l)) continue;  // cannot happen: shorter suffixes of a match occur
+    return !(raw > 0) ? 0 : raw >= params.max_tokens ? params.max_tokens : (uint32_t)raw;
+  };
+  // The winner is the highest (score, match length). Lengths are tried in decreasing order of an
+  // upper bound on their score (node count, times the first token's probability once located), so
+  // a strong draft found early lets the rest be skipped without a walk; every length whose bound
+  // could still win is evaluated exactly.
+  auto can_win = [&](double bound, uint32_t m) {
+    const double b = bound * kBoundSlack;
+    return b > best.score || (b >= best.score && m > best.match_len && best.score > 0);
+  };
+  // Lengths whose suffix occurs once (all m in [unique_from, longest]: count is monotone) draft the
+  // same continuation with probability 1, so their scores are min(budget, depth room, tokens left).
+  uint32_t unique_from = longest + 1;
+  if (count_of(loci[longest].node) == 1) {
+    const uint32_t end = ref_of(loci[longest].node) + longest;  // where the single occurrence ends
+    uint32_t left = 0;
+    while (left < max_depth_ && tok_[end + left] != kSentinel) ++left;
+    auto unique_score = [&](uint32_t m) -> uint32_t {
+      return std::min(std::min(budget_of(m), max_depth_ - m), left);  // one continuation: a chain
+    };
+    // Scores along m rise then fall; the best unique length is the peak if the peak is unique, else
+    // the shortest unique length (found by bisection).
+    uint32_t peak = longest;
+    for (uint32_t m = longest; m >= 1; --m)
+      if (unique_score(m) > unique_score(peak)) peak = m;
+    if (find(peak) && count_of(loci[peak].node) == 1) {
+      unique_from = peak;
+      // Shorter lengths that might still beat the peak: when many, bisect for where uniqueness ends
+      // (a few walks) rather than walk and draft each of them.
+      uint32_t open = 0;
+      for (uint32_t m = 1; m < peak; ++m) {
+        const uint32_t room = max_depth_ - m;
+        const uint32_t b = params.use_tree ? budget_of(m) : std::min(budget_of(m), room);
+        open += room > 0 && b > unique_score(peak);
+      }
+      if (open > 4) {
+        uint32_t lo = 1, hi = peak;
+        while (lo < hi) {
+          const uint32_t mid = (lo + hi) / 2;
+          if (find(mid) && count_of(loci[mid].node) == 1)
+            hi = mid;
+          else
+            lo = mid + 1;
+        }
+        unique_from = lo;
+      }
+    } else {
+      uint32_t lo = peak + 1, hi = longest;  // smallest unique length in (peak, longest]
+      while (lo < hi) {
+        const uint32_t mid = (lo + hi) / 2;
+        if (find(mid) && count_of(loci[mid].node) == 1)
+          hi = mid;
+        else
+          lo = mid + 1;
+      }
+      unique_from = lo;
+    }
+    uint32_t m_best = longest, s_best = unique_score(longest);
+    for (uint32_t m = longest; m >= unique_from; --m) {
+      if (unique_score(m) > s_best) {
+        s_best = unique_score(m);
+        m_best = m;
+      }
+      if (m == 1) break;
+    }
+    if (s_best > 0) {  // the path the single occurrence continues with
+      for (uint32_t i = 0; i < s_best; ++i) push_token(&best, tok_[end + i], (int32_t)i - 1, 1.0);
+      best.score = s_best;
+      best.match_len = m_best;
+    }
+  }
+  struct Try {
+    uint32_t bound;
+    uint32_t m;
+    uint32_t budget;
+  };
+  Try tries[kMaxDepthLimit];
+  uint32_t num_tries = 0;
+  for (uint32_t m = 1; m < unique_from; ++m) {
+    const uint32_t depth_room = max_depth_ - m, budget = budget_of(m);
+    if (depth_room == 0 || budget == 0) continue;
+    tries[num_tries++] = Try{params.use_tree ? budget : std::min(budget, depth_room), m, budget};
+  }
+  std::sort(tries, tries + num_tries,
+            [](const Try& a, const Try& b) { return a.bound != b.bound ? a.bound > b.bound : a.m > b.m; });
+  DraftOut cand;
+  for (uint32_t i = 0; i < num_tries; ++i) {
+    const Try& tr = tries[i];
+    if (tr.bound * kBoundSlack < best.score) break;  // bounds only decrease from here
+    if (!can_win(tr.bound, tr.m)) continue;
+    if (!find(tr.m)) continue;  // cannot happen: shorter suffixes of a match occur
+    const Locus& l = loci[tr.m];
     double p1 = 1.0;  // every draft probability is <= the first token's best
     if (next_in_edge(l) == kSentinel) {
       const ChildRef b = best_child(l.node);
       p1 = b == kNil ? 0.0 : count_of(b) / (double)count_of(l.node);
     }
-    if (p1 < params.min_token_prob || p1 * max_nodes * kBoundSlack <= best.score) continue;
+    if (p1 < params.min_token_prob || !can_win(p1 * tr.bound, tr.m)) continue;
     cand.token_ids.clear();
     cand.parents.clear();
     cand.probs.clear();
-    const double score = params.use_tree ? draft_tree(l, budget, params.min_token_prob, &cand)
-                                         : draft_path(l, budget, params.min_token_prob, &cand);
-    if (score > best.score) {
+    const double score = params.use_tree ? draft_tree(l, tr.budget, params.min_token_prob, &cand)
+                                         : draft_path(l, tr.budget, params.min_token_prob, &cand);
+    if (score > best.score || (score == best.score && score > 0 && tr.m > best.match_len)) {
       std::swap(best, cand);
       best.score = score;
-      best.match_len = m;
+      best.match_len = tr.m;
     }
   }
   return best;

@@ -86,7 +86,12 @@ def check_state(ix: SuffixIndex, oracle: Oracle, rng: np.random.Generator, param
     for ctx in contexts(oracle, rng):
         for use_tree in (False, True):
             got = ix.speculate(
-                ctx, max_tokens, max_spec_factor=factor, max_spec_offset=offset, min_token_prob=min_prob, use_tree=use_tree
+                ctx,
+                max_tokens,
+                max_spec_factor=factor,
+                max_spec_offset=offset,
+                min_token_prob=min_prob,
+                use_tree=use_tree,
             )
             want = oracle.speculate(ctx, max_tokens, factor, offset, min_prob, use_tree)
             assert_same_draft(got, want, f"speculate({ctx}, tree={use_tree})")
@@ -113,7 +118,9 @@ def test_index_matches_oracle_after_every_mutation(history, params, seed) -> Non
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=30), min_size=1, max_size=5), st.integers(2, 5))
+@given(
+    st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=30), min_size=1, max_size=5), st.integers(2, 5)
+)
 def test_token_by_token_extend_equals_add(chunks, depth) -> None:
     """A sequence grown one token at a time indexes exactly what adding it whole does."""
     whole = [t for c in chunks for t in c]
@@ -130,4 +137,6 @@ def test_token_by_token_extend_equals_add(chunks, depth) -> None:
     oracle.add(7, whole)
     for m in range(1, len(whole) + 1):
         ctx = whole[:m]
-        assert_same_draft(grown.speculate(ctx, 8, use_tree=True), oracle.speculate(ctx, 8, use_tree=True), str(ctx))
+        assert_same_draft(
+            grown.speculate(ctx, 8, use_tree=True), oracle.speculate(ctx, 8, use_tree=True), str(ctx)
+        )

@@ -1,0 +1,110 @@
+// Multi-source drafting: one best-first draft tree from several suffix tries at once, with node
+// probabilities from an online-calibrated table rather than raw count ratios.
+//
+// Why calibrate. SuffixDecoding (arXiv 2411.04975) scores a draft token by count(child)/count(node) at
+// one match length. Measured on agent traces, whether a source's next-token guess is right depends
+// mostly on how long the context match is (e.g. 0.3 at 1 token, 0.7 at 5-8, 0.98 beyond 32) and on the
+// source (a request's own prompt vs the tenant's past responses), much less on the count ratio: a
+// single occurrence gets ratio 1.0 whatever its match length. Merging sources by raw ratios lets a
+// short, lucky match outvote a long one. Here every candidate child carries features (source kind,
+// match length, count share, whether it continues the newest occurrence, occurrence count); its
+// probability is the observed hit rate of that feature cell, learned per tenant from the tokens the
+// verifier commits, starting from a prior that rises with the match length.
+//
+// Cursors. A cursor is a position in one source: a trie locus, or, once the trie's depth is used up, a
+// copy position in that source's token arena (the newest occurrence continues beyond the depth cap, so
+// drafts are not limited to max_depth minus the match length). Each source starts with cursors at its
+// longest match and at a few shorter matches (back-off levels with more occurrences). A draft node
+// gathers the cursors of every source that predicts its token; its probability is its parent's times
+// the best calibrated estimate among them. Nodes are taken best first until the budget is spent, which
+// maximises the expected number of accepted tokens for calibrated estimates.
+//
+// Canonical sources index token sequences where number tokens are replaced by a class id (>= kClassBase)
+// so that "Total: $1,436\n\nWould you..." matches history that had other numbers. Their cursors never
+// draft a class id (the number itself is unknown): a candidate class token is dropped.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+#include "suffix_tree.h"
+
+namespace reprise {
+
+constexpr Tok kClassBase = 1 << 30;  // canonical class ids are >= this; real token ids are below
+constexpr int kMaxSourceKinds = 8;
+
+// Feature cell of one candidate child.
+struct DraftFeature {
+  uint8_t kind;    // source kind (calibration row), < kMaxSourceKinds
+  uint8_t match;   // match-length bucket: 1, 2, 3-4, 5-8, 9-16, 17-32, 33-64, >64
+  uint8_t share;   // count share of the child among the locus' continuations: 1, >=.75, >=.5, >=.25, less
+  uint8_t newest;  // 1 when the child continues the newest occurrence of the matched string
+  uint8_t count;   // continuing occurrences of the locus: 1, 2-3, 4-10, more
+};
+
+// Hit rates per feature cell: hits and trials, prior included. Reads are lock-free (a torn read of a
+// float pair only blurs one estimate); updates take a mutex. Shared by all sessions of a tenant.
+class Calibration {
+ public:
+  static constexpr int kMatch = 8, kShare = 5, kNewest = 2, kCount = 4;
+  static constexpr int kCells = kMaxSourceKinds * kMatch * kShare * kNewest * kCount;
+
+  explicit Calibration(double prior_strength = 8.0);
+  double estimate(const DraftFeature& f) const {
+    const size_t i = cell(f);
+    return hits_[i] / trials_[i];
+  }
+  void observe(const DraftFeature& f, bool hit);
+  uint64_t num_observations() const { return observations_.load(std::memory_order_relaxed); }
+  double prior_strength() const { return prior_strength_; }
+  // Raw table for serialization and tests: hits then trials, kCells each.
+  std::vector<float> table() const;
+  void set_table(const std::vector<float>& t);
+
+  static size_t cell(const DraftFeature& f) {
+    return ((((size_t)f.kind * kMatch + f.match) * kShare + f.share) * kNewest + f.newest) * kCount + f.count;
+  }
+  static uint8_t match_bucket(uint32_t m);
+  static uint8_t share_bucket(double share);
+  static uint8_t count_bucket(double count);
+
+ private:
+  double prior_strength_;
+  std::vector<float> hits_, trials_;
+  std::mutex mutex_;
+  std::atomic<uint64_t> observations_{0};
+};
+
+struct DraftSource {
+  const SuffixTree* tree;
+  uint8_t kind;    // calibration row
+  bool canonical;  // matches the canonical context and never drafts class ids
+};
+
+struct DrafterParams {
+  uint32_t budget = 32;        // draft nodes at most
+  double min_prob = 1e-4;      // nodes below this path probability are not drafted
+  uint32_t levels = 2;         // cursors per source: the longest match, then halved matches with more occurrences
+  uint32_t max_copy = 256;     // tokens a copy cursor may read past the trie's depth
+};
+
+// What a root candidate predicted, to learn from once the next token is known.
+struct RootObservation {
+  DraftFeature feature;
+  Tok token;
+  bool canonical;
+};
+
+// Drafts continuing ctx[0, n) (real ids) / ctx_canon[0, n) (canonical ids, used by canonical sources).
+// Callers hold every source's index lock shared. `observations` receives the root candidates.
+DraftOut draft_multi(const std::vector<DraftSource>& sources, const Tok* ctx, const Tok* ctx_canon, size_t n,
+                     const DrafterParams& params, const Calibration& calibration,
+                     std::vector<RootObservation>* observations);
+
+// Learns from the token that followed: every root candidate of the last draft is a hit or a miss.
+void learn(Calibration* calibration, const std::vector<RootObservation>& observations, Tok actual, Tok actual_canon);
+
+}  // namespace reprise

@@ -1,0 +1,260 @@
+// Python bindings of multi-source drafting (drafter.h): Calibration and DraftingSession.
+//
+// A DraftingSession owns one request's own indexes (its prompt and output, real and canonical) and its
+// context, and holds references to its tenant's shared indexes (history, corpus) and calibration. One
+// native call drafts (propose) and one commits (learn, extend the context and the request's indexes),
+// each releasing the GIL; the tenant's indexes are read under their shared locks.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "drafter.h"
+#include "index.h"
+
+namespace py = pybind11;
+
+namespace reprise {
+namespace {
+
+using I32Array = py::array_t<int32_t, py::array::c_style>;
+
+// The DraftTree type of retrieval/draft_tree.py, set once at import, so that propose() builds the
+// frozen record without running its __init__ (every field below is validated here instead).
+struct TreeType {
+  PyObject* type = nullptr;
+  PyObject* names[6] = {};
+  PyObject* empty_i32 = nullptr;
+  PyObject* empty_f32 = nullptr;
+  PyObject* source = nullptr;
+};
+TreeType tree_type;
+
+template <typename T>
+PyObject* to_array(const std::vector<T>& v, PyObject* empty) {
+  if (v.empty()) {
+    Py_INCREF(empty);
+    return empty;
+  }
+  py::array_t<T> a(v.size());
+  std::memcpy(a.mutable_data(), v.data(), v.size() * sizeof(T));
+  return a.release().ptr();
+}
+
+py::object make_tree(const DraftOut& d) {
+  if (!tree_type.type) throw std::logic_error("suffix_index drafting used before retrieval registered DraftTree");
+  auto* type = reinterpret_cast<PyTypeObject*>(tree_type.type);
+  py::object obj = py::reinterpret_steal<py::object>(type->tp_alloc(type, 0));
+  if (!obj) throw py::error_already_set();
+  Py_INCREF(tree_type.source);
+  PyObject* values[6] = {to_array(d.token_ids, tree_type.empty_i32), to_array(d.parents, tree_type.empty_i32),
+                         to_array(d.probs, tree_type.empty_f32), PyFloat_FromDouble(d.score), tree_type.source,
+                         PyLong_FromUnsignedLong(d.match_len)};
+  int rc = 0;
+  for (int i = 0; i < 6; ++i) {
+    if (rc == 0 && values[i]) rc = PyObject_GenericSetAttr(obj.ptr(), tree_type.names[i], values[i]);
+    Py_XDECREF(values[i]);
+  }
+  if (rc != 0) throw py::error_already_set();
+  return obj;
+}
+
+void check_tokens(const I32Array& a, const char* name) {
+  if (a.ndim() != 1) throw py::value_error(std::string(name) + " must be 1-D");
+  const int32_t* p = a.data();
+  for (py::ssize_t i = 0; i < a.shape(0); ++i)
+    if (p[i] < 0 || p[i] >= kClassBase)
+      throw py::value_error("token id " + std::to_string(p[i]) + " at index " + std::to_string(i) + " of " + name +
+                            " is outside [0, 2**30)");
+}
+
+struct SharedSource {
+  py::object owner;  // keeps the SuffixIndex alive
+  const SuffixIndex* index;
+  uint8_t kind;
+  bool canonical;
+};
+
+class DraftingSession {
+ public:
+  DraftingSession(uint32_t max_depth, py::object calibration, I32Array classes, const DrafterParams& params)
+      : calibration_owner_(calibration),
+        calibration_(calibration.cast<Calibration*>()),
+        classes_(std::move(classes)),
+        params_(params),
+        local_(max_depth, 0, {}),
+        local_canon_(max_depth, 0, {}) {
+    if (classes_.ndim() != 1) throw py::value_error("token classes must be a 1-D int32 array");
+  }
+
+  void add_source(py::object index, int kind, bool canonical) {
+    if (kind < 0 || kind >= kMaxSourceKinds)
+      throw py::value_error("source kind must be in [0, " + std::to_string(kMaxSourceKinds) + "), got " + std::to_string(kind));
+    shared_.push_back(SharedSource{index, index.cast<const SuffixIndex*>(), (uint8_t)kind, canonical});
+  }
+
+  // The request's context becomes `prompt`. When it extends the current context, only the new tokens
+  // are indexed; otherwise the new part goes into a fresh sequence with `overlap` tokens of left context,
+  // so a session's next request reuses the indexes built for its previous one.
+  void rebase(const I32Array& prompt, uint32_t overlap) {
+    check_tokens(prompt, "prompt");
+    const Tok* p = prompt.data();
+    const size_t n = (size_t)prompt.shape(0);
+    py::gil_scoped_release nogil;
+    size_t lcp = 0;
+    const size_t lim = std::min(n, ctx_.size());
+    while (lcp < lim && ctx_[lcp] == p[lcp]) ++lcp;
+    size_t from = lcp;
+    if (lcp < ctx_.size()) {
+      ++seq_;
+      from = lcp > overlap ? lcp - overlap : 0;
+    }
+    ctx_.assign(p, p + n);
+    ctx_canon_.resize(n);
+    for (size_t i = 0; i < n; ++i) ctx_canon_[i] = canonical(p[i]);
+    if (from < n) {
+      local_.extend(seq_, ctx_.data() + from, n - from);
+      local_canon_.extend(seq_, ctx_canon_.data() + from, n - from);
+    }
+    observations_.clear();
+  }
+
+  py::object propose(int64_t budget) {
+    if (budget < 0 || budget > 4096) throw py::value_error("budget must be in [0, 4096], got " + std::to_string(budget));
+    DrafterParams p = params_;
+    p.budget = (uint32_t)budget;
+    DraftOut d;
+    {
+      py::gil_scoped_release nogil;
+      std::vector<DraftSource> sources;
+      sources.reserve(2 + shared_.size());
+      sources.push_back(DraftSource{&local_.tree, kKindLocal, false});
+      sources.push_back(DraftSource{&local_canon_.tree, kKindLocalCanonical, true});
+      std::vector<std::shared_lock<std::shared_mutex>> locks;
+      locks.reserve(shared_.size());
+      for (const SharedSource& s : shared_) {
+        locks.emplace_back(s.index->mutex);
+        sources.push_back(DraftSource{&s.index->tree, s.kind, s.canonical});
+      }
+      d = draft_multi(sources, ctx_.data(), ctx_canon_.data(), ctx_.size(), p, *calibration_, &observations_);
+    }
+    return make_tree(d);
+  }
+
+  // Tokens the verifier committed: learn from the first, then extend the context and own indexes.
+  void commit(const I32Array& tokens, bool learn_from_it) {
+    check_tokens(tokens, "token_ids");
+    const Tok* t = tokens.data();
+    const size_t n = (size_t)tokens.shape(0);
+    if (n == 0) return;
+    py::gil_scoped_release nogil;
+    std::vector<Tok> canon(n);
+    for (size_t i = 0; i < n; ++i) canon[i] = canonical(t[i]);
+    if (learn_from_it && !observations_.empty()) learn(calibration_, observations_, t[0], canon[0]);
+    observations_.clear();
+    ctx_.insert(ctx_.end(), t, t + n);
+    ctx_canon_.insert(ctx_canon_.end(), canon.begin(), canon.end());
+    local_.extend(seq_, t, n);
+    local_canon_.extend(seq_, canon.data(), n);
+  }
+
+  I32Array context() const {
+    I32Array out((py::ssize_t)ctx_.size());
+    if (!ctx_.empty()) std::memcpy(out.mutable_data(), ctx_.data(), ctx_.size() * sizeof(Tok));
+    return out;
+  }
+  size_t context_length() const { return ctx_.size(); }
+  uint64_t memory_bytes() const {
+    return local_.tree.memory_bytes() + local_canon_.tree.memory_bytes() + 2 * ctx_.capacity() * sizeof(Tok);
+  }
+
+  static constexpr uint8_t kKindLocal = 0, kKindLocalCanonical = 1;
+
+ private:
+  Tok canonical(Tok t) const {
+    return (py::ssize_t)t < classes_.shape(0) ? classes_.data()[t] : t;
+  }
+
+  py::object calibration_owner_;
+  Calibration* calibration_;
+  I32Array classes_;
+  DrafterParams params_;
+  SuffixIndex local_, local_canon_;
+  std::vector<SharedSource> shared_;
+  std::vector<Tok> ctx_, ctx_canon_;
+  int64_t seq_ = 0;
+  std::vector<RootObservation> observations_;
+};
+
+}  // namespace
+
+void bind_drafter(py::module_& m) {
+  m.def(
+      "_register_draft_tree",
+      [](py::object type, py::object empty_i32, py::object empty_f32, py::str source) {
+        if (!PyType_Check(type.ptr())) throw py::type_error("type must be a class");
+        tree_type.type = type.release().ptr();
+        tree_type.empty_i32 = empty_i32.release().ptr();
+        tree_type.empty_f32 = empty_f32.release().ptr();
+        tree_type.source = source.release().ptr();
+        const char* names[6] = {"token_ids", "parents", "probs", "score", "source", "match_len"};
+        for (int i = 0; i < 6; ++i) tree_type.names[i] = PyUnicode_InternFromString(names[i]);
+      },
+      "Internal: called once by suffix_index.drafting.");
+
+  py::class_<DrafterParams>(m, "DrafterParams")
+      .def(py::init([](double min_prob, uint32_t levels, uint32_t max_copy) {
+             if (!(min_prob >= 0 && min_prob < 1)) throw py::value_error("min_prob must be in [0, 1), got " + std::to_string(min_prob));
+             if (levels < 1 || levels > 8) throw py::value_error("levels must be in [1, 8], got " + std::to_string(levels));
+             DrafterParams p;
+             p.min_prob = min_prob;
+             p.levels = levels;
+             p.max_copy = max_copy;
+             return p;
+           }),
+           py::arg("min_prob"), py::arg("levels"), py::arg("max_copy"))
+      .def_readonly("min_prob", &DrafterParams::min_prob)
+      .def_readonly("levels", &DrafterParams::levels)
+      .def_readonly("max_copy", &DrafterParams::max_copy);
+
+  py::class_<Calibration>(m, "Calibration")
+      .def(py::init<double>(), py::arg("prior_strength"))
+      .def_property_readonly("num_observations", &Calibration::num_observations)
+      .def_property_readonly("prior_strength", &Calibration::prior_strength)
+      .def("table",
+           [](const Calibration& c) {
+             auto t = c.table();
+             py::array_t<float> out((py::ssize_t)t.size());
+             std::memcpy(out.mutable_data(), t.data(), t.size() * sizeof(float));
+             return out;
+           })
+      .def("set_table", [](Calibration& c, py::array_t<float, py::array::c_style | py::array::forcecast> t) {
+        std::vector<float> v(t.data(), t.data() + t.size());
+        c.set_table(v);
+      })
+      .def("estimate", [](const Calibration& c, int kind, uint32_t match, double share, bool newest, double count) {
+        if (kind < 0 || kind >= kMaxSourceKinds) throw py::value_error("kind out of range: " + std::to_string(kind));
+        DraftFeature f{(uint8_t)kind, Calibration::match_bucket(match), Calibration::share_bucket(share), (uint8_t)newest,
+                       Calibration::count_bucket(count)};
+        return c.estimate(f);
+      });
+
+  py::class_<DraftingSession>(m, "DraftingSession")
+      .def(py::init<uint32_t, py::object, I32Array, const DrafterParams&>(), py::arg("max_depth"), py::arg("calibration"),
+           py::arg("token_classes"), py::arg("params"))
+      .def("add_source", &DraftingSession::add_source, py::arg("index"), py::arg("kind"), py::arg("canonical"))
+      .def("rebase", &DraftingSession::rebase, py::arg("prompt"), py::arg("overlap"))
+      .def("propose", &DraftingSession::propose, py::arg("budget"))
+      .def("commit", &DraftingSession::commit, py::arg("token_ids"), py::arg("learn"))
+      .def("context", &DraftingSession::context)
+      .def_property_readonly("context_length", &DraftingSession::context_length)
+      .def("memory_bytes", &DraftingSession::memory_bytes);
+  m.attr("KIND_LOCAL") = (int)DraftingSession::kKindLocal;
+  m.attr("KIND_LOCAL_CANONICAL") = (int)DraftingSession::kKindLocalCanonical;
+  m.attr("CLASS_BASE") = (int)kClassBase;
+}
+
+}  // namespace reprise

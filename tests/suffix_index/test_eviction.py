@@ -1,0 +1,128 @@
+"""remove() and byte-budget eviction leave the index exactly as if the sequence had never been added."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from suffix_checks import same_index
+
+from suffix_index import SuffixIndex
+
+ops_st = st.lists(
+    st.tuples(
+        st.sampled_from(["add", "extend", "remove"]),
+        st.integers(0, 4),
+        st.lists(st.integers(0, 3), max_size=70),
+    ),
+    max_size=10,
+)
+
+
+def run(ops, ix: SuffixIndex, skip: int | None = None) -> None:
+    for kind, sid, toks in ops:
+        if sid == skip:
+            continue
+        if kind == "add" and sid not in ix:
+            ix.add(sid, toks)
+        elif kind == "extend":
+            ix.extend(sid, toks)
+        elif kind == "remove" and sid in ix:
+            ix.remove(sid)
+
+
+def contexts(ix: SuffixIndex) -> list[list[int]]:
+    out = [[0, 1], [2, 2], [3, 1, 0]]
+    for sid in ix.sequence_ids().tolist():
+        seq = ix.get_sequence(sid).tolist()
+        out += [seq[:n] for n in (1, 3, 8, 30)]
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(ops_st, ops_st, st.integers(0, 4), st.integers(2, 8))
+def test_remove_equals_never_added(before, after, victim, depth) -> None:
+    """Operations on other sequences interleave with the victim's; removing it at the end must give
+    the index built without it, down to memory_bytes() and which occurrence counts as newest."""
+    keys = tuple(k for k in (1, 2, 4) if k < depth)
+    with_it = SuffixIndex(max_depth=depth, key_lengths=keys)
+    run(before + after, with_it)
+    if victim in with_it:
+        with_it.remove(victim)
+    without = SuffixIndex(max_depth=depth, key_lengths=keys)
+    run(before + after, without, skip=victim)
+    with_it.check_integrity()
+    same_index(without, with_it, contexts(without) + contexts(with_it))
+
+
+def _corpus(n: int, rng: np.random.Generator) -> list[np.ndarray]:
+    base = rng.integers(0, 500, size=400).astype(np.int32)
+    return [base[rng.integers(0, 300) :][: rng.integers(20, 100)] for _ in range(n)]
+
+
+def test_budget_evicts_oldest_first_never_the_written_one() -> None:
+    rng = np.random.default_rng(7)
+    seqs = _corpus(60, rng)
+    unbounded = SuffixIndex()
+    for i, s in enumerate(seqs[:10]):
+        unbounded.add(i, s)
+    budget = unbounded.memory_bytes()  # room for about 10 of them
+    ix = SuffixIndex(max_bytes=budget)
+    evicted_total = 0
+    for i, s in enumerate(seqs):
+        evicted_total += ix.add(i, s)
+        ids = ix.sequence_ids().tolist()
+        assert ids == list(range(i - len(ids) + 1, i + 1))  # a window of the newest, in order
+        assert ix.memory_bytes() <= budget
+        ix.check_integrity()
+    assert evicted_total == len(seqs) - ix.num_sequences > 0
+    # The survivors are indexed exactly as if only they had been added, in the same order.
+    fresh = SuffixIndex(max_bytes=budget)
+    for sid in ix.sequence_ids().tolist():
+        fresh.add(sid, seqs[sid])
+    same_index(fresh, ix, [s[:n] for s in seqs[-5:] for n in (3, 12)])
+
+
+def test_growing_sequence_is_never_evicted() -> None:
+    ix = SuffixIndex(max_bytes=20_000)
+    ix.add(0, np.arange(100, dtype=np.int32))
+    for step in range(200):  # a request growing past the whole budget on its own
+        ix.extend(1, np.arange(step * 7, step * 7 + 7, dtype=np.int32) % 1000)
+    assert ix.sequence_ids().tolist() == [1]
+    assert ix.memory_bytes() > ix.max_bytes  # over budget, but the only sequence is the written one
+    ix.check_integrity()
+
+
+def test_extend_evicts_others() -> None:
+    ix = SuffixIndex(max_bytes=30_000)
+    for i in range(5):
+        ix.add(i, np.arange(i * 50, i * 50 + 50, dtype=np.int32))
+    n0 = ix.num_sequences
+    evicted = sum(ix.extend(99, np.arange(j * 10, j * 10 + 10, dtype=np.int32)) for j in range(40))
+    assert evicted > 0 and ix.num_sequences == n0 - evicted + 1 and 99 in ix
+    assert ix.memory_bytes() <= ix.max_bytes or ix.sequence_ids().tolist() == [99]
+    ix.check_integrity()
+
+
+@pytest.mark.parametrize("order", ["fifo", "lifo", "middle"])
+def test_removing_everything_returns_to_empty(order: str) -> None:
+    rng = np.random.default_rng(3)
+    seqs = _corpus(30, rng)
+    ix = SuffixIndex()
+    empty = ix.memory_bytes()
+    for i, s in enumerate(seqs):
+        ix.add(i, s)
+    ids = list(range(len(seqs)))
+    if order == "lifo":
+        ids.reverse()
+    elif order == "middle":
+        ids = ids[10:] + ids[:10]
+    for k, i in enumerate(ids):
+        ix.remove(i)
+        if k % 7 == 0:
+            ix.check_integrity()
+    assert ix.num_tokens == ix.num_sequences == 0
+    assert ix.memory_bytes() == empty
+    assert ix.stats()["nodes"] == 1 and ix.stats()["keys"] == 0
+    ix.check_integrity()
