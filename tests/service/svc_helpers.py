@@ -32,37 +32,9 @@ class LoopThread:
         self.thread.join(5)
 
 
-TINY_EOS = 256
+from reprise.tiny import TINY_EOS, byte_level_tokenizer, tiny_llama  # noqa: F401 - re-exported
 
-
-def byte_tokenizer() -> Any:
-    """A real byte-level BPE tokenizer (256 byte tokens, no merges) with two special tokens and a chat
-    template: text and chat prompts go through the service's real tokenization path."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from tokenizers.pre_tokenizers import ByteLevel
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {c: i for i, c in enumerate(sorted(ByteLevel.alphabet()))}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    tok.decoder = decoders.ByteLevel()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok)
-    fast.add_special_tokens({"eos_token": "<|end|>", "bos_token": "<|begin|>"})
-    fast.chat_template = (
-        "{% for m in messages %}<|begin|>{{ m['role'] }}\n{{ m['content'] }}<|end|>\n{% endfor %}"
-        "{% if add_generation_prompt %}<|begin|>assistant\n{% endif %}"
-    )
-    assert fast.eos_token_id == TINY_EOS
-    return fast
-
-
-def tiny_llama(seed: int = 7) -> Any:
-    from verifier.testing import tiny_model
-
-    model = tiny_model("llama", vocab_size=258, seed=seed)
-    model.config.eos_token_id = TINY_EOS
-    model.generation_config.eos_token_id = TINY_EOS
-    return model
+byte_tokenizer = byte_level_tokenizer
 
 
 def free_port() -> int:

