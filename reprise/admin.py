@@ -140,8 +140,9 @@ class ServiceAdmin:
 
     def index_stats(self, tenant: str | None) -> list[TenantStats]:
         with privacy_errors():
-            tenants = [self._store.get_tenant(tenant_id(tenant))] if tenant else self._store.list_tenants()
-            return [self._indexes.stats(t.id.value) for t in tenants]
+            if tenant:
+                return [self._indexes.stats(self._store.get_tenant(tenant_id(tenant)).id.value)]
+            return self._indexes.all_stats([t.id.value for t in self._store.list_tenants()])
 
     def build_index(self, tenant: str, progress: ProgressCallback) -> TenantStats:
         tid = tenant_id(tenant)

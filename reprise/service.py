@@ -98,9 +98,12 @@ class Service:
             engine_config = EngineConfig()
             budget = MeteredBudget(engine_config.budget)
             inner = make_proposer(c.model.drafter or default_drafter(), c.drafting)
+            if tokenizer is not None and hasattr(inner, "set_vocabulary"):  # numbers match by class
+                inner.set_vocabulary(lambda i: tokenizer.decode([i]), runner.vocab_size)
             proposer = MeteredProposer(inner, budget, accounting, self.metrics)
             self.history = HistoryWriter(self.store)
-            self.indexes = TenantIndexes(self.store, inner, accounting, self.metrics)
+            tokenize = (lambda text: list(tokenizer.encode(text, add_special_tokens=False))) if tokenizer else None
+            self.indexes = TenantIndexes(self.store, inner, accounting, self.metrics, tokenize)
             self.indexes.load_all()
             engine = Engine(runner, proposer, tokenizer,
                             EngineConfig(budget=budget, history_sink=self.history.put))  # type: ignore[arg-type]
