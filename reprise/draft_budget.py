@@ -53,10 +53,13 @@ class CostModel:
 
 @dataclass(slots=True)
 class AcceptanceTracker:
-    """Running calibration of one request's draft probabilities (pseudo-counts keep it near 1 at first)."""
+    """Running calibration of one request's draft probabilities: the ratio of draft levels passed to
+    levels predicted, over recent steps (counts decay by ``decay`` per step, so a request that starts
+    copying after a poor start is trusted again within a few steps). Pseudo-counts start it at 1."""
 
-    passed: float = 2.0
-    predicted: float = 2.0
+    passed: float = 1.0
+    predicted: float = 1.0
+    decay: float = 0.8
 
     @property
     def scale(self) -> float:
@@ -69,6 +72,8 @@ class AcceptanceTracker:
             return
         parents = np.asarray(tree.parents)
         probs = np.asarray(tree.probs, dtype=np.float64)
+        self.passed *= self.decay
+        self.predicted *= self.decay
         at = -1
         for node in list(accepted) + [None]:
             kids = parents == at

@@ -82,7 +82,7 @@ class _Active:
 
     handle: RequestHandle
     slot: int
-    session: DraftSession
+    session: _GuardedSession
     stop: StopChecker
     on_stream: StreamCallback | None
     on_finish: HistorySink | None
@@ -212,12 +212,7 @@ class Engine:
         )
         if room <= 0:
             return DraftTree.empty()
-        try:
-            tree = item.session.propose(room)
-            tree.validate()
-        except Exception:  # a failing drafter means an empty draft, never a failed request
-            log.exception("drafter failed for request %s; continuing without a draft", item.handle.request_id)
-            return DraftTree.empty()
+        tree = item.session.propose(room)  # a failing drafter gives an empty draft (_GuardedSession)
         return self.config.budget.choose(tree, room, item.tracker.scale)
 
     def _admit(self) -> None:
@@ -242,9 +237,7 @@ class Engine:
                 handle.error = exc
                 handle.done.set()
                 continue
-            session = self.proposer.begin(
-                request.tenant, request.session_id, list(request.prompt_ids), handle.request_id
-            )
+            session = _GuardedSession(self.proposer, request, handle.request_id)
             max_tokens = self.runner.max_len - len(request.prompt_ids)
             stop = StopChecker(request.stopping, self.tokenizer, self.eos_token_ids, max_tokens)
             self._active.append(_Active(handle, slot, session, stop, on_stream, on_finish))
@@ -275,6 +268,49 @@ class Engine:
     def _resolve(handle: RequestHandle, result: GenerationResult) -> None:
         handle.result = result
         handle.done.set()
+
+
+class _GuardedSession:
+    """A drafting session whose failures degrade to "no more drafts" instead of failing the request
+    (DESIGN.md: a failing drafter means an empty draft, never a wrong token or a lost request)."""
+
+    def __init__(self, proposer: Proposer, request: GenerationRequest, request_id: str) -> None:
+        self.request_id = request_id
+        self.session: DraftSession | None = None
+        try:
+            self.session = proposer.begin(
+                request.tenant, request.session_id, list(request.prompt_ids), request_id
+            )
+        except Exception:  # noqa: BLE001 - logged by _failed
+            self._failed("begin")
+
+    def _failed(self, what: str) -> None:
+        log.exception("drafter %s failed for request %s; it drafts nothing more", what, self.request_id)
+        self.session = None
+
+    def propose(self, budget: int) -> DraftTree:
+        if self.session is not None:
+            try:
+                tree = self.session.propose(budget)
+                tree.validate()
+                return tree
+            except Exception:  # noqa: BLE001 - logged by _failed
+                self._failed("propose")
+        return DraftTree.empty()
+
+    def commit(self, token_ids: list[int]) -> None:
+        if self.session is not None:
+            try:
+                self.session.commit(token_ids)
+            except Exception:  # noqa: BLE001 - logged by _failed
+                self._failed("commit")
+
+    def finish(self, record: bool) -> None:
+        if self.session is not None:
+            try:
+                self.session.finish(record=record)
+            except Exception:  # noqa: BLE001 - logged by _failed
+                self._failed("finish")
 
 
 def _with_id(request: GenerationRequest) -> GenerationRequest:

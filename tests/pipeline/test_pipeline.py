@@ -106,6 +106,22 @@ def test_greedy_output_equals_generate(family, kind) -> None:
             assert result.usage.steps == len(result.token_ids) and result.usage.drafted_tokens == 0
 
 
+@pytest.mark.parametrize("where", ["begin", "commit", "finish"])
+def test_drafter_failures_never_fail_the_request(llama, where) -> None:
+    class Broken(ScriptedProposer):
+        def begin(self, tenant, session_id, prompt_ids, request_id=""):
+            if where == "begin":
+                raise RuntimeError("no index")
+            session = super().begin(tenant, session_id, prompt_ids, request_id)
+            setattr(session, where, lambda *a, **k: (_ for _ in ()).throw(RuntimeError(where)))
+            return session
+
+    engine = engine_for(llama, Broken(llama, "right"))
+    prompt = prompt_of(30)
+    result = engine.generate(prompt, max_new_tokens=12)
+    assert list(result.token_ids) == hf_greedy(llama, prompt, 12, eos=True)
+
+
 def test_packed_engine_with_queue(llama) -> None:
     proposers = ScriptedProposer(llama, "right")
     engine = engine_for(llama, proposers, num_slots=3)
