@@ -110,6 +110,10 @@ void check_budget(int64_t max_tokens) {
 
 }  // namespace
 
+namespace reprise {
+void bind_drafter(py::module_& m);  // drafter_bindings.cc
+}
+
 PYBIND11_MODULE(_native, m) {
   m.doc() = "Reprise native suffix index (see suffix_index.SuffixIndex for the typed API)";
   m.attr("ABI_VERSION") = 2;
@@ -263,4 +267,6 @@ PYBIND11_MODULE(_native, m) {
         }
         return idx;
       });
+
+  reprise::bind_drafter(m);
 }

@@ -3,7 +3,8 @@
 // newest occurrence, so a lookup is one probe sequence plus one verification against the arena, and
 // the entry stays right as the trie changes: every operation that moves a locus (new node, split,
 // fuse, demotion, leaf growth, deletion) calls keys_insert/move/erase_range for the depths it affects.
-// Tables grow past load 4/5 and shrink below 1/5.
+// Tables grow by half past load 4/5 and shrink by a third below 1/5.
+#include <algorithm>
 #include <cstring>
 #include <stdexcept>
 
@@ -62,8 +63,7 @@ const uint64_t* SuffixTree::key_hashes_at(uint32_t pos, uint32_t max_k) {
 
 uint32_t SuffixTree::key_find(const KeyTable& table, const Tok* key, uint64_t h) const {
   const uint32_t h32 = (uint32_t)(h >> 32);
-  const size_t mask = table.slots.size() - 1;
-  for (size_t i = h32 & mask;; i = (i + 1) & mask) {
+  for (size_t i = table.home(h);; i = table.next(i)) {
     uint64_t slot = table.slots[i];
     if (is_empty(slot)) return kNil;
     if (hash32(slot) == h32) {
@@ -75,21 +75,20 @@ uint32_t SuffixTree::key_find(const KeyTable& table, const Tok* key, uint64_t h)
 }
 
 void SuffixTree::key_rehash(KeyTable& table, size_t capacity) {
-  std::vector<uint64_t> slots(capacity, (uint64_t)kNil);
-  const size_t mask = capacity - 1;
+  KeyTable fresh;
+  fresh.slots.resize(capacity, (uint64_t)kNil);
   for (uint64_t slot : table.slots) {
     if (is_empty(slot)) continue;
-    size_t i = hash32(slot) & mask;
-    while (!is_empty(slots[i])) i = (i + 1) & mask;
-    slots[i] = slot;
+    size_t i = fresh.home(slot);
+    while (!is_empty(fresh.slots[i])) i = fresh.next(i);
+    fresh.slots[i] = slot;
   }
-  table.slots.swap(slots);
+  table.slots.swap(fresh.slots);
 }
 
 uint32_t SuffixTree::key_slot_of(const KeyTable& table, uint64_t h, ChildRef node) const {
   const uint64_t want = ((h >> 32) << 32) | node;
-  const size_t mask = table.slots.size() - 1;
-  for (size_t i = (uint32_t)(h >> 32) & mask;; i = (i + 1) & mask) {
+  for (size_t i = table.home(h);; i = table.next(i)) {
     const uint64_t slot = table.slots[i];
     if (slot == want) return (uint32_t)i;
     if (is_empty(slot)) throw std::logic_error("suffix index: exact key missing from its table");
@@ -102,11 +101,10 @@ void SuffixTree::keys_insert_range(ChildRef node, uint32_t lo, uint32_t hi) {
   for (size_t ki = 0; ki < keys_.size(); ++ki) {
     KeyTable& table = keys_[ki];
     if (table.k <= lo || table.k > hi) continue;
-    if ((table.size + 1) * 5 > table.slots.size() * 4) key_rehash(table, table.slots.size() * 2);
+    if ((table.size + 1) * 5 > table.slots.size() * 4) key_rehash(table, table.slots.size() + table.slots.size() / 2);
     const uint64_t h = hashes[ki];
-    const size_t mask = table.slots.size() - 1;
-    size_t j = (uint32_t)(h >> 32) & mask;
-    while (!is_empty(table.slots[j])) j = (j + 1) & mask;
+    size_t j = table.home(h);
+    while (!is_empty(table.slots[j])) j = table.next(j);
     table.slots[j] = ((h >> 32) << 32) | node;
     ++table.size;
   }
@@ -131,13 +129,12 @@ void SuffixTree::keys_erase_range(ChildRef node, uint32_t lo, uint32_t hi) {
     KeyTable& table = keys_[ki];
     if (table.k <= lo || table.k > hi) continue;
     const uint64_t h = hashes[ki];
-    const size_t mask = table.slots.size() - 1;
     size_t i = key_slot_of(table, h, node);
     // Backward-shift deletion: pull later entries of the probe run into the hole when their home allows.
-    for (size_t j = (i + 1) & mask;; j = (j + 1) & mask) {
+    for (size_t j = table.next(i);; j = table.next(j)) {
       const uint64_t slot = table.slots[j];
       if (is_empty(slot)) break;
-      const size_t home = hash32(slot) & mask;
+      const size_t home = table.home(slot);
       const bool stays = (i <= j) ? (i < home && home <= j) : (i < home || home <= j);
       if (!stays) {
         table.slots[i] = slot;
@@ -146,7 +143,8 @@ void SuffixTree::keys_erase_range(ChildRef node, uint32_t lo, uint32_t hi) {
     }
     table.slots[i] = (uint64_t)kNil;
     --table.size;
-    if (table.slots.size() > 16 && table.size * 5 < table.slots.size()) key_rehash(table, table.slots.size() / 2);
+    if (table.slots.size() > 16 && table.size * 5 < table.slots.size())
+      key_rehash(table, std::max<size_t>(16, table.slots.size() * 2 / 3));
   }
 }
 

@@ -45,7 +45,7 @@ SuffixTree::SuffixTree(uint32_t max_depth, const std::vector<uint32_t>& key_leng
   for (uint32_t k : keys) {
     KeyTable t;
     t.k = k;
-    t.slots.assign(16, (uint64_t)kNil);
+    t.slots.resize(16, (uint64_t)kNil);
     keys_.push_back(std::move(t));
   }
   free_blocks_.assign(kNumClasses, kNil);
@@ -303,7 +303,7 @@ void SuffixTree::prefetch_far(uint32_t p, uint32_t end) {
   const uint32_t max_k = std::min(end - p, max_depth_);
   const uint64_t* hashes = key_hashes_at(p, max_k);
   for (size_t ki = 0; ki < keys_.size() && keys_[ki].k <= max_k; ++ki)
-    __builtin_prefetch(&keys_[ki].slots[(uint32_t)(hashes[ki] >> 32) & (keys_[ki].slots.size() - 1)]);
+    __builtin_prefetch(&keys_[ki].slots[keys_[ki].home(hashes[ki])]);
 }
 
 void SuffixTree::prefetch_mid(uint32_t p, uint32_t end) const {
@@ -700,8 +700,8 @@ void SuffixTree::remove_slot(uint32_t slot) {
   forget_hashes();
   if (end < tok_.size()) {
     hole_tokens_ -= tok_.size() - end;
-    tok_.resize(end);
-    term_next_.resize(end);
+    tok_.shrink_to(end);
+    term_next_.shrink_to(end);
   }
   if (hole_tokens_ > kCompactMinHole && hole_tokens_ > tok_.size() - hole_tokens_) compact_arena();
 }
@@ -730,15 +730,16 @@ size_t SuffixTree::evict_to(uint64_t max_bytes, int64_t keep_id) {
 void SuffixTree::compact_arena() {
   forget_hashes();
   std::vector<uint32_t> old_base, new_base;
-  std::vector<Tok> ntok;
   uint64_t total = 0;
   for (auto& kv : by_base_) total += seqs_[kv.second].cap;
-  ntok.reserve(total);
+  PodBuffer<Tok> ntok((size_t)total, kSentinel);
+  uint64_t at = 0;
   for (auto& kv : by_base_) {
     const Sequence& s = seqs_[kv.second];
     old_base.push_back(s.base);
-    new_base.push_back((uint32_t)ntok.size());
-    ntok.insert(ntok.end(), tok_.begin() + s.base, tok_.begin() + s.base + s.cap);
+    new_base.push_back((uint32_t)at);
+    std::memcpy(ntok.data() + at, tok_.data() + s.base, (size_t)s.cap * sizeof(Tok));
+    at += s.cap;
   }
   auto map = [&](uint32_t pos) -> uint32_t {
     if (pos == kNil) return kNil;
@@ -746,7 +747,7 @@ void SuffixTree::compact_arena() {
     return pos - old_base[i] + new_base[i];
   };
   auto map_ref = [&](ChildRef c) -> ChildRef { return is_inline_leaf(c) ? leaf_of(map(pos_of(c))) : c; };
-  std::vector<uint32_t> nnext(ntok.size(), kNil);
+  PodBuffer<uint32_t> nnext(ntok.size(), kNil);
   size_t si = 0;
   for (auto& kv : by_base_) {
     const Sequence& s = seqs_[kv.second];
@@ -816,14 +817,14 @@ void SuffixTree::set_created(int64_t id, uint64_t created) {
 }
 
 // Live data: Nodes, child blocks at their capacity, live tokens with their terminal links, sequence
-// records with kept tails, and exact-key slots at the tables' mean load of 3/5 (they keep it between
-// 1/5 and 4/5). Freed capacity that later inserts reuse and arena holes (compacted) are not counted.
+// records with kept tails, and exact-key slots at load 2/3 (a growing table stays between 8/15 and
+// 4/5). Freed capacity that later inserts reuse and arena holes (compacted) are not counted.
 uint64_t SuffixTree::memory_bytes() const {
   uint64_t keys = 0;
   for (const KeyTable& t : keys_) keys += t.size;
   const uint64_t live_tokens = nodes_[kRoot].count;
   return live_nodes_ * sizeof(Node) + live_slots_ * sizeof(Slot) + live_tokens * (sizeof(Tok) + sizeof(uint32_t)) +
-         by_id_.size() * kSequenceOverhead + tails_slots_ * sizeof(ChildRef) + keys * 5 * sizeof(uint64_t) / 3;
+         by_id_.size() * kSequenceOverhead + tails_slots_ * sizeof(ChildRef) + keys * 3 * sizeof(uint64_t) / 2;
 }
 
 std::map<std::string, uint64_t> SuffixTree::stats() const {
@@ -845,6 +846,11 @@ std::map<std::string, uint64_t> SuffixTree::stats() const {
   }
   m["keys"] = keys;
   m["key_capacity"] = key_capacity;
+  // Bytes the containers hold, including growth slack (what the process actually pays for them).
+  m["allocated_bytes"] = nodes_.capacity() * sizeof(Node) + pool_.capacity() * sizeof(Slot) +
+                         tok_.capacity() * sizeof(Tok) + term_next_.capacity() * sizeof(uint32_t) +
+                         key_capacity * sizeof(uint64_t) + tails_slots_ * sizeof(ChildRef) +
+                         seqs_.capacity() * sizeof(Sequence) + by_id_.size() * 96;
   m["memory_bytes"] = memory_bytes();
   return m;
 }

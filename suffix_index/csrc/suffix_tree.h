@@ -36,6 +36,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "pod_buffer.h"
+
 namespace reprise {
 
 using Tok = int32_t;
@@ -145,11 +147,14 @@ struct Sequence {
 
 // Exact-key table for one key length k: open addressing, linear probing, 8-byte slots holding the
 // locus of a k-gram (the ChildRef of the shallowest node with depth >= k on its path) and the k-gram's
-// 32-bit hash. A hit is always verified against the arena, so collisions never give false matches.
+// 32-bit hash, whose home slot is hash32 * capacity >> 32. A hit is always verified against the arena,
+// so collisions never give false matches.
 struct KeyTable {
   uint32_t k = 0;
   uint64_t size = 0;
-  std::vector<uint64_t> slots;  // (hash32 << 32) | node, node == kNil means empty
+  PodBuffer<uint64_t> slots;  // (hash32 << 32) | node, node == kNil means empty
+  size_t home(uint64_t h) const { return (size_t)(((h >> 32) * (uint64_t)slots.size()) >> 32); }
+  size_t next(size_t i) const { return i + 1 == slots.size() ? 0 : i + 1; }
 };
 
 class SuffixTree {
@@ -294,16 +299,16 @@ class SuffixTree {
   static constexpr uint32_t kHashRing = 32;
   HashedPos hash_ring_[kHashRing];
 
-  std::vector<Node> nodes_;
+  PodBuffer<Node> nodes_;
   uint32_t free_nodes_ = kNil;
   uint64_t live_nodes_ = 0;
 
-  std::vector<Slot> pool_;
+  PodBuffer<Slot> pool_;
   std::vector<uint32_t> free_blocks_;  // head block per size class (indexed by block_class(capacity))
   uint64_t live_slots_ = 0;            // entries in live blocks (their capacity)
 
-  std::vector<Tok> tok_;            // the arena
-  std::vector<uint32_t> term_next_; // parallel to tok_: next position in the same terminal list (Nodes only)
+  PodBuffer<Tok> tok_;              // the arena
+  PodBuffer<uint32_t> term_next_;   // parallel to tok_: next position in the same terminal list (Nodes only)
   uint64_t hole_tokens_ = 0;        // reserved arena tokens not owned by a live sequence
 
   std::vector<Sequence> seqs_;  // by slot

@@ -214,3 +214,14 @@ def test_deep_and_large_vocabulary() -> None:
     assert e.match_len == 200 and e.token_ids.tolist() == newest[210:310].tolist()
     assert e.probs[:40].tolist() == [1.0] * 40  # both occurrences agree for 40 tokens
     assert e.probs[40:].tolist() == pytest.approx([0.5] * 50)  # then only the copied one
+
+
+@pytest.mark.parametrize("use_tree", [False, True])
+def test_unique_match_stops_at_its_sequence_end(use_tree: bool) -> None:
+    """A context whose end occurs once drafts that occurrence's continuation, and no further."""
+    ix = SuffixIndex(max_depth=16, key_lengths=(2,))
+    ix.add(0, [1, 2, 3, 4, 5])
+    ix.add(1, [9, 9, 9, 1])
+    d = ix.speculate([7, 1, 2, 3], 8, use_tree=use_tree, max_spec_factor=4.0)
+    assert d.token_ids.tolist() == [4, 5] and d.probs.tolist() == [1.0, 1.0]
+    assert d.score == 2.0 and d.match_len == 3
