@@ -12,10 +12,10 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from grpc_api import errors
-from grpc_api.backend import GenerateParams, Generation, ModelInfo, PromptInput, TokenCallback
+from grpc_api.backend import FinishReason, GenerateParams, Generation, ModelInfo, PromptInput, TokenCallback
 
 log = logging.getLogger(__name__)
 
@@ -102,13 +102,13 @@ class EngineBackend:
         return Generation(self._finish_reason(result, params), result.matched_stop, result.usage.prompt_tokens,
                           result.usage.completion_tokens)
 
-    def _finish_reason(self, result: Any, params: GenerateParams) -> str:
+    def _finish_reason(self, result: Any, params: GenerateParams) -> FinishReason:
         if result.finish_reason == "cancelled":
             return "aborted"
         if result.finish_reason == "stop" and isinstance(result.matched_stop, int) \
                 and result.matched_stop not in params.stop_token_ids and result.matched_stop in self._info.eos_token_ids:
             return "eos"
-        return result.finish_reason
+        return cast(FinishReason, result.finish_reason)
 
     def append_trajectory(self, tenant: str, session_id: str, token_ids: Sequence[int]) -> int:
         if self._record is None:

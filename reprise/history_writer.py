@@ -16,6 +16,8 @@ import time
 from collections import defaultdict
 from typing import Any
 
+import numpy as np
+
 log = logging.getLogger(__name__)
 _STOP = object()
 
@@ -85,7 +87,7 @@ class HistoryWriter:
         by_tenant: dict[str, list[Any]] = defaultdict(list)
         now = time.time()
         for r in batch:
-            ids = list(r.prompt_ids) + list(r.output_ids)
+            ids = np.asarray(list(r.prompt_ids) + list(r.output_ids), dtype=np.int32)
             by_tenant[r.tenant].append(Trajectory(r.session_id, ids, "", len(r.prompt_ids), 0.0, now))
         for tenant, trajectories in by_tenant.items():
             try:

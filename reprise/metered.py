@@ -79,7 +79,7 @@ class TenantAccounting:
                 drafter_steps=dict(c.drafter_steps), **index_figures)
 
 
-def accepted_along(tree: DraftTree, committed: Sequence[int]) -> int:
+def accepted_along(tree: DraftTree, committed: Sequence[int] | np.ndarray) -> int:
     """How many of ``committed`` follow a root path of ``tree`` (the accepted draft tokens)."""
     if not len(tree) or not len(committed):
         return 0

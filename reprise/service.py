@@ -108,7 +108,11 @@ class Service:
             engine = Engine(runner, proposer, tokenizer,
                             EngineConfig(budget=budget, history_sink=self.history.put))  # type: ignore[arg-type]
             auth = StoreAuthenticator(self.store)
-            self.store.add_deletion_hook(lambda tid: (auth.invalidate(), self.indexes.forget(tid.value)))
+            def on_deleted(tid: Any) -> None:  # also when deleted by `python -m privacy` in this process
+                auth.invalidate()
+                self.indexes.forget(tid.value)
+
+            self.store.add_deletion_hook(on_deleted)
             decode = EngineBackend(engine, tokenizer, name, record_trajectory=self.indexes.record,
                                    on_close=self._close_history)
             admin = ServiceAdmin(self.store, self.indexes, auth.invalidate)

@@ -86,7 +86,7 @@ def trace_conversations(path: Path, n: int) -> list[list[dict[str, str]]]:
 
     out = []
     for call in iter_calls(path):
-        out.append([{"role": m.role, "content": m.content} for m in call.prompt][-8:])
+        out.append([{"role": m.role, "content": m.content} for m in call.messages][-8:])
         if len(out) >= n:
             break
     return out
@@ -141,8 +141,9 @@ async def _drive(job: dict[str, Any]) -> dict[str, Any]:
                     first = now if first is None else first
                     last = now
                     n += len(item.token_ids)
-                records.append({"ttft": first - t0 if first else None, "e2e": time.perf_counter() - t0, "tokens": n,
-                                "per_token": (last - first) / (n - 1) if n > 1 else None, "error": None})
+                per_token = (last - first) / (n - 1) if first is not None and last is not None and n > 1 else None
+                records.append({"ttft": None if first is None else first - t0, "e2e": time.perf_counter() - t0,
+                                "tokens": n, "per_token": per_token, "error": None})
             except RepriseError as exc:
                 records.append({"error": exc.code.name, "message": exc.message, "e2e": time.perf_counter() - t0})
 
