@@ -12,9 +12,9 @@ namespace {
 // Prior hit rate of a candidate by match-length bucket, and factors for its count share and for
 // continuing the newest occurrence. Generic shapes (rising with the match); the per-tenant table
 // learns the actual rates within a few hundred steps.
-constexpr double kPriorMatch[Calibration::kMatch] = {0.2, 0.35, 0.5, 0.65, 0.8, 0.9, 0.95, 0.97};
+constexpr double kPriorMatch[Calibration::kMatch] = {0.3, 0.45, 0.6, 0.7, 0.82, 0.9, 0.96, 0.98};
 constexpr double kPriorShare[Calibration::kShare] = {1.0, 0.85, 0.65, 0.45, 0.25};
-constexpr double kPriorNewest[Calibration::kNewest] = {0.9, 1.05};
+constexpr double kPriorNewest[Calibration::kNewest] = {0.9, 1.1};
 }  // namespace
 
 Calibration::Calibration(double prior_strength) : prior_strength_(prior_strength) {

@@ -22,6 +22,19 @@ namespace {
 
 inline uint64_t hash_step(uint64_t h, Tok t) { return (h ^ (uint32_t)t) * 0xff51afd7ed558ccdull + 0x9E3779B97F4A7C15ull; }
 
+inline uint64_t hash_pair(uint64_t h, const Tok* t) {
+  uint64_t w;
+  std::memcpy(&w, t, 8);
+  return (h ^ w) * 0xff51afd7ed558ccdull + 0x9E3779B97F4A7C15ull;
+}
+
+// Tokens [from, to) of t into h: pairs as one 64-bit word, an odd last token alone.
+inline uint64_t hash_run(uint64_t h, const Tok* t, uint32_t from, uint32_t to) {
+  for (; from + 2 <= to; from += 2) h = hash_pair(h, t + from);
+  if (from < to) h = hash_step(h, t[from]);
+  return h;
+}
+
 inline uint64_t hash_final(uint64_t h, size_t k) {
   h ^= (uint64_t)k * 0xD6E8FEB86659FD93ull;
   h ^= h >> 32;
@@ -34,11 +47,10 @@ inline uint64_t hash_final(uint64_t h, size_t k) {
 
 }  // namespace
 
-uint64_t SuffixTree::hash_tokens(const Tok* t, size_t k) {
-  uint64_t h = 0;
-  for (size_t i = 0; i < k; ++i) h = hash_step(h, t[i]);
-  return hash_final(h, k);
-}
+// A k-gram's hash is hash_run over aligned pairs from its start, so the key lengths' prefixes of one
+// position are hashed in one pass as long as every key length but the last is even (an odd one ends
+// the shared run with its single last token, so longer keys restart from there).
+uint64_t SuffixTree::hash_tokens(const Tok* t, size_t k) { return hash_final(hash_run(0, t, 0, (uint32_t)k), k); }
 
 void SuffixTree::hash_key_prefixes(const Tok* t, uint32_t max_k, uint64_t* out) const {
   uint64_t h = 0;
@@ -46,7 +58,12 @@ void SuffixTree::hash_key_prefixes(const Tok* t, uint32_t max_k, uint64_t* out) 
   for (size_t ki = 0; ki < keys_.size(); ++ki) {
     const uint32_t k = keys_[ki].k;
     if (k > max_k) break;
-    for (; i < k; ++i) h = hash_step(h, t[i]);
+    if (i % 2) {  // the previous key was odd: rehash from the start so pairs stay aligned
+      h = 0;
+      i = 0;
+    }
+    h = hash_run(h, t, i, k);
+    i = k;
     out[ki] = hash_final(h, k);
   }
 }

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <new>
 #include <queue>
 
 #include "suffix_tree.h"
@@ -179,12 +180,17 @@ DraftOut SuffixTree::speculate(const Tok* ctx, size_t n, const SpecParams& param
   DraftOut best;
   if (n == 0 || nodes_[kRoot].count == 0) return best;
   const uint32_t top = (uint32_t)std::min<size_t>(n, max_depth_);
-  // Loci found so far, by match length (each costs a walk from the root).
-  Locus loci[kMaxDepthLimit + 1];
+  // Loci found so far, by match length (each costs a walk from the root). Raw storage: only the
+  // entries `have` marks are ever read, so nothing is initialised up front.
+  alignas(Locus) unsigned char loci_raw[sizeof(Locus) * (kMaxDepthLimit + 1)];
+  Locus* loci = reinterpret_cast<Locus*>(loci_raw);
   uint8_t have[kMaxDepthLimit + 1];
   std::memset(have, 0, top + 1);
   auto find = [&](uint32_t m) -> int {  // 1 found, 0 not indexed
-    if (!have[m]) have[m] = locate(ctx + n - m, m, &loci[m]) ? 1 : 2;
+    if (!have[m]) {
+      new (&loci[m]) Locus();
+      have[m] = locate(ctx + n - m, m, &loci[m]) ? 1 : 2;
+    }
     return have[m] == 1;
   };
   // Longest indexed suffix of the context (matching is monotone in m).
@@ -204,9 +210,15 @@ DraftOut SuffixTree::speculate(const Tok* ctx, size_t n, const SpecParams& param
   }
   best.match_len = longest;  // an empty draft reports the longest match
   if (longest == 0) return best;
-  auto budget_of = [&](uint32_t m) -> uint32_t {
+  uint32_t budgets[kMaxDepthLimit + 1];
+  for (uint32_t m = 1; m <= longest; ++m) {
     const double raw = std::floor(m * params.max_spec_factor + params.max_spec_offset);
-    return !(raw > 0) ? 0 : raw >= params.max_tokens ? params.max_tokens : (uint32_t)raw;
+    budgets[m] = !(raw > 0) ? 0 : raw >= params.max_tokens ? params.max_tokens : (uint32_t)raw;
+  }
+  // Most nodes a draft for match length m can have: its budget, and in path mode its depth room.
+  auto bound_of = [&](uint32_t m) -> uint32_t {
+    const uint32_t room = max_depth_ - m;
+    return room == 0 ? 0 : params.use_tree ? budgets[m] : std::min(budgets[m], room);
   };
   // The winner is the highest (score, match length). Lengths are tried in decreasing order of an
   // upper bound on their score (node count, times the first token's probability once located), so
@@ -223,24 +235,25 @@ DraftOut SuffixTree::speculate(const Tok* ctx, size_t n, const SpecParams& param
     const uint32_t end = ref_of(loci[longest].node) + longest;  // where the single occurrence ends
     uint32_t left = 0;
     while (left < max_depth_ && tok_[end + left] != kSentinel) ++left;
-    auto unique_score = [&](uint32_t m) -> uint32_t {
-      return std::min(std::min(budget_of(m), max_depth_ - m), left);  // one continuation: a chain
+    auto unique_score = [&](uint32_t m) -> uint32_t {  // one continuation: a chain
+      return std::min(std::min(budgets[m], max_depth_ - m), left);
     };
     // Scores along m rise then fall; the best unique length is the peak if the peak is unique, else
     // the shortest unique length (found by bisection).
-    uint32_t peak = longest;
-    for (uint32_t m = longest; m >= 1; --m)
-      if (unique_score(m) > unique_score(peak)) peak = m;
+    uint32_t peak = longest, peak_score = unique_score(longest);
+    for (uint32_t m = longest - 1; m >= 1; --m) {
+      const uint32_t sc = unique_score(m);
+      if (sc > peak_score) {
+        peak = m;
+        peak_score = sc;
+      }
+    }
     if (find(peak) && count_of(loci[peak].node) == 1) {
       unique_from = peak;
       // Shorter lengths that might still beat the peak: when many, bisect for where uniqueness ends
       // (a few walks) rather than walk and draft each of them.
       uint32_t open = 0;
-      for (uint32_t m = 1; m < peak; ++m) {
-        const uint32_t room = max_depth_ - m;
-        const uint32_t b = params.use_tree ? budget_of(m) : std::min(budget_of(m), room);
-        open += room > 0 && b > unique_score(peak);
-      }
+      for (uint32_t m = 1; m < peak; ++m) open += bound_of(m) > peak_score;
       if (open > 4) {
         uint32_t lo = 1, hi = peak;
         while (lo < hi) {
@@ -264,12 +277,11 @@ DraftOut SuffixTree::speculate(const Tok* ctx, size_t n, const SpecParams& param
       unique_from = lo;
     }
     uint32_t m_best = longest, s_best = unique_score(longest);
-    for (uint32_t m = longest; m >= unique_from; --m) {
-      if (unique_score(m) > s_best) {
-        s_best = unique_score(m);
-        m_best = m;
+    for (uint32_t m = longest; m > unique_from; --m) {
+      if (unique_score(m - 1) > s_best) {
+        s_best = unique_score(m - 1);
+        m_best = m - 1;
       }
-      if (m == 1) break;
     }
     if (s_best > 0) {  // the path the single occurrence continues with
       for (uint32_t i = 0; i < s_best; ++i) push_token(&best, tok_[end + i], (int32_t)i - 1, 1.0);
@@ -277,42 +289,42 @@ DraftOut SuffixTree::speculate(const Tok* ctx, size_t n, const SpecParams& param
       best.match_len = m_best;
     }
   }
-  struct Try {
-    uint32_t bound;
-    uint32_t m;
-    uint32_t budget;
-  };
-  Try tries[kMaxDepthLimit];
-  uint32_t num_tries = 0;
-  for (uint32_t m = 1; m < unique_from; ++m) {
-    const uint32_t depth_room = max_depth_ - m, budget = budget_of(m);
-    if (depth_room == 0 || budget == 0) continue;
-    tries[num_tries++] = Try{params.use_tree ? budget : std::min(budget, depth_room), m, budget};
-  }
-  std::sort(tries, tries + num_tries,
-            [](const Try& a, const Try& b) { return a.bound != b.bound ? a.bound > b.bound : a.m > b.m; });
+  // Candidates m < unique_from in decreasing bound order, lazily: the path bound rises then falls in
+  // m (budget grows, depth room shrinks), so two cursors walk away from its peak; the tree bound only
+  // grows, so m descends.
+  const uint32_t last = unique_from - 1;
+  uint32_t peak = last;
+  if (!params.use_tree)
+    for (uint32_t m = last; m >= 1; --m)
+      if (bound_of(m) > bound_of(peak)) peak = m;
+  uint32_t down = peak, up = peak + 1;  // next candidates: down (m <= peak), up (m > peak)
   DraftOut cand;
-  for (uint32_t i = 0; i < num_tries; ++i) {
-    const Try& tr = tries[i];
-    if (tr.bound * kBoundSlack < best.score) break;  // bounds only decrease from here
-    if (!can_win(tr.bound, tr.m)) continue;
-    if (!find(tr.m)) continue;  // cannot happen: shorter suffixes of a match occur
-    const Locus& l = loci[tr.m];
+  while (down >= 1 || up <= last) {
+    uint32_t m;
+    if (up <= last && (down < 1 || bound_of(up) >= bound_of(down)))
+      m = up++;
+    else
+      m = down--;
+    const uint32_t bound = bound_of(m);
+    if (bound * kBoundSlack < best.score) break;  // bounds only decrease from here
+    if (bound == 0 || !can_win(bound, m)) continue;
+    if (!find(m)) continue;  // cannot happen: shorter suffixes of a match occur
+    const Locus& l = loci[m];
     double p1 = 1.0;  // every draft probability is <= the first token's best
     if (next_in_edge(l) == kSentinel) {
       const ChildRef b = best_child(l.node);
       p1 = b == kNil ? 0.0 : count_of(b) / (double)count_of(l.node);
     }
-    if (p1 < params.min_token_prob || !can_win(p1 * tr.bound, tr.m)) continue;
+    if (p1 < params.min_token_prob || !can_win(p1 * bound, m)) continue;
     cand.token_ids.clear();
     cand.parents.clear();
     cand.probs.clear();
-    const double score = params.use_tree ? draft_tree(l, tr.budget, params.min_token_prob, &cand)
-                                         : draft_path(l, tr.budget, params.min_token_prob, &cand);
-    if (score > best.score || (score == best.score && score > 0 && tr.m > best.match_len)) {
+    const double score = params.use_tree ? draft_tree(l, budgets[m], params.min_token_prob, &cand)
+                                         : draft_path(l, budgets[m], params.min_token_prob, &cand);
+    if (score > best.score || (score == best.score && score > 0 && m > best.match_len)) {
       std::swap(best, cand);
       best.score = score;
-      best.match_len = tr.m;
+      best.match_len = m;
     }
   }
   return best;

@@ -168,29 +168,50 @@ void SuffixTree::build_block(uint32_t parent, const std::vector<Slot>& entries) 
 
 void SuffixTree::add_child(uint32_t parent, Tok t, ChildRef child) {
   const uint32_t b = nodes_[parent].block, n = nodes_[parent].num_children;
-  if (b == kNil || block_capacity(n + 1) != block_capacity(n)) {
-    std::vector<Slot> all;
-    all.reserve(n + 1);
-    for_each_child(parent, [&](Tok tt, ChildRef c) { all.push_back(Slot{(uint32_t)tt, c}); });
-    all.push_back(Slot{(uint32_t)t, child});
-    build_block(parent, all);
+  if (b != kNil && block_capacity(n + 1) == block_capacity(n)) {  // room in place
+    Slot* e = pool_.data() + b;
+    if (n + 1 <= kSmallBlock) {
+      uint32_t i = n;
+      while (i > 0 && (Tok)e[i - 1].a > t) {
+        e[i] = e[i - 1];
+        --i;
+      }
+      e[i] = Slot{(uint32_t)t, child};
+    } else {
+      const uint32_t cap = block_capacity(n), mask = cap - 1;
+      uint32_t i = home_of(t, cap);
+      while (e[i].b != kNil) i = (i + 1) & mask;
+      e[i] = Slot{(uint32_t)t, child};
+    }
+    nodes_[parent].num_children = n + 1;
     return;
   }
-  Slot* e = pool_.data() + b;
-  if (n + 1 <= kSmallBlock) {
-    uint32_t i = n;
-    while (i > 0 && (Tok)e[i - 1].a > t) {
-      e[i] = e[i - 1];
-      --i;
+  if (n + 1 <= kSmallBlock) {  // a bigger small block: copy with the new entry in its sorted place
+    const uint32_t cap = block_capacity(n + 1);
+    const uint32_t nb = alloc_block(cap);  // may move pool_: index only
+    Slot* e = pool_.data() + nb;
+    uint32_t j = 0;
+    bool placed = false;
+    for (uint32_t i = 0; i < n; ++i) {
+      const Slot s = pool_[b + i];
+      if (!placed && (Tok)s.a > t) {
+        e[j++] = Slot{(uint32_t)t, child};
+        placed = true;
+      }
+      e[j++] = s;
     }
-    e[i] = Slot{(uint32_t)t, child};
-  } else {
-    const uint32_t cap = block_capacity(n), mask = cap - 1;
-    uint32_t i = home_of(t, cap);
-    while (e[i].b != kNil) i = (i + 1) & mask;
-    e[i] = Slot{(uint32_t)t, child};
+    if (!placed) e[j++] = Slot{(uint32_t)t, child};
+    for (; j < cap; ++j) e[j] = Slot{0, kNil};
+    if (b != kNil) free_block(b, block_capacity(n));
+    nodes_[parent].block = nb;
+    nodes_[parent].num_children = n + 1;
+    return;
   }
-  nodes_[parent].num_children = n + 1;
+  std::vector<Slot> all;
+  all.reserve(n + 1);
+  for_each_child(parent, [&](Tok tt, ChildRef c) { all.push_back(Slot{(uint32_t)tt, c}); });
+  all.push_back(Slot{(uint32_t)t, child});
+  build_block(parent, all);
 }
 
 void SuffixTree::remove_child(uint32_t parent, Tok t) {
