@@ -675,6 +675,8 @@ void SuffixTree::unindex(Sequence& s) {
   std::vector<uint32_t> touched, dirty;
   for (uint32_t off = 0; off < s.len; ++off)
     remove_suffix(s.base + off, std::min(max_depth_, s.len - off), s, &touched, &dirty);
+  std::sort(dirty.begin(), dirty.end());  // a wide node is rescanned once, however often it was hit
+  dirty.erase(std::unique(dirty.begin(), dirty.end()), dirty.end());
   for (uint32_t v : dirty)
     if (nodes_[v].depth != kFreeDepth) recompute_best(v);
   // The newest remaining occurrence of a node's string is the newest of its children's refs and of
