@@ -26,6 +26,30 @@ DEFAULT_A_MS = 66.0
 DEFAULT_B_MS = 3.4
 
 
+def path_probs(tree: DraftTree) -> np.ndarray:
+    """Probability that each node is accepted: the product of ``probs`` along its path when ``probs``
+    are conditional (the DraftTree contract), or ``probs`` itself when the drafter stored path
+    probabilities. Which one is read off ``score`` (expected accepted tokens = the sum of path
+    probabilities): the suffix-index drafters store path probabilities, ``DraftTree.chain`` conditional
+    ones. [num_nodes] float64."""
+    parents = np.asarray(tree.parents, dtype=np.int64)
+    probs = np.clip(np.asarray(tree.probs, dtype=np.float64), 0.0, 1.0)
+    chained = probs.copy()
+    for i in range(len(chained)):  # parents precede children
+        if parents[i] >= 0:
+            chained[i] *= chained[parents[i]]
+    as_given, as_chained = abs(tree.score - probs.sum()), abs(tree.score - chained.sum())
+    return probs if as_given + 1e-6 < as_chained else chained
+
+
+def conditional_probs(tree: DraftTree) -> np.ndarray:
+    """Probability that each node is accepted given its parent is. [num_nodes] float64."""
+    path = path_probs(tree)
+    parents = np.asarray(tree.parents, dtype=np.int64)
+    parent_path = np.where(parents >= 0, path[np.maximum(parents, 0)], 1.0)
+    return np.divide(path, parent_path, out=np.zeros_like(path), where=parent_path > 0)
+
+
 @dataclass(frozen=True, slots=True)
 class CostModel:
     """Step cost by number of draft tokens: ``points`` (draft tokens -> cost) if given, else ``a + b*d``."""
@@ -71,7 +95,7 @@ class AcceptanceTracker:
         if len(tree) == 0:
             return
         parents = np.asarray(tree.parents)
-        probs = np.asarray(tree.probs, dtype=np.float64)
+        probs = conditional_probs(tree)
         self.passed *= self.decay
         self.predicted *= self.decay
         at = -1
@@ -105,7 +129,7 @@ class DraftBudget:
         if n == 0 or max_nodes <= 0:
             return DraftTree.empty(tree.source) if n else tree
         parents = np.asarray(tree.parents, dtype=np.int64)
-        probs = np.clip(np.asarray(tree.probs, dtype=np.float64) * scale, 0.0, 1.0)
+        probs = np.clip(conditional_probs(tree) * scale, 0.0, 1.0)
         path = probs.copy()
         for i in range(n):  # parents precede children
             if parents[i] >= 0:
@@ -132,16 +156,13 @@ def subtree(tree: DraftTree, nodes: np.ndarray) -> DraftTree:
     new_parents = np.where(old_parents >= 0, remap[np.maximum(old_parents, 0)], -1)
     if np.any((old_parents >= 0) & (new_parents < 0)):
         raise ValueError("subtree nodes must include every kept node's parent")
-    probs = np.asarray(tree.probs, dtype=np.float32)[nodes]
-    path = probs.astype(np.float64)
-    for i, p in enumerate(new_parents):
-        if p >= 0:
-            path[i] *= path[p]
+    # Conditional probabilities, whatever the input stored: the DraftTree contract.
+    probs = conditional_probs(tree)[nodes].astype(np.float32)
     return DraftTree(
         np.asarray(tree.token_ids, dtype=np.int32)[nodes],
         new_parents.astype(np.int32),
         probs,
-        float(path.sum()),
+        float(path_probs(tree)[nodes].sum()),
         tree.source,
         tree.match_len,
     )

@@ -74,6 +74,8 @@ class _Slot:
     generator: torch.Generator
     min_new_tokens: int
     suppress_ids: tuple[int, ...]
+    prompt_hidden: torch.Tensor | None = None  # [P-1, d] when the runner keeps hidden states
+
 
     @property
     def cached(self) -> int:
@@ -179,13 +181,28 @@ class ModelRunner:
         )
         try:
             with torch.inference_mode():
+                chunks = []
                 for start in range(0, len(prompt) - 1, self.prefill_chunk):
                     chunk = prompt[start : min(start + self.prefill_chunk, len(prompt) - 1)]
-                    self._forward([slot], chain_batch(chunk, start))
+                    hidden = self._forward([slot], chain_batch(chunk, start))
+                    if self.keep_hidden:
+                        chunks.append(hidden[0])
+                if self.keep_hidden:
+                    width = self._lm_head.in_features
+                    self._slots[slot].prompt_hidden = (
+                        torch.cat(chunks) if chunks else torch.zeros(0, width, device=self.device)
+                    )
         except BaseException:
             self.release(slot)
             raise
         return slot
+
+    def take_prompt_hidden(self, slot: int) -> torch.Tensor | None:
+        """The top hidden states ``[P-1, d]`` of the prompt's prefill (rows of ``prompt[:-1]``), once: the
+        runner drops them when taken. None unless the runner keeps hidden states."""
+        state = self._state(slot)
+        hidden, state.prompt_hidden = state.prompt_hidden, None
+        return hidden
 
     def release(self, slot: int) -> None:
         """Free a request's slot at once (its cache rows are simply overwritten by the next user)."""

@@ -67,7 +67,7 @@ def hf_greedy(model: Any, prompt: list[int], num_tokens: int, eos: bool = False)
     saved = model.generation_config.eos_token_id
     model.generation_config.eos_token_id = config.eos_token_id  # generate falls back to it when unset
     try:
-        out = model.generate(torch.tensor([prompt]), generation_config=config)
+        out = model.generate(torch.tensor([prompt], device=model.device), generation_config=config)
     finally:
         model.generation_config.eos_token_id = saved
     return out[0, len(prompt) :].tolist()
@@ -78,7 +78,7 @@ def full_logits(model: Any, ids: list[int]) -> Any:
     import torch
 
     with torch.inference_mode():
-        return model(torch.tensor([ids])).logits[0].float()
+        return model(torch.tensor([ids], device=model.device)).logits[0].float()
 
 
 def random_tree(rng: Any, truth: list[int], num_nodes: int, vocab: int, p_right: float) -> Any:

@@ -68,3 +68,27 @@ def test_tracker_learns_from_rejections() -> None:
     assert len(budget.choose(tree, 8, tracker.scale)) < 8
     tracker.update(DraftTree.empty(), np.zeros(0, np.int32))  # no draft: nothing learnt
     assert 0.45 < tracker.scale < 0.6
+
+
+def test_path_and_conditional_probability_trees_are_read_alike() -> None:
+    from reprise.draft_budget import conditional_probs, path_probs
+
+    parents = [-1, 0, 1, -1, 3]
+    cond = np.array([0.9, 0.8, 0.5, 0.3, 0.9])
+    conditional = DraftTree(np.arange(5, dtype=np.int32), np.array(parents, np.int32), cond.astype(np.float32),
+                            score=float(0.9 + 0.72 + 0.36 + 0.3 + 0.27))  # fmt: skip
+    path = np.array([0.9, 0.72, 0.36, 0.3, 0.27])
+    stored_as_path = DraftTree(
+        np.arange(5, dtype=np.int32),
+        np.array(parents, np.int32),
+        path.astype(np.float32),
+        score=float(path.sum()),
+    )  # fmt: skip  (what the suffix-index drafters emit)
+    for tree in (conditional, stored_as_path):
+        assert np.allclose(path_probs(tree), path, atol=1e-6)
+        assert np.allclose(conditional_probs(tree), cond, atol=1e-6)
+    budget = DraftBudget(cost_model=CostModel(a=66.0, b=3.4))
+    assert (
+        budget.choose(conditional, 5).token_ids.tolist()
+        == budget.choose(stored_as_path, 5).token_ids.tolist()
+    )

@@ -310,7 +310,7 @@ def test_sampled_output_has_the_target_distribution() -> None:
         engine.submit(
             GenerationRequest(tuple(prompt), params, StoppingParams(max_new_tokens=2, ignore_eos=True))
         )
-        for _ in range(1200)
+        for _ in range(800)
     ]
     engine.run_until_idle()
     counts = np.zeros((128, 128))
@@ -321,4 +321,4 @@ def test_sampled_output_has_the_target_distribution() -> None:
         accepted += r.usage.accepted_tokens
     stat, df = chi_square(counts, exact)
     assert stat < chi_square_critical(df), stat
-    assert accepted > 100  # the draft path was exercised
+    assert accepted > 80  # the draft path was exercised

@@ -185,3 +185,22 @@ def test_slots_are_reused_and_errors_name_the_value(llama) -> None:
         ModelRunner(llama, backend="cuda")
     with pytest.raises(ValueError, match="num_slots must be >= 1, got 0"):
         ModelRunner(llama, num_slots=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or not triton_available(), reason="needs a CUDA GPU and triton")
+def test_cuda_runner_with_triton_kernels_matches_generate() -> None:
+    model = tiny_model("llama", vocab_size=VOCAB, seed=11).cuda()
+    prompts = [prompt_of(40 + i, 9 + 13 * i) for i in range(3)]
+    runner = ModelRunner(model, num_slots=3, max_len=128)  # auto: Triton kernels on CUDA
+    assert runner.backend == "triton"
+    slots = [runner.start(p) for p in prompts]
+    truths = [hf_greedy(model, p, 40) for p in prompts]
+    rng = np.random.default_rng(0)
+    outs: list[list[int]] = [[] for _ in prompts]
+    while min(len(o) for o in outs) < 24:
+        steps = [VerifyStep(s, random_tree(rng, t[len(o) :], 16, VOCAB, 0.8)) for s, t, o in zip(slots, truths, outs)]
+        for o, result in zip(outs, runner.verify(steps)):
+            o += result.token_ids.tolist()
+    for o, t in zip(outs, truths):
+        assert o[:24] == t[:24]
