@@ -182,6 +182,8 @@ def replay_calls(
     """Replay ``calls`` in order through ``proposer``; ``on_call(call, response_tokens)`` after each."""
     if budget < 0:
         raise ValueError(f"budget must be >= 0, got {budget}")
+    if hasattr(proposer, "set_vocabulary"):  # canonical matching needs the tokenizer's number tokens
+        proposer.set_vocabulary(tokenizer.decode_token, tokenizer.vocab_size)
     tally = _Tally()
     drafted, accepted, spec_ns = tally.drafted, tally.accepted, tally.spec_ns
     clock = time.perf_counter_ns

@@ -104,6 +104,15 @@ class CanonicalTokenizer:
         return self.encode(text)
 
     @property
+    def vocab_size(self) -> int:
+        """Number of token ids (specials included)."""
+        return int(self._encoding.n_vocab)
+
+    def decode_token(self, token_id: int) -> str:
+        """The text of one token id (lossy for ids that are partial UTF-8 sequences)."""
+        return self._encoding.decode([token_id])
+
+    @property
     def cached_tokens(self) -> int:
         """Tokens currently held by the message cache."""
         return self._cached_tokens

@@ -9,25 +9,54 @@ from typing import Any
 
 @dataclass(frozen=True, slots=True)
 class DraftingConfig:
-    """Settings of the retrieval proposer.
+    """Settings of the retrieval proposers.
 
-    ``max_draft_tokens`` caps the nodes of one step's tree; ``max_depth`` is the suffix tree's depth;
-    ``max_spec_factor``/``max_spec_offset`` let the draft length grow with the match length
-    (length <= factor * match_len + offset); ``min_token_prob`` prunes unlikely nodes.
+    Shared: ``max_draft_tokens`` caps the nodes of one step's tree; ``max_depth`` is the suffix tries'
+    depth.
+
+    The full proposer ("reprise"): ``min_path_prob`` prunes nodes whose estimated probability of being
+    accepted (the product along their path) is lower; ``levels`` is how many match lengths each source
+    starts from (its longest match, then shorter ones with more occurrences); ``lead_in`` is how many
+    prompt tokens are recorded before each response in the tenant's history, so that the start of a
+    response can be matched; ``canonical`` adds indexes where number tokens are replaced by a class id;
+    ``learn`` lets the per-tenant calibration learn from committed tokens (``prior_strength`` is the
+    weight of its prior, in observations); ``max_copy`` bounds how far a draft copies past the tries'
+    depth; ``history_max_bytes`` is each tenant's history index budget (oldest trajectories are evicted
+    first; 0: none); ``session_cache_bytes`` bounds the request indexes kept for a session's next call.
+
+    SuffixDecoding-style proposer ("suffix"): the draft length may grow with the match length
+    (length <= ``max_spec_factor`` * match_len + ``max_spec_offset``); ``min_token_prob`` prunes unlikely
+    nodes; ``use_tree`` drafts trees rather than paths.
     """
 
     max_draft_tokens: int = 32
     max_depth: int = 64
-    max_spec_factor: float = 1.0
+    min_path_prob: float = 1e-4
+    levels: int = 2
+    lead_in: int = 16
+    canonical: bool = True
+    learn: bool = True
+    prior_strength: float = 8.0
+    max_copy: int = 256
+    history_max_bytes: int = 1 << 30
+    session_cache_bytes: int = 256 << 20
+    max_spec_factor: float = 16.0
     max_spec_offset: float = 0.0
-    min_token_prob: float = 0.1
+    min_token_prob: float = 0.01
     use_tree: bool = True
 
     def __post_init__(self) -> None:
-        if not 1 <= self.max_draft_tokens <= 1024:
-            raise ValueError(f"max_draft_tokens must be in [1, 1024], got {self.max_draft_tokens}")
-        if not 2 <= self.max_depth <= 4096:
-            raise ValueError(f"max_depth must be in [2, 4096], got {self.max_depth}")
+        _check_range("max_draft_tokens", self.max_draft_tokens, 1, 1024)
+        _check_range("max_depth", self.max_depth, 2, 4096)
+        if not 0.0 <= self.min_path_prob < 1.0:
+            raise ValueError(f"min_path_prob must be in [0, 1), got {self.min_path_prob}")
+        _check_range("levels", self.levels, 1, 8)
+        _check_range("lead_in", self.lead_in, 0, 4096)
+        if not self.prior_strength > 0:
+            raise ValueError(f"prior_strength must be > 0, got {self.prior_strength}")
+        _check_range("max_copy", self.max_copy, 0, 1 << 20)
+        _check_range("history_max_bytes", self.history_max_bytes, 0, 1 << 50)
+        _check_range("session_cache_bytes", self.session_cache_bytes, 0, 1 << 50)
         if self.max_spec_factor <= 0:
             raise ValueError(f"max_spec_factor must be > 0, got {self.max_spec_factor}")
         if not 0.0 <= self.min_token_prob < 1.0:
@@ -44,3 +73,10 @@ class DraftingConfig:
         if unknown:
             raise ValueError(f"unknown drafting settings: {', '.join(unknown)}")
         return cls(**data)
+
+
+def _check_range(name: str, value: Any, lo: int, hi: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    if not lo <= value <= hi:
+        raise ValueError(f"{name} must be in [{lo}, {hi}], got {value}")

@@ -24,6 +24,10 @@ class _Entry:
 
 
 _ENTRIES: dict[str, _Entry] = {
+    "reprise": _Entry(
+        "retrieval.registry:_reprise",
+        "the full proposer: request + tenant history + corpus, canonical numbers, calibrated merge (default)",
+    ),
     "prompt_lookup": _Entry(
         "retrieval.registry:_prompt_lookup_2_5",
         "n-gram lookup over the request's own prompt and output, n 2-5 (the baseline in the figures)",
@@ -33,6 +37,12 @@ _ENTRIES: dict[str, _Entry] = {
         "n-gram lookup with vLLM's defaults (prompt_lookup_min = prompt_lookup_max = 5)",
     ),
 }
+
+
+def _reprise(config: DraftingConfig) -> Proposer:
+    from retrieval.proposer import RepriseProposer
+
+    return RepriseProposer(config)
 
 
 def _prompt_lookup_2_5(config: DraftingConfig) -> Proposer:

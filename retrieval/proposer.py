@@ -1,0 +1,191 @@
+"""The full Reprise proposer: one calibrated draft tree from the request's own context, the tenant's
+history and the tenant's corpus, each also matched with numbers canonicalised.
+
+    proposer = RepriseProposer(DraftingConfig())
+    proposer.set_vocabulary(decode, vocab_size)     # optional: enables canonical matching
+    session = proposer.begin("acme", "session-7", prompt_ids)
+    tree = session.propose(32)                       # DraftTree, <= 32 nodes
+    session.commit(accepted_ids)                     # accepted draft tokens + bonus
+    session.finish(record=True)                      # lead-in + output join acme's history
+
+Scope: a session drafts only from its own request and its tenant's ``TenantHistory``; tenants share
+nothing (not even calibration). A session's indexes are kept after ``finish`` (bounded by
+``session_cache_bytes``) so that the session's next request, whose prompt usually extends this one's
+context, indexes only its new tokens.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+
+import numpy as np
+
+from retrieval.config import DraftingConfig
+from retrieval.draft_tree import DraftTree
+from retrieval.tenant_history import HistoryStats, TenantHistory, Trajectory
+from retrieval.vocabulary import identity_classes, number_classes
+from suffix_index import as_tokens
+from suffix_index.drafting import DrafterParams, DraftingSession, register_tree_type
+
+SOURCE = "reprise"
+register_tree_type(DraftTree, SOURCE)
+
+# Tokens of left context a session's indexes repeat when a new prompt does not extend the old context.
+_REBASE_OVERLAP = 64
+
+
+class RepriseSession:
+    """Drafting state of one request (see ``retrieval.session.DraftSession``)."""
+
+    __slots__ = ("_learn", "_native", "_owner", "_prompt", "_session_id", "_tenant", "_output", "_finished")
+
+    def __init__(self, owner: RepriseProposer, tenant: str, session_id: str, native: DraftingSession,
+                 prompt: np.ndarray) -> None:
+        self._owner = owner
+        self._tenant = tenant
+        self._session_id = session_id
+        self._native = native
+        self._prompt = prompt
+        self._output: list[np.ndarray] = []
+        self._learn = owner.config.learn
+        self._finished = False
+
+    def propose(self, budget: int) -> DraftTree:
+        """A calibrated draft tree of at most ``budget`` nodes continuing the committed context."""
+        if budget <= 0:
+            return DraftTree.empty(SOURCE)
+        return self._native.propose(budget)
+
+    def commit(self, token_ids: Sequence[int] | np.ndarray) -> None:
+        tokens = as_tokens(token_ids, "token_ids")
+        if len(tokens):
+            self._native.commit(tokens, self._learn)
+            self._output.append(tokens)
+
+    def finish(self, record: bool = True) -> None:
+        """End the request; with ``record`` its lead-in and output join the tenant's history."""
+        if self._finished:
+            return
+        self._finished = True
+        output = np.concatenate(self._output) if self._output else np.zeros(0, dtype=np.int32)
+        if record and len(output):
+            self._owner.history(self._tenant).record(self._prompt, output)
+        self._owner._park(self._tenant, self._session_id, self._native)
+
+    @property
+    def output_ids(self) -> np.ndarray:
+        return np.concatenate(self._output) if self._output else np.zeros(0, dtype=np.int32)
+
+
+class RepriseProposer:
+    """Hands out ``RepriseSession``s over per-tenant ``TenantHistory`` state. Thread-safe."""
+
+    def __init__(self, config: DraftingConfig | None = None) -> None:
+        self.config = config if config is not None else DraftingConfig()
+        self._params = DrafterParams(min_prob=self.config.min_path_prob, levels=self.config.levels,
+                                     max_copy=self.config.max_copy)
+        self._classes = identity_classes()
+        self._tenants: dict[str, TenantHistory] = {}
+        self._parked: OrderedDict[tuple[str, str], DraftingSession] = OrderedDict()
+        self._parked_bytes = 0
+        self._lock = threading.Lock()
+
+    # ---- vocabulary ----
+
+    def set_vocabulary(self, decode: Callable[[int], str], vocab_size: int) -> None:
+        """Enable canonical matching: number tokens of this vocabulary become class ids.
+
+        Call before the first request; tenants created earlier keep drafting without canonical indexes.
+        """
+        self._classes = number_classes(decode, vocab_size)
+
+    # ---- requests ----
+
+    def begin(self, tenant: str, session_id: str, prompt_ids: Sequence[int] | np.ndarray,
+              request_id: str = "") -> RepriseSession:
+        prompt = as_tokens(prompt_ids, "prompt_ids")
+        history = self.history(tenant)
+        native = self._unpark(tenant, session_id)
+        if native is None:
+            native = DraftingSession(self.config.max_depth, history.calibration, self._classes, self._params)
+            for index, kind, canonical in history.sources():
+                native.add_source(index, kind, canonical)
+        native.rebase(prompt, _REBASE_OVERLAP)
+        return RepriseSession(self, tenant, session_id, native, prompt)
+
+    # ---- tenants ----
+
+    def history(self, tenant: str) -> TenantHistory:
+        """The tenant's state, created empty on first use."""
+        with self._lock:
+            h = self._tenants.get(tenant)
+            if h is None:
+                h = self._tenants[tenant] = TenantHistory(self.config, self._classes)
+            return h
+
+    def load_history(self, tenant: str, trajectories: Iterable[Trajectory]) -> int:
+        """Rebuild a tenant's history from stored trajectories (commit order); returns how many."""
+        self.evict(tenant)
+        return self.history(tenant).load(trajectories)
+
+    def record(self, tenant: str, session_id: str, prompt_ids: Sequence[int] | np.ndarray,
+               output_ids: Sequence[int] | np.ndarray) -> None:
+        """A turn produced elsewhere (``AppendTrajectory``) joins the tenant's history."""
+        self.history(tenant).record(prompt_ids, output_ids)
+
+    def add_corpus(self, tenant: str, documents: Iterable[Sequence[int] | np.ndarray], replace: bool = False) -> int:
+        """Add token documents to the tenant's corpus (REST-style datastore); returns how many."""
+        count = self.history(tenant).add_documents(documents, replace)
+        if replace:
+            self._drop_parked(tenant)  # parked sessions hold the replaced corpus
+        return count
+
+    def evict(self, tenant: str) -> None:
+        """Forget a tenant's in-memory state (deletion, or before a rebuild)."""
+        with self._lock:
+            self._tenants.pop(tenant, None)
+        self._drop_parked(tenant)
+
+    def tenants(self) -> list[str]:
+        with self._lock:
+            return sorted(self._tenants)
+
+    def index_stats(self, tenant: str) -> HistoryStats:
+        return self.history(tenant).stats()
+
+    # ---- session index cache ----
+
+    def _drop_parked(self, tenant: str) -> None:
+        with self._lock:
+            for key in [k for k in self._parked if k[0] == tenant]:
+                self._parked_bytes -= self._parked.pop(key).memory_bytes()
+
+    def _park(self, tenant: str, session_id: str, native: DraftingSession) -> None:
+        budget = self.config.session_cache_bytes
+        if not session_id or budget <= 0:
+            return
+        size = native.memory_bytes()
+        with self._lock:
+            if tenant not in self._tenants:
+                return  # evicted meanwhile
+            old = self._parked.pop((tenant, session_id), None)
+            if old is not None:
+                self._parked_bytes -= old.memory_bytes()
+            if size > budget:
+                return
+            self._parked[(tenant, session_id)] = native
+            self._parked_bytes += size
+            while self._parked_bytes > budget:
+                _, dropped = self._parked.popitem(last=False)
+                self._parked_bytes -= dropped.memory_bytes()
+
+    def _unpark(self, tenant: str, session_id: str) -> DraftingSession | None:
+        if not session_id:
+            return None
+        with self._lock:
+            native = self._parked.pop((tenant, session_id), None)
+            if native is not None:
+                self._parked_bytes -= native.memory_bytes()
+            return native

@@ -1,0 +1,150 @@
+"""One tenant's drafting state: its history and corpus indexes and its calibration.
+
+History holds the tenant's past responses, each preceded by the last ``lead_in`` tokens of its prompt
+(so the start of a response can be matched: in a chat template the prompt ends with the assistant
+header). Whole prompts are not kept here: measured on agent traces, adding them to the shared history
+made drafts worse (other sessions' user and tool text dilutes what the assistant says), while the
+request's own prompt is drafted from through its own index (``proposer.RepriseSession``).
+
+Each index comes in two forms, real token ids and canonical ids (numbers replaced by class ids, see
+``retrieval.vocabulary``), when the proposer has a vocabulary.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from retrieval.config import DraftingConfig
+from suffix_index import SuffixIndex, as_tokens
+from suffix_index.drafting import (
+    KIND_CORPUS,
+    KIND_CORPUS_CANONICAL,
+    KIND_HISTORY,
+    KIND_HISTORY_CANONICAL,
+    Calibration,
+    native_index,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Trajectory:
+    """A finished turn as the history receives it: its prompt's tail and its output."""
+
+    session_id: str
+    prompt_ids: np.ndarray  # [num_prompt_tokens] int32 (only the last lead_in are kept)
+    output_ids: np.ndarray  # [num_output_tokens] int32
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryStats:
+    """Figures of one tenant's indexes."""
+
+    num_trajectories: int
+    num_history_tokens: int
+    num_corpus_documents: int
+    num_corpus_tokens: int
+    memory_bytes: int
+    calibration_observations: int
+
+
+class TenantHistory:
+    """The indexes a tenant's requests draft from, besides their own.
+
+    Thread-safe: recording takes each index's lock exclusively, drafting sessions read them shared.
+    """
+
+    def __init__(self, config: DraftingConfig, classes: np.ndarray) -> None:
+        self._config = config
+        self._classes = classes
+        self._canonical = config.canonical and len(classes) > 0
+        budget = config.history_max_bytes
+        depth = config.max_depth
+        self.history = SuffixIndex(max_depth=depth, max_bytes=budget)
+        self.history_canon = SuffixIndex(max_depth=depth, max_bytes=budget) if self._canonical else None
+        self.corpus = SuffixIndex(max_depth=depth)
+        self.corpus_canon = SuffixIndex(max_depth=depth) if self._canonical else None
+        self.calibration = Calibration(config.prior_strength)
+        self._lock = threading.Lock()
+        self._next_seq = 0
+        self._num_documents = 0
+
+    # ---- writing ----
+
+    def record(self, prompt_ids: Sequence[int] | np.ndarray, output_ids: Sequence[int] | np.ndarray) -> int:
+        """Add one finished turn (its prompt's tail and its output); returns its sequence id."""
+        prompt = as_tokens(prompt_ids, "prompt_ids")
+        output = as_tokens(output_ids, "output_ids")
+        lead = prompt[len(prompt) - self._config.lead_in :] if self._config.lead_in else prompt[:0]
+        seq = np.concatenate([lead, output]) if len(lead) else output
+        with self._lock:
+            seq_id = self._next_seq
+            self._next_seq += 1
+        if len(seq) == 0:
+            return seq_id
+        self.history.add(seq_id, seq)
+        if self.history_canon is not None:
+            self.history_canon.add(seq_id, self.canonical(seq))
+        return seq_id
+
+    def load(self, trajectories: Iterable[Trajectory]) -> int:
+        """Record trajectories in commit order (rebuilding from the store); returns how many."""
+        count = 0
+        for t in trajectories:
+            self.record(t.prompt_ids, t.output_ids)
+            count += 1
+        return count
+
+    def add_documents(self, documents: Iterable[Sequence[int] | np.ndarray], replace: bool = False) -> int:
+        """Add corpus documents (REST-style datastore: documentation, code, tool schemas)."""
+        with self._lock:
+            if replace:
+                self.corpus = SuffixIndex(max_depth=self._config.max_depth)
+                self.corpus_canon = SuffixIndex(max_depth=self._config.max_depth) if self._canonical else None
+                self._num_documents = 0
+            count = 0
+            for doc in documents:
+                tokens = as_tokens(doc, "document")
+                if len(tokens) == 0:
+                    continue
+                doc_id = self._num_documents
+                self.corpus.add(doc_id, tokens)
+                if self.corpus_canon is not None:
+                    self.corpus_canon.add(doc_id, self.canonical(tokens))
+                self._num_documents += 1
+                count += 1
+            return count
+
+    # ---- reading ----
+
+    def canonical(self, tokens: np.ndarray) -> np.ndarray:
+        """``tokens`` with number tokens replaced by their class ids."""
+        classes = self._classes
+        if len(classes) == 0:
+            return tokens
+        inside = tokens < len(classes)
+        out = tokens.copy()
+        out[inside] = classes[tokens[inside]]
+        return out
+
+    def sources(self) -> list[tuple[object, int, bool]]:
+        """(native index, calibration kind, canonical) for every shared index (empty ones too: they fill up
+        while sessions that hold them live on)."""
+        with self._lock:
+            pairs = [(self.history, KIND_HISTORY, False), (self.history_canon, KIND_HISTORY_CANONICAL, True),
+                     (self.corpus, KIND_CORPUS, False), (self.corpus_canon, KIND_CORPUS_CANONICAL, True)]
+        return [(native_index(ix), kind, canon) for ix, kind, canon in pairs if ix is not None]
+
+    def stats(self) -> HistoryStats:
+        indexes = [ix for ix in (self.history, self.history_canon, self.corpus, self.corpus_canon) if ix is not None]
+        return HistoryStats(
+            num_trajectories=self.history.num_sequences,
+            num_history_tokens=self.history.num_tokens,
+            num_corpus_documents=self.corpus.num_sequences,
+            num_corpus_tokens=self.corpus.num_tokens,
+            memory_bytes=sum(ix.memory_bytes() for ix in indexes),
+            calibration_observations=self.calibration.num_observations,
+        )

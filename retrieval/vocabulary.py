@@ -1,0 +1,49 @@
+"""Token classes for canonical matching: number tokens become class ids, everything else stays.
+
+Agents repeat structure around fresh values ("Total: $1,436\\n\\nWould you like..."): an exact suffix
+match breaks at the new number, so history that differs only in its numbers is out of reach (Oilbird,
+arXiv 2608.03839, calls this an addressing miss). Canonical indexes store sequences with every token
+that decodes to digits (optionally after one space) replaced by a class id, and drafts from them stop
+before a class id, so structure after a number is drafted while the number itself never is.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+import numpy as np
+
+from suffix_index.drafting import CLASS_BASE
+
+_NUMBER = re.compile(r" ?[0-9]+")
+
+#: Class ids: plain digits, digits after a space.
+CLASS_NUMBER = CLASS_BASE
+CLASS_SPACED_NUMBER = CLASS_BASE + 1
+
+
+def number_classes(decode: Callable[[int], str], vocab_size: int) -> np.ndarray:
+    """``classes[token_id]`` = the token's class id if it decodes to a number, else the id itself.
+
+    ``decode(token_id)`` returns the token's text; ids it cannot decode (raising) stay themselves.
+    """
+    if not 0 < vocab_size < CLASS_BASE:
+        raise ValueError(f"vocab_size must be in [1, {CLASS_BASE}), got {vocab_size}")
+    classes = np.arange(vocab_size, dtype=np.int32)
+    for token_id in range(vocab_size):
+        try:
+            text = decode(token_id)
+        except Exception:  # special or unused ids: not numbers
+            continue
+        if _NUMBER.fullmatch(text):
+            classes[token_id] = CLASS_SPACED_NUMBER if text.startswith(" ") else CLASS_NUMBER
+    classes.flags.writeable = False
+    return classes
+
+
+def identity_classes() -> np.ndarray:
+    """No classes: canonical indexes would only repeat the real ones, so the proposer skips them."""
+    a = np.zeros(0, dtype=np.int32)
+    a.flags.writeable = False
+    return a
