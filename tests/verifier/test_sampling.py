@@ -139,9 +139,13 @@ def test_deterministic_drafts_preserve_distribution(params) -> None:
     assert stat < chi_square_critical(df), stat
 
 
-@pytest.mark.parametrize("mode", ["iid", "without_replacement"])
 @pytest.mark.parametrize(
-    "params", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.8, top_k=4)]
+    "mode,params",
+    [
+        ("iid", SamplingParams(temperature=1.0)),
+        ("iid", SamplingParams(temperature=0.8, top_k=4)),
+        ("without_replacement", SamplingParams(temperature=0.8, top_k=4)),
+    ],
 )
 def test_sampled_drafts_with_q_preserve_distribution(mode, params) -> None:
     g = torch.Generator().manual_seed(2)
