@@ -29,8 +29,8 @@ params_st = st.tuples(
 
 @st.composite
 def histories(draw):
-    depth = draw(st.integers(2, 7))
-    keys = tuple(sorted(draw(st.sets(st.integers(1, depth - 1), max_size=3))))
+    depth = draw(st.integers(1, 7))
+    keys = tuple(sorted(draw(st.sets(st.integers(1, depth - 1), max_size=3)))) if depth > 1 else ()
     ops = draw(st.lists(op_st, min_size=1, max_size=12))
     return depth, keys, ops
 
