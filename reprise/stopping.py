@@ -66,7 +66,7 @@ class StopChecker:
         start = len(self.token_ids)
         self.token_ids.extend(ids)
         if self.tokenizer is not None:
-            self._decode()
+            self._decode(final=reason is not None)
             if self.params.stop_strings:
                 found = self._find_stop_string()
                 if found is not None:
@@ -82,9 +82,9 @@ class StopChecker:
         self._streamed = limit
         return StepOutcome(ids, delta, reason, matched)
 
-    def _decode(self) -> None:
+    def _decode(self, final: bool = False) -> None:
         segment = self.tokenizer.decode(self.token_ids[self._line_start :], skip_special_tokens=True)
-        if segment.endswith("\ufffd"):
+        if segment.endswith("\ufffd") and not final:
             return  # an incomplete multi-byte character: wait for the next token
         self.text = self.text[: self._line_text_len] + segment
         if segment.endswith("\n"):

@@ -322,3 +322,13 @@ def test_sampled_output_has_the_target_distribution() -> None:
     stat, df = chi_square(counts, exact)
     assert stat < chi_square_critical(df), stat
     assert accepted > 80  # the draft path was exercised
+
+
+def test_text_of_a_request_ending_mid_character_is_flushed() -> None:
+    from reprise.stopping import StopChecker
+
+    checker = StopChecker(StoppingParams(max_new_tokens=3), ByteTokenizer(), (), 100)
+    first = checker.append(list("ab".encode()))
+    last = checker.append(["é".encode()[0]])  # the length limit cuts a two-byte character in half
+    assert first.text_delta == "ab" and last.finish_reason == "length"
+    assert checker.text == "ab\ufffd" and first.text_delta + last.text_delta == checker.text
