@@ -1,1 +1,13 @@
-"""verifier: see ../shared/DESIGN.md for what this folder owns."""
+"""verifier: the target model runner (see ../shared/DESIGN.md and docs/verifier.md).
+
+- ``verifier.models``: ``load_model(path)``, ``load_default_model()`` (SmolLM2-135M-Instruct).
+- ``verifier.runner``: ``ModelRunner`` (slotted KV cache, packed tree verification), ``VerifyStep``,
+  ``VerifyResult``.
+- ``verifier.sampling``: ``SamplingParams`` and the per-row logits processors.
+- ``verifier.acceptance``: greedy / deterministic-draft walk and SpecInfer/Sequoia rejection sampling.
+- ``verifier.tree``: tree rows, positions, ancestor masks, the float additive mask.
+- ``verifier.kernels``: Triton tree attention and KV compaction, each beside its torch reference.
+- ``verifier.testing``: tiny random models and transformers references for tests.
+
+Submodules import torch lazily where they can; importing this package imports nothing heavy.
+"""
