@@ -26,7 +26,7 @@ TokensLike = TokenArray | Sequence[int] | Iterable[int]
 
 
 def _empty(dtype: type) -> np.ndarray:
-    a = np.zeros(0, dtype=dtype)
+    a: np.ndarray = np.zeros(0, dtype=dtype)
     a.flags.writeable = False
     return a
 

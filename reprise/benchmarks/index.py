@@ -104,7 +104,7 @@ def _load_responses(trace: Path, max_calls: int, progress: bool) -> list:
     return out
 
 
-def _percentiles(samples_ns: list[int]) -> tuple[float, float]:
+def _percentiles(samples_ns: list[int]) -> tuple[float, float]:  # microseconds
     import numpy as np
 
     a = np.asarray(samples_ns, dtype=np.float64) / 1000.0
@@ -123,8 +123,8 @@ def run(args) -> int:
         index = SuffixIndex(max_depth=args.depth, key_lengths=args.key_lengths)
     except (TypeError, ValueError) as exc:
         raise CliError(str(exc)) from None
-    progress = not args.json and sys.stderr.isatty()
-    responses = _load_responses(args.trace, args.max_calls, progress=True)
+    progress = sys.stderr.isatty()  # progress lines only for a person watching
+    responses = _load_responses(args.trace, args.max_calls, progress=progress)
     if not responses:
         raise CliError(f"no non-empty responses in {args.trace}")
     tokens = int(sum(len(r) for r in responses))
@@ -159,11 +159,7 @@ def run(args) -> int:
         index.speculate(ctx, args.max_tokens)
     path_ns, path_len, path_cpu = time_calls(lambda c: index.speculate(c, args.max_tokens))
     tree_ns, tree_len, tree_cpu = time_calls(lambda c: index.speculate(c, args.max_tokens, use_tree=True))
-    exact_ns, exact_len, _ = (
-        time_calls(lambda c: index.speculate_exact(c, args.max_tokens))
-        if index.key_lengths
-        else ([0], 0.0, 0.0)
-    )
+    exact = time_calls(lambda c: index.speculate_exact(c, args.max_tokens)) if index.key_lengths else None
     result = {
         "trace": str(args.trace),
         "calls": len(responses),
@@ -177,7 +173,7 @@ def run(args) -> int:
     }
     p50, p99 = _percentiles(path_ns)
     tp50, tp99 = _percentiles(tree_ns)
-    ep50, ep99 = _percentiles(exact_ns)
+    ep50, ep99 = _percentiles(exact[0]) if exact else (None, None)
     result.update(
         {
             "speculate_us_p50": round(p50, 2),
@@ -188,9 +184,9 @@ def run(args) -> int:
             "tree_speculate_us_p99": round(tp99, 2),
             "tree_speculate_cpu_us_mean": round(tree_cpu, 2),
             "tree_mean_draft_tokens": round(tree_len, 2),
-            "exact_speculate_us_p50": round(ep50, 2),
-            "exact_speculate_us_p99": round(ep99, 2),
-            "exact_mean_draft_tokens": round(exact_len, 2),
+            "exact_speculate_us_p50": None if ep50 is None else round(ep50, 2),  # null: no exact keys
+            "exact_speculate_us_p99": None if ep99 is None else round(ep99, 2),
+            "exact_mean_draft_tokens": None if exact is None else round(exact[1], 2),
             "queries": args.queries,
             "max_tokens": args.max_tokens,
         }

@@ -72,6 +72,7 @@ struct Node {
   uint32_t term;
   // Length of string(node): depth(parent) < depth <= max_depth. Root: 0.
   uint32_t depth;
+  // Children in the block (Nodes and inline leaves), one per distinct next token.
   uint32_t num_children;
   // First token of the child with the highest count (ties: the smaller token); kNil when the node has
   // no children, and always for the root, which never drafts.
