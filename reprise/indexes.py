@@ -48,9 +48,20 @@ class TenantIndexes:
         """Load every tenant's history and corpus from the store (before serving)."""
         if not self.has_indexes:
             return
+        from privacy.errors import IntegrityError
+
         t0 = time.perf_counter()
         tenants = self._store.list_tenants()
-        total = sum(self._load(t.id, lambda p: None) for t in tenants)
+        total = 0
+        for t in tenants:
+            try:
+                total += self._load(t.id, lambda p: None)
+            except IntegrityError as exc:  # serve the others; `reprise index build` reports DATA_LOSS
+                log.error("tenant %s: history failed its integrity check (%s); serving it without history",
+                          t.id.value, exc)
+                self._proposer.evict(t.id.value)
+                if self._metrics is not None:
+                    self._metrics.crypto_failures.labels(kind="trajectory").inc()
         if tenants:
             log.info("loaded the history of %d tenants (%d trajectories) in %.1f s", len(tenants), total,
                      time.perf_counter() - t0)
