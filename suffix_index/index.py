@@ -255,6 +255,17 @@ class SuffixIndex:
     def key_lengths(self) -> tuple[int, ...]:
         return tuple(self._ix.key_lengths)
 
+    def count(self, tokens: TokensLike) -> int:
+        """Occurrences of the token string in the indexed sequences (never across two of them);
+        ValueError for strings longer than ``max_depth``, which the trie does not count. The empty
+        string occurs once per indexed token."""
+        arr = as_tokens(tokens)
+        if len(arr) > self.max_depth:
+            raise ValueError(
+                f"strings longer than max_depth={self.max_depth} are not counted, got {len(arr)} tokens"
+            )
+        return self._ix.count(arr)
+
     def memory_bytes(self) -> int:
         """Bytes of live index data (nodes, child arrays, tokens, exact keys at their nominal load);
         the quantity ``max_bytes`` bounds. Freed capacity the index reuses is not counted."""

@@ -204,6 +204,15 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("max_depth", [](const SuffixIndex& self) { return self.tree.max_depth(); })
       .def_property_readonly("key_lengths", [](const SuffixIndex& self) { return self.tree.key_lengths(); })
       .def_property_readonly("max_bytes", [](const SuffixIndex& self) { return self.max_bytes; })
+      .def("count",
+           [](const SuffixIndex& self, py::handle tokens) {
+             Tokens t = tokens_of(tokens, "tokens");
+             py::gil_scoped_release nogil;
+             std::shared_lock<std::shared_mutex> lock(self.mutex);
+             if (t.size == 0) return self.tree.num_tokens();
+             reprise::Locus l;
+             return self.tree.locate(t.data, t.size, &l) ? (uint64_t)self.tree.count_of(l.node) : (uint64_t)0;
+           })
       .def("memory_bytes",
            [](const SuffixIndex& self) {
              std::shared_lock<std::shared_mutex> lock(self.mutex);

@@ -44,6 +44,13 @@ def test_speculate_with_every_default(small: SuffixIndex) -> None:
     assert exact.probs.tolist() == pytest.approx([2 / 3, 1 / 3])
 
 
+def test_count(small: SuffixIndex) -> None:
+    assert small.count([1, 2]) == 3 and small.count([1, 2, 3]) == 2 and small.count([2, 4, 1]) == 1
+    assert small.count([7]) == 0 and small.count([]) == small.num_tokens == 10
+    with pytest.raises(ValueError, match="longer than max_depth=8"):
+        small.count([1] * 9)
+
+
 def test_draft_is_a_frozen_typed_record(small: SuffixIndex) -> None:
     d = small.speculate([1, 2, 3], 4, max_spec_factor=3.0)
     assert isinstance(d, Draft)

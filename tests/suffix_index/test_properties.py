@@ -80,6 +80,9 @@ def check_state(ix: SuffixIndex, oracle: Oracle, rng: np.random.Generator, param
     for sid, seq in oracle.seqs.items():
         assert ix.get_sequence(sid).tolist() == seq
     assert stats["nodes"] - 1 == oracle.num_nodes()
+    for s, c in oracle.counts.items():  # every indexed string's count
+        assert ix.count(list(s)) == c, s
+    assert ix.count([0] * (oracle.depth - 1) + [9]) == 0
     for k in oracle.keys:
         assert stats[f"keys_k{k}"] == oracle.num_keys(k)
     max_tokens, factor, offset, min_prob = params
