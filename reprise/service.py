@@ -39,6 +39,21 @@ def default_drafter() -> str:
     return "reprise" if "reprise" in proposer_names() else "prompt_lookup"
 
 
+def check_port_free(host: str, port: int) -> None:
+    """OSError naming the address if something listens there (a quick probe; the real bind decides)."""
+    import socket
+
+    if not port:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host.strip("[]"), port))
+        except OSError as exc:
+            raise OSError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+
+
 class Service:
     """Store + model engine + indexes + gRPC + HTTP, started and stopped together."""
 
@@ -57,6 +72,7 @@ class Service:
     # ---- start-up ------------------------------------------------------------------------------------
 
     async def start(self) -> None:
+        check_port_free(self.config.server.host, self.config.server.grpc_port)  # before the slow part
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self._build)
         self.grpc_port = await self.grpc.start()
@@ -83,7 +99,12 @@ class Service:
         c.home.mkdir(parents=True, exist_ok=True)
         self.metrics = ServiceMetrics()
         self.store = open_store(c.store)
+        decode = None
         try:
+            auth = StoreAuthenticator(self.store)
+            if c.server.http_port:  # bind now: a port in use fails before the model loads
+                self.http = HttpServer(c.server.host, c.server.http_port, auth, lambda: self.stats_history.snapshot(),
+                                       self.metrics.render, lambda: self.grpc is not None and self.grpc.admission.draining)
             self.admin_key_file = ensure_admin_key(self.store)
             if self.admin_key_file is not None:
                 log.warning("first start: the admin key is in %s (0600); `reprise tenant ...` reads it there",
@@ -95,37 +116,39 @@ class Service:
             runner = ModelRunner(model, num_slots=c.model.num_slots, max_len=c.model.max_len,
                                  max_draft_nodes=c.model.max_draft_nodes)
             accounting = TenantAccounting()
-            engine_config = EngineConfig()
-            budget = MeteredBudget(engine_config.budget)
+            budget = MeteredBudget(EngineConfig().budget)
             inner = make_proposer(c.model.drafter or default_drafter(), c.drafting)
             if tokenizer is not None and hasattr(inner, "set_vocabulary"):  # numbers match by class
                 inner.set_vocabulary(lambda i: tokenizer.decode([i]), runner.vocab_size)
             proposer = MeteredProposer(inner, budget, accounting, self.metrics)
-            self.history = HistoryWriter(self.store)
             tokenize = (lambda text: list(tokenizer.encode(text, add_special_tokens=False))) if tokenizer else None
             self.indexes = TenantIndexes(self.store, inner, accounting, self.metrics, tokenize)
             self.indexes.load_all()
-            engine = Engine(runner, proposer, tokenizer,
-                            EngineConfig(budget=budget, history_sink=self.history.put))  # type: ignore[arg-type]
-            auth = StoreAuthenticator(self.store)
+
             def on_deleted(tid: Any) -> None:  # also when deleted by `python -m privacy` in this process
                 auth.invalidate()
                 self.indexes.forget(tid.value)
 
             self.store.add_deletion_hook(on_deleted)
+            self.history = HistoryWriter(self.store)
+            engine = Engine(runner, proposer, tokenizer,
+                            EngineConfig(budget=budget, history_sink=self.history.put))  # type: ignore[arg-type]
             decode = EngineBackend(engine, tokenizer, name, record_trajectory=self.indexes.record,
                                    on_close=self._close_history)
             admin = ServiceAdmin(self.store, self.indexes, auth.invalidate)
             self.grpc = GrpcServer(decode, admin, auth, c.server, self.metrics, version=__version__)
             self.stats_history = StatsHistory(lambda: admin.index_stats(None), admin.list_tenants,
                                               interval_s=c.server.stats_interval_s)
-            if c.server.http_port:
-                self.http = HttpServer(c.server.host, c.server.http_port, auth, self.stats_history.snapshot,
-                                       self.metrics.render, lambda: self.grpc.admission.draining)
         except BaseException:
-            if self.history is not None:
+            if decode is not None:
+                decode.close()  # stops the engine thread, writes queued history
+            elif self.history is not None:
                 self.history.close()
+            if self.http is not None:
+                self.http.stop()
+                self.http = None
             self.store.close()
+            self.store = None
             raise
 
     def _close_history(self) -> None:

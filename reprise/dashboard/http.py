@@ -61,10 +61,11 @@ class HttpServer:
         return self.port
 
     def stop(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        if self._thread is not None:
+        if self._thread is not None:  # shutdown() waits for serve_forever: only when it runs
+            self._httpd.shutdown()
             self._thread.join(5)
+            self._thread = None
+        self._httpd.server_close()
 
     # ---- routes ------------------------------------------------------------------------------------
 
