@@ -2,13 +2,17 @@
 //
 // The index's big arrays (nodes, child slots, the token arena, exact-key tables) grow to tens of MB.
 // In std::vector each growth copies into a new heap block and frees the old one into malloc's free
-// lists, where it stays resident; here growth is mremap (no copy on Linux), untouched capacity is
-// never resident, and memory goes back to the system when the buffer shrinks or dies.
+// lists, where it stays resident; here a buffer past kMapBytes lives in its own mapping: growth is
+// mremap (no copy on Linux), untouched capacity is never resident, and memory goes back to the system
+// when the buffer shrinks or dies. Smaller buffers use malloc, so thousands of small indexes (one per
+// request) do not run into the kernel's limit on mappings per process.
 #pragma once
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cstddef>
+#include <cstdlib>
 #include <cstring>
 #include <new>
 #include <type_traits>
@@ -36,6 +40,7 @@ class PodBuffer {
     std::swap(data_, o.data_);
     std::swap(size_, o.size_);
     std::swap(cap_, o.cap_);
+    std::swap(mapped_, o.mapped_);
   }
 
   T* data() { return data_; }
@@ -54,22 +59,33 @@ class PodBuffer {
   void reserve(size_t n) {
     if (n <= cap_) return;
     const size_t want = n * sizeof(T);
-    const size_t bytes = (want + kPage - 1) / kPage * kPage;
     void* p;
-    if (data_ == nullptr) {
-      p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    size_t bytes;
+    if (!mapped_ && want < kMapBytes) {
+      bytes = want;
+      p = std::realloc(data_, bytes);
+      if (p == nullptr) throw std::bad_alloc();
     } else {
+      bytes = (want + kPage - 1) / kPage * kPage;
+      if (!mapped_) {  // moving out of the heap
+        p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED) throw std::bad_alloc();
+        if (size_) std::memcpy(p, data_, size_ * sizeof(T));
+        std::free(data_);
+        mapped_ = true;
+      } else {
 #ifdef MREMAP_MAYMOVE
-      p = mremap(data_, mapped_bytes(), bytes, MREMAP_MAYMOVE);
+        p = mremap(data_, mapped_bytes(), bytes, MREMAP_MAYMOVE);
 #else
-      p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-      if (p != MAP_FAILED) {
-        std::memcpy(p, data_, size_ * sizeof(T));
-        munmap(data_, mapped_bytes());
-      }
+        p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p != MAP_FAILED) {
+          std::memcpy(p, data_, size_ * sizeof(T));
+          munmap(data_, mapped_bytes());
+        }
 #endif
+        if (p == MAP_FAILED) throw std::bad_alloc();
+      }
     }
-    if (p == MAP_FAILED) throw std::bad_alloc();
     data_ = static_cast<T*>(p);
     cap_ = bytes / sizeof(T);
   }
@@ -81,13 +97,13 @@ class PodBuffer {
     size_ = n;
   }
   void push_back(const T& v) {
-    if (size_ == cap_) reserve(std::max<size_t>(kPage / sizeof(T), cap_ + cap_ / 2));
+    if (size_ == cap_) reserve(std::max<size_t>(64, cap_ + cap_ / 2));
     data_[size_++] = v;
   }
   // Drops elements past n; returns whole unused pages to the system.
   void shrink_to(size_t n) {
     if (n < size_) size_ = n;
-    if (data_ == nullptr) return;
+    if (!mapped_) return;
     const size_t keep = (size_ * sizeof(T) + kPage - 1) / kPage * kPage;
     if (keep + kPage < mapped_bytes()) madvise(reinterpret_cast<char*>(data_) + keep, mapped_bytes() - keep, MADV_DONTNEED);
   }
@@ -98,16 +114,22 @@ class PodBuffer {
 
  private:
   static constexpr size_t kPage = 4096;
+  static constexpr size_t kMapBytes = size_t(1) << 20;
   size_t mapped_bytes() const { return (cap_ * sizeof(T) + kPage - 1) / kPage * kPage; }
   void release() {
-    if (data_) munmap(data_, mapped_bytes());
+    if (mapped_)
+      munmap(data_, mapped_bytes());
+    else
+      std::free(data_);
     data_ = nullptr;
     size_ = cap_ = 0;
+    mapped_ = false;
   }
 
   T* data_ = nullptr;
   size_t size_ = 0;
   size_t cap_ = 0;
+  bool mapped_ = false;  // in its own mapping (else malloc'd)
 };
 
 }  // namespace reprise

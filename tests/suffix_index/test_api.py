@@ -232,3 +232,15 @@ def test_unique_match_stops_at_its_sequence_end(use_tree: bool) -> None:
     d = ix.speculate([7, 1, 2, 3], 8, use_tree=use_tree, max_spec_factor=4.0)
     assert d.token_ids.tolist() == [4, 5] and d.probs.tolist() == [1.0, 1.0]
     assert d.score == 2.0 and d.match_len == 3
+
+
+def test_many_small_indexes_live_at_once() -> None:
+    """One index per request: ten thousand small ones fit (small buffers do not each take a kernel
+    mapping, of which a process gets about 65k)."""
+    indexes = []
+    for i in range(10_000):
+        ix = SuffixIndex(max_depth=16)
+        ix.add(0, [i % 7, 1, 2, 3, i % 5])
+        indexes.append(ix)
+    assert sum(ix.num_tokens for ix in indexes) == 50_000
+    assert indexes[-1].speculate([1, 2], 4).token_ids.tolist() == [3, 4]  # [3, 1, 2, 3, 4] indexed
