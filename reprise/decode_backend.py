@@ -94,11 +94,15 @@ class EngineBackend:
         )
         if not params.speculate:
             self._disable_speculation(request_id)
-        handle = self.engine.submit(request, on_stream=lambda ids, text: on_tokens(ids, text), cancel=cancel)
-        while not handle.done.wait(0.5):  # wake up now and then: the engine thread may have died
-            if not self._thread.is_alive():
-                raise errors.Unavailable("the decoding engine stopped while the request ran")
-        result = handle.wait()
+        try:
+            handle = self.engine.submit(request, on_stream=lambda ids, text: on_tokens(ids, text), cancel=cancel)
+            while not handle.done.wait(0.5):  # wake up now and then: the engine thread may have died
+                if not self._thread.is_alive():
+                    raise errors.Unavailable("the decoding engine stopped while the request ran")
+            result = handle.wait()
+        finally:
+            if not params.speculate:
+                getattr(self.engine.proposer, "forget_request", lambda rid: None)(request_id)
         return Generation(self._finish_reason(result, params), result.matched_stop, result.usage.prompt_tokens,
                           result.usage.completion_tokens)
 

@@ -173,6 +173,11 @@ class MeteredProposer:
         with self._lock:
             self._no_speculation.add(request_id)
 
+    def forget_request(self, request_id: str) -> None:
+        """Drop a request's flag (it ended before its session began, e.g. cancelled in the queue)."""
+        with self._lock:
+            self._no_speculation.discard(request_id)
+
     def begin(self, tenant: str, session_id: str, prompt_ids: Any, request_id: str = "") -> MeteredSession:
         with self._lock:
             speculate = request_id not in self._no_speculation
