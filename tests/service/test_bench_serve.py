@@ -18,4 +18,5 @@ def test_bench_serve_reports_consistent_figures(capsys, monkeypatch) -> None:
     e = out["engine"]
     assert e["verify_steps"] > 0 and 0 < e["model_s"] <= out["wall_s"] * 1.05
     assert e["overhead_share"] == out["wall_s"] / e["model_s"] - 1
+    assert 0 < e["model_cpu_s"] <= e["service_cpu_s"] and e["overhead_cpu_share"] >= 0
     assert out["drafting"]["draft_tokens"] >= out["drafting"]["accepted_tokens"] >= 0
