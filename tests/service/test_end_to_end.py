@@ -242,3 +242,18 @@ def test_metrics_and_dashboard_after_requests(running) -> None:
                                  headers={"Authorization": f"Bearer {running.admin_key}"})
     assert wait_until(lambda: any(t["tenant_id"] == tid and t["current"]["num_requests"] == 3 for t in
                                   json.loads(urllib.request.urlopen(req, timeout=10).read())["tenants"]))
+
+
+def test_example_agent_loop_runs(running, capsys) -> None:
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "agent_loop.py"
+    spec = importlib.util.spec_from_file_location("agent_loop_example", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    _, key = tenant_key(running)
+    code = module.main(["--server", running.target, "--api-key", key, "--admin-key", running.admin_key,
+                        "--tasks", "2", "--max-turns", "2", "--max-new-tokens", "16"])
+    out = capsys.readouterr().out
+    assert code == 0 and "model tiny-llama" in out and "task 2:" in out and "hit rate" in out
