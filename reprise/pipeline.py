@@ -113,6 +113,8 @@ class Engine:
                 () if model_eos is None else tuple(model_eos) if isinstance(model_eos, list) else (model_eos,)
             )
         self.eos_token_ids: tuple[int, ...] = tuple(eos)
+        if getattr(proposer, "wants_hidden_states", False):
+            runner.keep_hidden = True  # neural drafters read the target's states (session.observe_hidden)
         self._lock = threading.Lock()
         self._waiting: deque[tuple[RequestHandle, StreamCallback | None, HistorySink | None]] = deque()
         self._active: list[_Active] = []
@@ -175,8 +177,9 @@ class Engine:
         trees = [self._propose(item) for item in self._active]
         try:
             results = self.runner.verify(
-                [VerifyStep(item.slot, tree) for item, tree in zip(self._active, trees)]
-            )
+                [VerifyStep(item.slot, tree, getattr(tree, "q", None), getattr(tree, "q_mode", "iid"))
+                 for item, tree in zip(self._active, trees)]
+            )  # a tree of sampled nodes carries their q (reprise/hybrid.py); the budget's cuts drop it
         except Exception as exc:  # a failing verifier fails this step's requests, not the engine
             log.exception("verification failed; failing %d requests", len(self._active))
             for item in list(self._active):
@@ -185,6 +188,8 @@ class Engine:
         for item, tree, result in zip(list(self._active), trees, results):
             item.tracker.update(tree, result.accepted)
             outcome = item.stop.append(result.token_ids.tolist())
+            if result.hidden_states is not None:  # the states before each kept token
+                item.session.observe_hidden(result.hidden_states[: len(outcome.token_ids)])
             item.session.commit(outcome.token_ids)
             item.steps += 1
             item.drafted += len(tree)
@@ -238,6 +243,9 @@ class Engine:
                 handle.done.set()
                 continue
             session = _GuardedSession(self.proposer, request, handle.request_id)
+            prompt_hidden = self.runner.take_prompt_hidden(slot)
+            if prompt_hidden is not None:
+                session.observe_hidden(prompt_hidden)
             max_tokens = self.runner.max_len - len(request.prompt_ids)
             stop = StopChecker(request.stopping, self.tokenizer, self.eos_token_ids, max_tokens)
             self._active.append(_Active(handle, slot, session, stop, on_stream, on_finish))
@@ -297,6 +305,15 @@ class _GuardedSession:
             except Exception:  # noqa: BLE001 - logged by _failed
                 self._failed("propose")
         return DraftTree.empty()
+
+    def observe_hidden(self, states: Any) -> None:
+        """Hand the target's hidden states to a session that reads them (neural drafters)."""
+        observe = getattr(self.session, "observe_hidden", None)
+        if observe is not None:
+            try:
+                observe(states)
+            except Exception:  # noqa: BLE001 - logged by _failed
+                self._failed("observe_hidden")
 
     def commit(self, token_ids: list[int]) -> None:
         if self.session is not None:

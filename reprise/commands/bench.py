@@ -13,6 +13,7 @@ AREAS = {
     "store": "encrypted history store: records/s, bytes per token, encryption share",
     "serve": "gRPC service: throughput, TTFT and per-token latency under concurrency",
     "cluster": "replicas on one Redis: throughput, propagation delay, cold start",
+    "neural": "neural drafters on traces with the target: tau and tokens/s for retrieval, head, reuse, hybrid",
 }
 
 
