@@ -89,18 +89,18 @@ def test_serve_then_sigterm_finishes_streams_and_keeps_history(tmp_path: Path, m
         assert [r.trajectory.session_id for r in store.iter_trajectories(tenant.id)] == ["kept"]
 
 
-def test_ports_in_use_fail_clearly(tmp_path: Path, model_dir: Path) -> None:
+def test_ports_in_use_fail_clearly(tmp_path: Path, model_dir: Path, monkeypatch, capsys) -> None:
     import socket
 
-    env = {k: v for k, v in os.environ.items() if k != "REPRISE_MASTER_KEY"}
-    env["REPRISE_HOME"] = str(tmp_path / "home")
+    from reprise.cli import main
+
+    monkeypatch.delenv("REPRISE_MASTER_KEY", raising=False)
+    monkeypatch.setenv("REPRISE_HOME", str(tmp_path / "home"))
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        out = cli("serve", "--model-path", str(model_dir), "--http-port", str(port), "--grpc-port", str(free_port()),
-                  env=env)
-        assert out.returncode == 1 and "Address already in use" in out.stderr
-        out = cli("serve", "--model-path", str(model_dir), "--grpc-port", str(port), "--http-port", str(free_port()),
-                  env=env)
-        assert out.returncode == 1 and f"cannot listen on 127.0.0.1:{port}" in out.stderr
+        code = main(["serve", "--model-path", str(model_dir), "--http-port", str(port), "--grpc-port", str(free_port())])
+        assert code == 1 and "Address already in use" in capsys.readouterr().err
+        code = main(["serve", "--model-path", str(model_dir), "--grpc-port", str(port), "--http-port", str(free_port())])
+        assert code == 1 and f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
