@@ -21,7 +21,8 @@ class DraftingConfig:
     response can be matched; ``canonical`` adds indexes where number tokens are replaced by a class id;
     ``learn`` lets the per-tenant calibration learn from committed tokens (``prior_strength`` is the
     weight of its prior, in observations); ``max_copy`` bounds how far a draft copies past the tries'
-    depth; ``history_max_bytes`` is each tenant's history index budget (oldest trajectories are evicted
+    depth; ``canonical_below``: canonical indexes are consulted only when the real match is shorter;
+    ``wide_node``: trie nodes with more children offer only their most frequent child; ``history_max_bytes`` is each tenant's history index budget (oldest trajectories are evicted
     first; 0: none); ``session_cache_bytes`` bounds the request indexes kept for a session's next call.
 
     SuffixDecoding-style proposer ("suffix"): the draft length may grow with the match length
@@ -38,6 +39,8 @@ class DraftingConfig:
     learn: bool = True
     prior_strength: float = 8.0
     max_copy: int = 256
+    canonical_below: int = 16
+    wide_node: int = 32
     history_max_bytes: int = 1 << 30
     session_cache_bytes: int = 256 << 20
     max_spec_factor: float = 16.0
@@ -55,6 +58,8 @@ class DraftingConfig:
         if not self.prior_strength > 0:
             raise ValueError(f"prior_strength must be > 0, got {self.prior_strength}")
         _check_range("max_copy", self.max_copy, 0, 1 << 20)
+        _check_range("canonical_below", self.canonical_below, 0, 4096)
+        _check_range("wide_node", self.wide_node, 1, 1 << 20)
         _check_range("history_max_bytes", self.history_max_bytes, 0, 1 << 50)
         _check_range("session_cache_bytes", self.session_cache_bytes, 0, 1 << 50)
         if self.max_spec_factor <= 0:

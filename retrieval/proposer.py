@@ -84,8 +84,9 @@ class RepriseProposer:
 
     def __init__(self, config: DraftingConfig | None = None) -> None:
         self.config = config if config is not None else DraftingConfig()
-        self._params = DrafterParams(min_prob=self.config.min_path_prob, levels=self.config.levels,
-                                     max_copy=self.config.max_copy)
+        c = self.config
+        self._params = DrafterParams(min_prob=c.min_path_prob, levels=c.levels, max_copy=c.max_copy,
+                                     canonical_below=c.canonical_below, wide=c.wide_node)
         self._classes = identity_classes()
         self._tenants: dict[str, TenantHistory] = {}
         self._parked: OrderedDict[tuple[str, str], DraftingSession] = OrderedDict()

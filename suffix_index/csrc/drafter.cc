@@ -58,10 +58,10 @@ void Calibration::set_table(const std::vector<float>& t) {
 }
 
 uint8_t Calibration::match_bucket(uint32_t m) {
+  // 0: m <= 1, 1: 2, 2: 3-4, 3: 5-8, 4: 9-16, 5: 17-32, 6: 33-64, 7: more
   if (m <= 2) return m == 0 ? 0 : (uint8_t)(m - 1);
-  uint8_t b = 2;
-  for (uint32_t hi = 4; m > hi && b < kMatch - 1; hi *= 2) ++b;
-  return b;
+  const uint32_t b = 32 - __builtin_clz(m - 1);  // bit length of m - 1
+  return (uint8_t)std::min<uint32_t>(b, kMatch - 1);
 }
 uint8_t Calibration::share_bucket(double s) { return s >= 0.999 ? 0 : s >= 0.75 ? 1 : s >= 0.5 ? 2 : s >= 0.25 ? 3 : 4; }
 uint8_t Calibration::count_bucket(double c) { return c <= 1 ? 0 : c <= 3 ? 1 : c <= 10 ? 2 : 3; }
@@ -70,103 +70,141 @@ uint8_t Calibration::count_bucket(double c) { return c <= 1 ? 0 : c <= 3 ? 1 : c
 
 namespace {
 
-// A position in one source: a trie locus (node != kNil), or a copy position in its arena (node == kNil)
-// once the trie's depth is used up. `match` = context tokens matched so far, draft tokens included.
-struct Cursor {
-  uint32_t source;
-  ChildRef node;
-  uint32_t depth;   // locus depth (trie cursor)
-  uint32_t pos;     // arena position of the next token (copy cursor)
-  uint32_t copied;  // tokens copied past the trie's depth
-  uint32_t match;
+using Cursor = DraftWorkspace::Cursor;
+using Candidate = DraftWorkspace::Candidate;
+using Item = DraftWorkspace::Item;
+using Group = DraftWorkspace::Group;
+
+// Cursors a draft node keeps per source (the longest matches): a second one, from a shorter match with
+// more occurrences, carries on where the longest match's occurrences end (measured: +1% tau).
+constexpr uint32_t kCursorsPerSource = 2;
+
+struct Worse {
+  bool operator()(const Item& a, const Item& b) const { return a.prob != b.prob ? a.prob < b.prob : a.order > b.order; }
 };
 
-struct Candidate {
-  Tok token;
-  double estimate;
-  Cursor next;
-  DraftFeature feature;
-};
-
-// Occurrences of the locus string followed by a token (terminal occurrences, such as the context's own
-// position in a request's index, do not count).
-double continuing(const SuffixTree& t, const Locus& l) {
-  if (t.next_in_edge(l) != kSentinel) return (double)t.count_of(l.node);
-  double total = 0;
-  t.for_each_child(l.node, [&](Tok, ChildRef c) { total += t.count_of(c); });
-  return total;
+// Whether some occurrence of the locus string is followed by a token (terminal occurrences, such as
+// the context's own position in a request's index, are not).
+bool continues(const SuffixTree& t, const Locus& l) {
+  return t.next_in_edge(l) != kSentinel || t.num_children(l.node) > 0;
 }
 
-// The largest m in [1, hi] whose locus has more than `floor` continuing occurrences (0 if none). The
-// continuing count never grows with m (a longer string's occurrences end where its suffix's do).
-uint32_t longest_with_more(const SuffixTree& t, const Tok* ctx, size_t n, uint32_t hi, double floor, Locus* out,
-                           double* cont) {
+// The largest m in [1, hi] whose locus continues, trying hi first (a match that kept growing); 0 if
+// none. Continuation is monotone: a longer string's occurrences end where its suffix's do.
+uint32_t longest_continuing(const SuffixTree& t, const Tok* ctx, size_t n, uint32_t hi, Locus* out) {
+  if (hi == 0) return 0;
+  if (t.locate(ctx + n - hi, hi, out) && continues(t, *out)) return hi;
   uint32_t lo = 0;
+  --hi;
   Locus l;
   while (lo < hi) {
     const uint32_t mid = (lo + hi + 1) / 2;
-    if (t.locate(ctx + n - mid, mid, &l) && continuing(t, l) > floor)
+    if (t.locate(ctx + n - mid, mid, &l) && continues(t, l))
       lo = mid;
     else
       hi = mid - 1;
   }
-  if (lo == 0) return 0;
-  t.locate(ctx + n - lo, lo, out);
-  *cont = continuing(t, *out);
+  if (lo > 0) t.locate(ctx + n - lo, lo, out);
+  return lo;
+}
+
+// The largest m in [1, hi] whose string occurs more than `floor` times and continues; 0 if none.
+uint32_t longest_more_frequent(const SuffixTree& t, const Tok* ctx, size_t n, uint32_t hi, double floor, Locus* out) {
+  uint32_t lo = 0;
+  Locus l;
+  while (lo < hi) {
+    const uint32_t mid = (lo + hi + 1) / 2;
+    if (t.locate(ctx + n - mid, mid, &l) && t.count_of(l.node) > floor)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  if (lo == 0 || !t.locate(ctx + n - lo, lo, out) || !continues(t, *out)) return 0;
   return lo;
 }
 
 class Builder {
  public:
-  Builder(const std::vector<DraftSource>& sources, const DrafterParams& p, const Calibration& cal)
-      : sources_(sources), params_(p), cal_(cal) {}
+  Builder(const std::vector<DraftSource>& sources, const DrafterParams& p, const Calibration& cal, DraftWorkspace* ws)
+      : sources_(sources), params_(p), cal_(cal), pool_(ws->pool), kids_(ws->kids), heap_(ws->heap),
+        first_(ws->first_match), groups_(ws->groups) {
+    pool_.clear();
+    kids_.clear();
+    heap_.clear();
+    groups_.clear();
+    first_.assign(sources.size(), 0);
+  }
 
-  DraftOut run(const Tok* ctx, const Tok* ctx_canon, size_t n, std::vector<RootObservation>* obs) {
+  DraftOut run(const Tok* ctx, const Tok* ctx_canon, size_t n, std::vector<RootObservation>* obs,
+               std::vector<MatchHint>* hints) {
     DraftOut out;
-    for (uint32_t s = 0; s < sources_.size(); ++s) seed(s, sources_[s].canonical ? ctx_canon : ctx, n, &out);
+    for (uint32_t s = 0; s < sources_.size(); ++s) {
+      const DraftSource& src = sources_[s];
+      if (src.twin >= 0 && first_[src.twin] >= params_.canonical_below) continue;  // the real match suffices
+      MatchHint* hint = hints ? &(*hints)[s] : nullptr;
+      seed(s, src.canonical ? ctx_canon : ctx, n, hint, &out);
+    }
     if (pool_.empty()) return out;
+    out.token_ids.reserve(params_.budget);
+    out.parents.reserve(params_.budget);
+    out.probs.reserve(params_.budget);
     expand(0, (uint32_t)pool_.size(), -1, 1.0, obs);
-    while (!heap_.empty() && out.token_ids.size() < params_.budget) {
-      const Item it = heap_.top();
-      heap_.pop();
-      const int32_t index = (int32_t)out.token_ids.size();
-      out.token_ids.push_back(it.token);
-      out.parents.push_back(it.parent);
-      out.probs.push_back((float)it.prob);
-      out.score += it.prob;
-      expand(it.begin, it.end, index, it.prob, nullptr);
+    while (!heap_.empty() && emitted_ < params_.budget) {
+      std::pop_heap(heap_.begin(), heap_.end(), Worse());
+      Item it = heap_.back();
+      heap_.pop_back();
+      // Emit it; while its expansion leaves one child that beats everything queued (a copy running on),
+      // emit that child at once instead of queueing it.
+      for (;;) {
+        const int32_t index = (int32_t)out.token_ids.size();
+        out.token_ids.push_back(it.token);
+        out.parents.push_back(it.parent);
+        out.probs.push_back((float)it.prob);
+        out.score += it.prob;
+        ++emitted_;
+        if (emitted_ >= params_.budget) break;
+        const size_t queued = heap_.size();
+        expand(it.begin, it.end, index, it.prob, nullptr);
+        if (heap_.size() != queued + 1) break;
+        const Item& child = heap_.back();  // the one just pushed (push_heap may have moved it up)
+        (void)child;
+        std::pop_heap(heap_.begin(), heap_.end(), Worse());
+        Item top = heap_.back();
+        if (top.parent != index) {  // something queued earlier is better: put it back, go on as usual
+          std::push_heap(heap_.begin(), heap_.end(), Worse());
+          break;
+        }
+        heap_.pop_back();
+        it = top;
+      }
     }
     return out;
   }
 
  private:
-  struct Item {
-    double prob;
-    uint32_t order;  // push order breaks ties: earlier first
-    int32_t parent;
-    Tok token;
-    uint32_t begin, end;  // the node's cursors in pool_
-  };
-  struct Worse {
-    bool operator()(const Item& a, const Item& b) const { return a.prob != b.prob ? a.prob < b.prob : a.order > b.order; }
-  };
-
   // Root cursors of one source: its longest match with a continuation, then shorter matches (at most
-  // half as long each time) that have more continuing occurrences.
-  void seed(uint32_t s, const Tok* ctx, size_t n, DraftOut* out) {
+  // half as long each time) with more occurrences.
+  void seed(uint32_t s, const Tok* ctx, size_t n, MatchHint* hint, DraftOut* out) {
     const SuffixTree& t = *sources_[s].tree;
     if (n == 0 || t.num_tokens() == 0) return;
-    uint32_t hi = std::min<uint32_t>((uint32_t)std::min<size_t>(n, t.max_depth()), t.longest_match(ctx, n));
-    double floor = 0;
-    for (uint32_t level = 0; level < params_.levels && hi > 0; ++level) {
-      Locus l;
-      double cont = 0;
-      const uint32_t m = longest_with_more(t, ctx, n, hi, floor, &l, &cont);
-      if (m == 0) break;
-      pool_.push_back(Cursor{s, l.node, l.depth, 0, 0, m});
-      if (level == 0) out->match_len = std::max(out->match_len, m);
-      floor = cont;
-      hi = m / 2;
+    uint32_t hi = (uint32_t)std::min<size_t>(n, t.max_depth());
+    if (hint && hint->context_length > 0 && hint->context_length <= n)
+      hi = (uint32_t)std::min<size_t>(hi, hint->match + (n - hint->context_length));
+    Locus l;
+    const uint32_t m = longest_continuing(t, ctx, n, hi, &l);
+    if (hint) *hint = MatchHint{m, n};
+    if (m == 0) return;
+    first_[s] = m;
+    out->match_len = std::max(out->match_len, m);
+    pool_.push_back(Cursor{s, l.node, l.depth, 0, 0, m});
+    double floor = t.count_of(l.node);
+    uint32_t half = m / 2;
+    for (uint32_t level = 1; level < params_.levels && half > 0; ++level) {
+      const uint32_t m2 = longest_more_frequent(t, ctx, n, half, floor, &l);
+      if (m2 == 0) break;
+      pool_.push_back(Cursor{s, l.node, l.depth, 0, 0, m2});
+      floor = t.count_of(l.node);
+      half = m2 / 2;
     }
   }
 
@@ -178,15 +216,27 @@ class Builder {
       const uint32_t pos = c.node == kNil ? c.pos : t.ref_of(c.node) + c.depth;
       const Tok tok = t.arena()[pos];
       if (tok == kSentinel || c.copied >= params_.max_copy) return;
-      DraftFeature f{src.kind, mb, 0, 1, 0};
+      const DraftFeature f{src.kind, mb, 0, 1, 0};
       kids_.push_back(Candidate{tok, cal_.estimate(f), Cursor{c.source, kNil, 0, pos + 1, c.copied + 1, c.match + 1}, f});
       return;
     }
     const Locus l{c.node, c.depth};
     const Tok inside = t.next_in_edge(l);
     if (inside != kSentinel) {  // every occurrence continues along the edge
-      DraftFeature f{src.kind, mb, 0, 1, Calibration::count_bucket(t.count_of(c.node))};
+      const DraftFeature f{src.kind, mb, 0, 1, Calibration::count_bucket(t.count_of(c.node))};
       kids_.push_back(Candidate{inside, cal_.estimate(f), Cursor{c.source, c.node, c.depth + 1, 0, 0, c.match + 1}, f});
+      return;
+    }
+    const uint32_t num = t.num_children(c.node);
+    if (num == 0) return;
+    if (num > params_.wide) {  // a wide node: only its most frequent child, against all occurrences
+      const ChildRef best = t.best_child(c.node);
+      if (best == kNil) return;
+      const double total = t.count_of(c.node);
+      const DraftFeature f{src.kind, mb, Calibration::share_bucket(t.count_of(best) / total), 0,
+                           Calibration::count_bucket(total)};
+      const Tok tok = t.arena()[t.ref_of(best) + c.depth];
+      kids_.push_back(Candidate{tok, cal_.estimate(f), Cursor{c.source, best, c.depth + 1, 0, 0, c.match + 1}, f});
       return;
     }
     double total = 0;
@@ -195,17 +245,18 @@ class Builder {
       total += t.count_of(ch);
       newest = std::max(newest, t.ref_of(ch));
     });
-    if (total <= 0) return;
     const uint8_t cb = Calibration::count_bucket(total);
     t.for_each_child(c.node, [&](Tok tok, ChildRef ch) {
       const double share = t.count_of(ch) / total;
-      DraftFeature f{src.kind, mb, Calibration::share_bucket(share), (uint8_t)(t.ref_of(ch) == newest), cb};
+      const DraftFeature f{src.kind, mb, Calibration::share_bucket(share), (uint8_t)(t.ref_of(ch) == newest), cb};
       kids_.push_back(Candidate{tok, cal_.estimate(f), Cursor{c.source, ch, c.depth + 1, 0, 0, c.match + 1}, f});
     });
   }
 
   // Children of the draft node whose cursors are pool_[begin, end): one per distinct token, its
-  // estimate the best of the cursors predicting it.
+  // estimate the best of the cursors predicting it. A child keeps one cursor per source (the longest
+  // match: it subsumes shorter ones), and no canonical cursor whose real twin matches as far; only the
+  // `remaining` best children can still be drafted, so no others are queued.
   void expand(uint32_t begin, uint32_t end, int32_t parent, double prob, std::vector<RootObservation>* obs) {
     kids_.clear();
     for (uint32_t i = begin; i < end; ++i) candidates(pool_[i]);
@@ -213,39 +264,70 @@ class Builder {
       for (const Candidate& k : kids_) obs->push_back(RootObservation{k.feature, k.token, sources_[k.next.source].canonical});
     kids_.erase(std::remove_if(kids_.begin(), kids_.end(), [](const Candidate& k) { return k.token >= kClassBase; }),
                 kids_.end());
-    std::sort(kids_.begin(), kids_.end(), [](const Candidate& a, const Candidate& b) { return a.token < b.token; });
+    if (kids_.empty()) return;
+    if (kids_.size() > 1)
+      std::sort(kids_.begin(), kids_.end(), [](const Candidate& a, const Candidate& b) {
+        return a.token != b.token ? a.token < b.token : a.next.match > b.next.match;
+      });
+    groups_.clear();
     for (size_t i = 0; i < kids_.size();) {
-      const uint32_t first = (uint32_t)pool_.size();
-      double best = 0;
       size_t j = i;
-      for (; j < kids_.size() && kids_[j].token == kids_[i].token; ++j) {
-        best = std::max(best, kids_[j].estimate);
-        pool_.push_back(kids_[j].next);
-      }
-      const double p = prob * best;
-      if (p >= params_.min_prob) heap_.push(Item{p, order_++, parent, kids_[i].token, first, (uint32_t)pool_.size()});
+      double best = 0;
+      while (j < kids_.size() && kids_[j].token == kids_[i].token) best = std::max(best, kids_[j++].estimate);
+      groups_.push_back(Group{prob * best, (uint32_t)i, (uint32_t)j});
       i = j;
+    }
+    const size_t remaining = params_.budget - emitted_;
+    if (groups_.size() > remaining) {
+      std::nth_element(groups_.begin(), groups_.begin() + remaining, groups_.end(),
+                       [](const Group& a, const Group& b) { return a.prob > b.prob; });
+      groups_.resize(remaining);
+    }
+    for (const Group& g : groups_) {
+      if (g.prob < params_.min_prob) continue;
+      const uint32_t first = (uint32_t)pool_.size();
+      for (uint32_t k = g.begin; k < g.end; ++k) {
+        const Cursor& c = kids_[k].next;
+        bool redundant = false;
+        uint32_t same_source = 0;
+        for (uint32_t q = first; q < pool_.size() && !redundant; ++q) {
+          const Cursor& o = pool_[q];  // kept cursors come in decreasing match order
+          same_source += o.source == c.source;
+          redundant = same_source >= kCursorsPerSource ||
+                      (o.source == c.source && o.node == c.node && o.depth == c.depth && o.pos == c.pos) ||
+                      (sources_[c.source].twin == (int32_t)o.source && o.match >= c.match);
+        }
+        if (!redundant) pool_.push_back(c);
+      }
+      heap_.push_back(Item{g.prob, order_++, parent, kids_[g.begin].token, first, (uint32_t)pool_.size()});
+      std::push_heap(heap_.begin(), heap_.end(), Worse());
     }
   }
 
   const std::vector<DraftSource>& sources_;
   const DrafterParams& params_;
   const Calibration& cal_;
-  std::vector<Cursor> pool_;
-  std::vector<Candidate> kids_;
-  std::priority_queue<Item, std::vector<Item>, Worse> heap_;
+  std::vector<Cursor>& pool_;
+  std::vector<Candidate>& kids_;
+  std::vector<Item>& heap_;
+  std::vector<uint32_t>& first_;
+  std::vector<Group>& groups_;
   uint32_t order_ = 0;
+  uint32_t emitted_ = 0;
 };
 
 }  // namespace
 
 DraftOut draft_multi(const std::vector<DraftSource>& sources, const Tok* ctx, const Tok* ctx_canon, size_t n,
                      const DrafterParams& params, const Calibration& calibration,
-                     std::vector<RootObservation>* observations) {
+                     std::vector<RootObservation>* observations, std::vector<MatchHint>* hints,
+                     DraftWorkspace* workspace) {
   if (observations) observations->clear();
   if (params.budget == 0) return DraftOut{};
-  Builder b(sources, params, calibration);
-  return b.run(ctx, ctx_canon, n, observations);
+  if (hints && hints->size() != sources.size()) hints->assign(sources.size(), MatchHint{});
+  DraftWorkspace local;
+  Builder b(sources, params, calibration, workspace ? workspace : &local);
+  return b.run(ctx, ctx_canon, n, observations, hints);
 }
 
 void learn(Calibration* calibration, const std::vector<RootObservation>& observations, Tok actual, Tok actual_canon) {

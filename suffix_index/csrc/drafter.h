@@ -82,13 +82,24 @@ struct DraftSource {
   const SuffixTree* tree;
   uint8_t kind;    // calibration row
   bool canonical;  // matches the canonical context and never drafts class ids
+  int32_t twin;    // canonical source: index of its real counterpart (consulted only when that one's match
+                   // is shorter than DrafterParams::canonical_below), else -1
+};
+
+// Where a source's longest match with a continuation was at the previous draft of the same session:
+// the match cannot have grown by more than the tokens appended since, which bounds the next search.
+struct MatchHint {
+  uint32_t match = 0;
+  size_t context_length = 0;  // 0: no hint
 };
 
 struct DrafterParams {
-  uint32_t budget = 32;        // draft nodes at most
-  double min_prob = 1e-4;      // nodes below this path probability are not drafted
-  uint32_t levels = 2;         // cursors per source: the longest match, then halved matches with more occurrences
-  uint32_t max_copy = 256;     // tokens a copy cursor may read past the trie's depth
+  uint32_t budget = 32;          // draft nodes at most
+  double min_prob = 1e-4;        // nodes below this path probability are not drafted
+  uint32_t levels = 2;           // cursors per source: the longest match, then halved matches with more occurrences
+  uint32_t max_copy = 256;       // tokens a copy cursor may read past the trie's depth
+  uint32_t canonical_below = 16; // a canonical source adds cursors only when its twin matched fewer tokens
+  uint32_t wide = 32;            // nodes with more children offer only their most frequent child
 };
 
 // What a root candidate predicted, to learn from once the next token is known.
@@ -98,11 +109,47 @@ struct RootObservation {
   bool canonical;
 };
 
+// Scratch memory of draft_multi, reused across calls (one per session).
+struct DraftWorkspace {
+  struct Cursor {
+    uint32_t source;
+    ChildRef node;    // trie locus (kNil: copy cursor)
+    uint32_t depth;   // locus depth
+    uint32_t pos;     // copy cursor: arena position of the next token
+    uint32_t copied;  // tokens copied past the trie's depth
+    uint32_t match;   // context tokens matched so far, draft tokens included
+  };
+  struct Candidate {
+    Tok token;
+    double estimate;
+    Cursor next;
+    DraftFeature feature;
+  };
+  struct Item {
+    double prob;
+    uint32_t order;  // push order breaks ties: earlier first
+    int32_t parent;
+    Tok token;
+    uint32_t begin, end;  // the node's cursors in pool
+  };
+  struct Group {  // candidates predicting one token
+    double prob;
+    uint32_t begin, end;  // range in kids
+  };
+  std::vector<Cursor> pool;
+  std::vector<Candidate> kids;
+  std::vector<Item> heap;
+  std::vector<Group> groups;
+  std::vector<uint32_t> first_match;  // per source: its longest match this call (0: none)
+};
+
 // Drafts continuing ctx[0, n) (real ids) / ctx_canon[0, n) (canonical ids, used by canonical sources).
-// Callers hold every source's index lock shared. `observations` receives the root candidates.
+// Callers hold every source's index lock shared. `observations` receives the root candidates; `hints`
+// (one per source, may be null) bound the match search and are updated.
 DraftOut draft_multi(const std::vector<DraftSource>& sources, const Tok* ctx, const Tok* ctx_canon, size_t n,
                      const DrafterParams& params, const Calibration& calibration,
-                     std::vector<RootObservation>* observations);
+                     std::vector<RootObservation>* observations, std::vector<MatchHint>* hints,
+                     DraftWorkspace* workspace);
 
 // Learns from the token that followed: every root candidate of the last draft is a hit or a miss.
 void learn(Calibration* calibration, const std::vector<RootObservation>& observations, Tok actual, Tok actual_canon);

@@ -88,12 +88,21 @@ class DraftingSession {
         local_(max_depth, 0, {}),
         local_canon_(max_depth, 0, {}) {
     if (classes_.ndim() != 1) throw py::value_error("token classes must be a 1-D int32 array");
+    canonical_ = classes_.shape(0) > 0;
+    sources_.push_back(DraftSource{&local_.tree, kKindLocal, false, -1});
+    if (canonical_) sources_.push_back(DraftSource{&local_canon_.tree, kKindLocalCanonical, true, 0});
   }
 
+  // A tenant index to draft from too. A canonical source added right after a real one is its twin.
   void add_source(py::object index, int kind, bool canonical) {
     if (kind < 0 || kind >= kMaxSourceKinds)
       throw py::value_error("source kind must be in [0, " + std::to_string(kMaxSourceKinds) + "), got " + std::to_string(kind));
-    shared_.push_back(SharedSource{index, index.cast<const SuffixIndex*>(), (uint8_t)kind, canonical});
+    const SuffixIndex* ix = index.cast<const SuffixIndex*>();
+    shared_.push_back(SharedSource{index, ix, (uint8_t)kind, canonical});
+    int32_t twin = -1;
+    if (canonical && !sources_.empty() && !sources_.back().canonical) twin = (int32_t)sources_.size() - 1;
+    sources_.push_back(DraftSource{&ix->tree, (uint8_t)kind, canonical, twin});
+    hints_.clear();
   }
 
   // The request's context becomes `prompt`. When it extends the current context, only the new tokens
@@ -113,13 +122,16 @@ class DraftingSession {
       from = lcp > overlap ? lcp - overlap : 0;
     }
     ctx_.assign(p, p + n);
-    ctx_canon_.resize(n);
-    for (size_t i = 0; i < n; ++i) ctx_canon_[i] = canonical(p[i]);
+    if (canonical_) {
+      ctx_canon_.resize(n);
+      for (size_t i = 0; i < n; ++i) ctx_canon_[i] = canonical(p[i]);
+    }
     if (from < n) {
       local_.extend(seq_, ctx_.data() + from, n - from);
-      local_canon_.extend(seq_, ctx_canon_.data() + from, n - from);
+      if (canonical_) local_canon_.extend(seq_, ctx_canon_.data() + from, n - from);
     }
     observations_.clear();
+    hints_.clear();
   }
 
   py::object propose(int64_t budget) {
@@ -129,17 +141,10 @@ class DraftingSession {
     DraftOut d;
     {
       py::gil_scoped_release nogil;
-      std::vector<DraftSource> sources;
-      sources.reserve(2 + shared_.size());
-      sources.push_back(DraftSource{&local_.tree, kKindLocal, false});
-      sources.push_back(DraftSource{&local_canon_.tree, kKindLocalCanonical, true});
-      std::vector<std::shared_lock<std::shared_mutex>> locks;
-      locks.reserve(shared_.size());
-      for (const SharedSource& s : shared_) {
-        locks.emplace_back(s.index->mutex);
-        sources.push_back(DraftSource{&s.index->tree, s.kind, s.canonical});
-      }
-      d = draft_multi(sources, ctx_.data(), ctx_canon_.data(), ctx_.size(), p, *calibration_, &observations_);
+      for (const SharedSource& s : shared_) s.index->mutex.lock_shared();
+      d = draft_multi(sources_, ctx_.data(), canonical_ ? ctx_canon_.data() : ctx_.data(), ctx_.size(), p,
+                      *calibration_, &observations_, &hints_, &workspace_);
+      for (const SharedSource& s : shared_) s.index->mutex.unlock_shared();
     }
     return make_tree(d);
   }
@@ -151,14 +156,16 @@ class DraftingSession {
     const size_t n = (size_t)tokens.shape(0);
     if (n == 0) return;
     py::gil_scoped_release nogil;
-    std::vector<Tok> canon(n);
-    for (size_t i = 0; i < n; ++i) canon[i] = canonical(t[i]);
-    if (learn_from_it && !observations_.empty()) learn(calibration_, observations_, t[0], canon[0]);
+    if (learn_from_it && !observations_.empty()) learn(calibration_, observations_, t[0], canonical(t[0]));
     observations_.clear();
     ctx_.insert(ctx_.end(), t, t + n);
-    ctx_canon_.insert(ctx_canon_.end(), canon.begin(), canon.end());
     local_.extend(seq_, t, n);
-    local_canon_.extend(seq_, canon.data(), n);
+    if (canonical_) {
+      const size_t old = ctx_canon_.size();
+      ctx_canon_.resize(old + n);
+      for (size_t i = 0; i < n; ++i) ctx_canon_[old + i] = canonical(t[i]);
+      local_canon_.extend(seq_, ctx_canon_.data() + old, n);
+    }
   }
 
   I32Array context() const {
@@ -183,7 +190,11 @@ class DraftingSession {
   I32Array classes_;
   DrafterParams params_;
   SuffixIndex local_, local_canon_;
+  bool canonical_ = false;
   std::vector<SharedSource> shared_;
+  std::vector<DraftSource> sources_;  // local, local canonical (with classes), then the shared ones
+  std::vector<MatchHint> hints_;
+  DraftWorkspace workspace_;
   std::vector<Tok> ctx_, ctx_canon_;
   int64_t seq_ = 0;
   std::vector<RootObservation> observations_;
@@ -206,19 +217,24 @@ void bind_drafter(py::module_& m) {
       "Internal: called once by suffix_index.drafting.");
 
   py::class_<DrafterParams>(m, "DrafterParams")
-      .def(py::init([](double min_prob, uint32_t levels, uint32_t max_copy) {
+      .def(py::init([](double min_prob, uint32_t levels, uint32_t max_copy, uint32_t canonical_below, uint32_t wide) {
              if (!(min_prob >= 0 && min_prob < 1)) throw py::value_error("min_prob must be in [0, 1), got " + std::to_string(min_prob));
              if (levels < 1 || levels > 8) throw py::value_error("levels must be in [1, 8], got " + std::to_string(levels));
+             if (wide < 1) throw py::value_error("wide must be >= 1, got " + std::to_string(wide));
              DrafterParams p;
              p.min_prob = min_prob;
              p.levels = levels;
              p.max_copy = max_copy;
+             p.canonical_below = canonical_below;
+             p.wide = wide;
              return p;
            }),
-           py::arg("min_prob"), py::arg("levels"), py::arg("max_copy"))
+           py::arg("min_prob"), py::arg("levels"), py::arg("max_copy"), py::arg("canonical_below"), py::arg("wide"))
       .def_readonly("min_prob", &DrafterParams::min_prob)
       .def_readonly("levels", &DrafterParams::levels)
-      .def_readonly("max_copy", &DrafterParams::max_copy);
+      .def_readonly("max_copy", &DrafterParams::max_copy)
+      .def_readonly("canonical_below", &DrafterParams::canonical_below)
+      .def_readonly("wide", &DrafterParams::wide);
 
   py::class_<Calibration>(m, "Calibration")
       .def(py::init<double>(), py::arg("prior_strength"))
