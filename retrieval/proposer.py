@@ -71,7 +71,10 @@ class RepriseSession:
         self._finished = True
         output = np.concatenate(self._output) if self._output else np.zeros(0, dtype=np.int32)
         if record and len(output):
-            self._owner.history(self._tenant).record(self._prompt, output)
+            try:
+                self._owner.history(self._tenant).record(self._prompt, output)
+            except KeyError:  # the tenant was deleted while this request ran: keep nothing
+                return
         self._owner._park(self._tenant, self._session_id, self._native)
 
     @property
@@ -91,6 +94,7 @@ class RepriseProposer:
         self._tenants: dict[str, TenantHistory] = {}
         self._parked: OrderedDict[tuple[str, str], DraftingSession] = OrderedDict()
         self._parked_bytes = 0
+        self._deleted: set[str] = set()
         self._lock = threading.Lock()
 
     # ---- vocabulary ----
@@ -119,12 +123,35 @@ class RepriseProposer:
     # ---- tenants ----
 
     def history(self, tenant: str) -> TenantHistory:
-        """The tenant's state, created empty on first use."""
+        """The tenant's state, created empty on first use. KeyError for a deleted tenant."""
         with self._lock:
             h = self._tenants.get(tenant)
             if h is None:
+                if tenant in self._deleted:
+                    raise KeyError(f"tenant {tenant!r} was deleted")
                 h = self._tenants[tenant] = TenantHistory(self.config, self._classes)
             return h
+
+    def snapshot(self, tenant: str) -> bytes:
+        """The tenant's drafting state as bytes (history, corpus, calibration); see ``restore``."""
+        return self.history(tenant).snapshot()
+
+    def restore(self, tenant: str, data: bytes) -> None:
+        """Replace the tenant's drafting state with a ``snapshot``; ValueError if ``data`` is not one."""
+        state = TenantHistory(self.config, self._classes)
+        state.restore(data)
+        with self._lock:
+            if tenant in self._deleted:
+                raise KeyError(f"tenant {tenant!r} was deleted")
+            self._tenants[tenant] = state
+        self._drop_parked(tenant)  # parked sessions hold the replaced indexes
+
+    def delete(self, tenant: str) -> None:
+        """The tenant is gone for good: evict its state and refuse to recreate it (in-flight requests
+        that finish afterwards record nothing)."""
+        with self._lock:
+            self._deleted.add(tenant)
+        self.evict(tenant)
 
     def load_history(self, tenant: str, trajectories: Iterable[Trajectory]) -> int:
         """Rebuild a tenant's history from stored trajectories (commit order); returns how many."""

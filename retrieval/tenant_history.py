@@ -12,7 +12,9 @@ Each index comes in two forms, real token ids and canonical ids (numbers replace
 
 from __future__ import annotations
 
+import struct
 import threading
+import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -137,6 +139,66 @@ class TenantHistory:
             pairs = [(self.history, KIND_HISTORY, False), (self.history_canon, KIND_HISTORY_CANONICAL, True),
                      (self.corpus, KIND_CORPUS, False), (self.corpus_canon, KIND_CORPUS_CANONICAL, True)]
         return [(native_index(ix), kind, canon) for ix, kind, canon in pairs if ix is not None]
+
+    # ---- snapshots ----
+
+    _MAGIC = b"RPTH"
+    _VERSION = 1
+
+    def snapshot(self) -> bytes:
+        """Everything this tenant's drafting has learned, as bytes (``restore`` reads them back exactly).
+
+        Layout: magic, version, next sequence id, document count, then length-prefixed parts (history,
+        its canonical twin, corpus, its canonical twin — empty when absent — and the calibration table),
+        then a CRC-32 of all that precedes it. The privacy layer seals these bytes before storing them.
+        """
+        with self._lock:
+            parts = [ix.serialize() if ix is not None else b"" for ix in
+                     (self.history, self.history_canon, self.corpus, self.corpus_canon)]
+            parts.append(self.calibration.table().astype("<f4").tobytes())
+            head = self._MAGIC + struct.pack("<IQQ", self._VERSION, self._next_seq, self._num_documents)
+        body = head + b"".join(struct.pack("<Q", len(p)) + p for p in parts)
+        return body + struct.pack("<I", zlib.crc32(body))
+
+    def restore(self, data: bytes) -> None:
+        """Replace this state with a ``snapshot``; ValueError (nothing changed) if the bytes are not one."""
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TypeError(f"snapshot must be bytes, got {type(data).__name__}")
+        data = bytes(data)
+        if len(data) < 28 or data[:4] != self._MAGIC:
+            raise ValueError("not a tenant history snapshot (bad magic or too short)")
+        (crc,) = struct.unpack("<I", data[-4:])
+        if zlib.crc32(data[:-4]) != crc:
+            raise ValueError("tenant history snapshot is corrupt (checksum mismatch)")
+        version, next_seq, num_docs = struct.unpack("<IQQ", data[4:24])
+        if version != self._VERSION:
+            raise ValueError(f"tenant history snapshot version {version} is not supported (expected {self._VERSION})")
+        parts, pos, end = [], 24, len(data) - 4
+        for _ in range(5):
+            if pos + 8 > end:
+                raise ValueError("tenant history snapshot is truncated")
+            (n,) = struct.unpack("<Q", data[pos:pos + 8])
+            pos += 8
+            if pos + n > end:
+                raise ValueError("tenant history snapshot is truncated")
+            parts.append(data[pos:pos + n])
+            pos += n
+        if pos != end:
+            raise ValueError("tenant history snapshot has trailing bytes")
+        indexes = [SuffixIndex.deserialize(p) if p else None for p in parts[:4]]
+        if indexes[0] is None or indexes[2] is None:
+            raise ValueError("tenant history snapshot lacks its history or corpus index")
+        if (indexes[1] is None) != (indexes[3] is None):
+            raise ValueError("tenant history snapshot has only one of its canonical indexes")
+        table = np.frombuffer(parts[4], dtype="<f4").astype(np.float32)
+        calibration = Calibration(self._config.prior_strength)
+        calibration.set_table(table)
+        with self._lock:
+            self.history, self.history_canon, self.corpus, self.corpus_canon = indexes
+            self._canonical = indexes[1] is not None
+            self.calibration = calibration
+            self._next_seq = next_seq
+            self._num_documents = num_docs
 
     def stats(self) -> HistoryStats:
         indexes = [ix for ix in (self.history, self.history_canon, self.corpus, self.corpus_canon) if ix is not None]
