@@ -18,10 +18,13 @@ class DraftingConfig:
     accepted (the product along their path) is lower; ``levels`` is how many match lengths each source
     starts from (its longest match, then shorter ones with more occurrences); ``lead_in`` is how many
     prompt tokens are recorded before each response in the tenant's history, so that the start of a
-    response can be matched; ``canonical`` adds indexes where number tokens are replaced by a class id;
+    response can be matched; ``use_context``/``use_history``/``use_corpus`` choose the sources (the
+    request's own prompt and output, the tenant's past responses, the tenant's corpus); ``canonical`` adds indexes where number tokens are replaced by a class id;
     ``learn`` lets the per-tenant calibration learn from committed tokens (``prior_strength`` is the
     weight of its prior, in observations); ``max_copy`` bounds how far a draft copies past the tries'
-    depth; ``canonical_below``: canonical indexes are consulted only when the real match is shorter;
+    depth; ``collapse_threshold``: a tenant whose drafts accept less than this share of what they were
+    expected to stops drafting (with periodic probes) until they recover (0: never; retrieval.policy);
+    ``canonical_below``: canonical indexes are consulted only when the real match is shorter;
     ``wide_node``: trie nodes with more children offer only their most frequent child; ``history_max_bytes`` is each tenant's history index budget (oldest trajectories are evicted
     first; 0: none); ``session_cache_bytes`` bounds the request indexes kept for a session's next call.
 
@@ -36,9 +39,13 @@ class DraftingConfig:
     levels: int = 2
     lead_in: int = 16
     canonical: bool = True
+    use_context: bool = True
+    use_history: bool = True
+    use_corpus: bool = True
     learn: bool = True
     prior_strength: float = 8.0
     max_copy: int = 256
+    collapse_threshold: float = 0.2
     canonical_below: int = 16
     wide_node: int = 32
     history_max_bytes: int = 1 << 30
@@ -54,10 +61,14 @@ class DraftingConfig:
         if not 0.0 <= self.min_path_prob < 1.0:
             raise ValueError(f"min_path_prob must be in [0, 1), got {self.min_path_prob}")
         _check_range("levels", self.levels, 1, 8)
+        if not (self.use_context or self.use_history or self.use_corpus):
+            raise ValueError("at least one of use_context, use_history, use_corpus must be true")
         _check_range("lead_in", self.lead_in, 0, 4096)
         if not self.prior_strength > 0:
             raise ValueError(f"prior_strength must be > 0, got {self.prior_strength}")
         _check_range("max_copy", self.max_copy, 0, 1 << 20)
+        if not 0.0 <= self.collapse_threshold < 1.0:
+            raise ValueError(f"collapse_threshold must be in [0, 1), got {self.collapse_threshold}")
         _check_range("canonical_below", self.canonical_below, 0, 4096)
         _check_range("wide_node", self.wide_node, 1, 1 << 20)
         _check_range("history_max_bytes", self.history_max_bytes, 0, 1 << 50)

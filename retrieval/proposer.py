@@ -24,6 +24,7 @@ import numpy as np
 
 from retrieval.config import DraftingConfig
 from retrieval.draft_tree import DraftTree
+from retrieval.policy import AcceptanceMonitor
 from retrieval.tenant_history import HistoryStats, TenantHistory, Trajectory
 from retrieval.vocabulary import identity_classes, number_classes
 from suffix_index import as_tokens
@@ -39,11 +40,13 @@ _REBASE_OVERLAP = 64
 class RepriseSession:
     """Drafting state of one request (see ``retrieval.session.DraftSession``)."""
 
-    __slots__ = ("_learn", "_native", "_owner", "_prompt", "_session_id", "_tenant", "_output", "_finished")
+    __slots__ = ("_learn", "_monitor", "_native", "_owner", "_prompt", "_session_id", "_tenant", "_output",
+                 "_finished")
 
     def __init__(self, owner: RepriseProposer, tenant: str, session_id: str, native: DraftingSession,
-                 prompt: np.ndarray) -> None:
+                 prompt: np.ndarray, monitor: AcceptanceMonitor) -> None:
         self._owner = owner
+        self._monitor = monitor
         self._tenant = tenant
         self._session_id = session_id
         self._native = native
@@ -54,6 +57,8 @@ class RepriseSession:
 
     def propose(self, budget: int) -> DraftTree:
         """A calibrated draft tree of at most ``budget`` nodes continuing the committed context."""
+        if budget > 0:
+            budget = self._monitor.budget(budget)
         if budget <= 0:
             return DraftTree.empty(SOURCE)
         return self._native.propose(budget)
@@ -61,7 +66,9 @@ class RepriseSession:
     def commit(self, token_ids: Sequence[int] | np.ndarray) -> None:
         tokens = as_tokens(token_ids, "token_ids")
         if len(tokens):
-            self._native.commit(tokens, self._learn)
+            expected, accepted = self._native.commit(tokens, self._learn)
+            if expected > 0:
+                self._monitor.observe(expected, accepted)
             self._output.append(tokens)
 
     def finish(self, record: bool = True) -> None:
@@ -104,7 +111,8 @@ class RepriseProposer:
 
         Call before the first request; tenants created earlier keep drafting without canonical indexes.
         """
-        self._classes = number_classes(decode, vocab_size)
+        if self.config.canonical:
+            self._classes = number_classes(decode, vocab_size)
 
     # ---- requests ----
 
@@ -114,11 +122,12 @@ class RepriseProposer:
         history = self.history(tenant)
         native = self._unpark(tenant, session_id)
         if native is None:
-            native = DraftingSession(self.config.max_depth, history.calibration, self._classes, self._params)
+            native = DraftingSession(self.config.max_depth, history.calibration, self._classes, self._params,
+                                     self.config.use_context)
             for index, kind, canonical in history.sources():
                 native.add_source(index, kind, canonical)
         native.rebase(prompt, _REBASE_OVERLAP)
-        return RepriseSession(self, tenant, session_id, native, prompt)
+        return RepriseSession(self, tenant, session_id, native, prompt, history.monitor)
 
     # ---- tenants ----
 

@@ -28,6 +28,22 @@ _ENTRIES: dict[str, _Entry] = {
         "retrieval.registry:_reprise",
         "the full proposer: request + tenant history + corpus, canonical numbers, calibrated merge (default)",
     ),
+    "suffix": _Entry(
+        "retrieval.registry:_suffix",
+        "suffix trees of the request and the tenant's past responses, merged into one tree by calibrated score",
+    ),
+    "corpus": _Entry(
+        "retrieval.registry:_corpus",
+        "REST-style: the tenant's corpus (documentation, code, tool schemas) alone",
+    ),
+    "exact_key": _Entry(
+        "retrieval.registry:_exact_key",
+        "exact-key index: the newest occurrence of the longest matching key, copied past the trie's depth",
+    ),
+    "suffixdecoding": _Entry(
+        "retrieval.registry:_suffixdecoding",
+        "SuffixDecoding's semantics on Reprise's index (request or past responses, either-or): the anchor",
+    ),
     "prompt_lookup": _Entry(
         "retrieval.registry:_prompt_lookup_2_5",
         "n-gram lookup over the request's own prompt and output, n 2-5 (the baseline in the figures)",
@@ -50,6 +66,34 @@ def _reprise(config: DraftingConfig) -> Proposer:
     from retrieval.proposer import RepriseProposer
 
     return RepriseProposer(config)
+
+
+def _suffix(config: DraftingConfig) -> Proposer:
+    from dataclasses import replace
+
+    from retrieval.proposer import RepriseProposer
+
+    return RepriseProposer(replace(config, canonical=False, use_corpus=False))
+
+
+def _corpus(config: DraftingConfig) -> Proposer:
+    from dataclasses import replace
+
+    from retrieval.proposer import RepriseProposer
+
+    return RepriseProposer(replace(config, use_context=False, use_history=False, use_corpus=True))
+
+
+def _exact_key(config: DraftingConfig) -> Proposer:
+    from retrieval.drafters import ExactKeyProposer
+
+    return ExactKeyProposer(config)
+
+
+def _suffixdecoding(config: DraftingConfig) -> Proposer:
+    from retrieval.drafters import SuffixDecodingProposer
+
+    return SuffixDecodingProposer(config)
 
 
 def _prompt_lookup_2_5(config: DraftingConfig) -> Proposer:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from retrieval.config import DraftingConfig
+from retrieval.policy import AcceptanceMonitor, MonitorConfig
 from suffix_index import SuffixIndex, as_tokens
 from suffix_index.drafting import (
     KIND_CORPUS,
@@ -70,6 +71,7 @@ class TenantHistory:
         self.corpus = SuffixIndex(max_depth=depth)
         self.corpus_canon = SuffixIndex(max_depth=depth) if self._canonical else None
         self.calibration = Calibration(config.prior_strength)
+        self.monitor = AcceptanceMonitor(MonitorConfig(threshold=config.collapse_threshold))
         self._lock = threading.Lock()
         self._next_seq = 0
         self._num_documents = 0
@@ -133,11 +135,14 @@ class TenantHistory:
         return out
 
     def sources(self) -> list[tuple[object, int, bool]]:
-        """(native index, calibration kind, canonical) for every shared index (empty ones too: they fill up
-        while sessions that hold them live on)."""
+        """(native index, calibration kind, canonical) for every shared index the configuration uses
+        (empty ones too: they fill up while sessions that hold them live on)."""
+        pairs: list[tuple[SuffixIndex | None, int, bool]] = []
         with self._lock:
-            pairs = [(self.history, KIND_HISTORY, False), (self.history_canon, KIND_HISTORY_CANONICAL, True),
-                     (self.corpus, KIND_CORPUS, False), (self.corpus_canon, KIND_CORPUS_CANONICAL, True)]
+            if self._config.use_history:
+                pairs += [(self.history, KIND_HISTORY, False), (self.history_canon, KIND_HISTORY_CANONICAL, True)]
+            if self._config.use_corpus:
+                pairs += [(self.corpus, KIND_CORPUS, False), (self.corpus_canon, KIND_CORPUS_CANONICAL, True)]
         return [(native_index(ix), kind, canon) for ix, kind, canon in pairs if ix is not None]
 
     # ---- snapshots ----
@@ -197,6 +202,7 @@ class TenantHistory:
             self.history, self.history_canon, self.corpus, self.corpus_canon = indexes
             self._canonical = indexes[1] is not None
             self.calibration = calibration
+            self.monitor = AcceptanceMonitor(MonitorConfig(threshold=self._config.collapse_threshold))
             self._next_seq = next_seq
             self._num_documents = num_docs
 

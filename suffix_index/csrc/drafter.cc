@@ -159,7 +159,10 @@ class Builder {
         const int32_t index = (int32_t)out.token_ids.size();
         out.token_ids.push_back(it.token);
         out.parents.push_back(it.parent);
-        out.probs.push_back((float)it.prob);
+        // DraftTree contract: probability given the parent was accepted; score sums path probabilities.
+        const double parent_prob = it.parent < 0 ? 1.0 : path_[it.parent];
+        out.probs.push_back((float)std::min(1.0, it.prob / parent_prob));
+        path_.push_back(it.prob);
         out.score += it.prob;
         ++emitted_;
         if (emitted_ >= params_.budget) break;
@@ -312,6 +315,7 @@ class Builder {
   std::vector<Item>& heap_;
   std::vector<uint32_t>& first_;
   std::vector<Group>& groups_;
+  std::vector<double> path_;  // path probability of each emitted node
   uint32_t order_ = 0;
   uint32_t emitted_ = 0;
 };

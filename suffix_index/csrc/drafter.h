@@ -144,6 +144,8 @@ struct DraftWorkspace {
 };
 
 // Drafts continuing ctx[0, n) (real ids) / ctx_canon[0, n) (canonical ids, used by canonical sources).
+// The result's probs are conditional (a node's probability given its parent was accepted) and its
+// score is the expected number of accepted tokens (the sum of path probabilities).
 // Callers hold every source's index lock shared. `observations` receives the root candidates; `hints`
 // (one per source, may be null) bound the match search and are updated.
 DraftOut draft_multi(const std::vector<DraftSource>& sources, const Tok* ctx, const Tok* ctx_canon, size_t n,

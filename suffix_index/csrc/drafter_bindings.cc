@@ -80,8 +80,10 @@ struct SharedSource {
 
 class DraftingSession {
  public:
-  DraftingSession(uint32_t max_depth, py::object calibration, I32Array classes, const DrafterParams& params)
-      : calibration_owner_(calibration),
+  DraftingSession(uint32_t max_depth, py::object calibration, I32Array classes, const DrafterParams& params,
+                  bool use_context)
+      : use_context_(use_context),
+        calibration_owner_(calibration),
         calibration_(calibration.cast<Calibration*>()),
         classes_(std::move(classes)),
         params_(params),
@@ -89,8 +91,10 @@ class DraftingSession {
         local_canon_(max_depth, 0, {}) {
     if (classes_.ndim() != 1) throw py::value_error("token classes must be a 1-D int32 array");
     canonical_ = classes_.shape(0) > 0;
-    sources_.push_back(DraftSource{&local_.tree, kKindLocal, false, -1});
-    if (canonical_) sources_.push_back(DraftSource{&local_canon_.tree, kKindLocalCanonical, true, 0});
+    if (use_context_) {
+      sources_.push_back(DraftSource{&local_.tree, kKindLocal, false, -1});
+      if (canonical_) sources_.push_back(DraftSource{&local_canon_.tree, kKindLocalCanonical, true, 0});
+    }
   }
 
   // A tenant index to draft from too. A canonical source added right after a real one is its twin.
@@ -126,12 +130,15 @@ class DraftingSession {
       ctx_canon_.resize(n);
       for (size_t i = 0; i < n; ++i) ctx_canon_[i] = canonical(p[i]);
     }
-    if (from < n) {
+    if (from < n && use_context_) {
       local_.extend(seq_, ctx_.data() + from, n - from);
       if (canonical_) local_canon_.extend(seq_, ctx_canon_.data() + from, n - from);
     }
     observations_.clear();
     hints_.clear();
+    last_ids_.clear();
+    last_parents_.clear();
+    last_score_ = 0.0;
   }
 
   py::object propose(int64_t budget) {
@@ -145,27 +152,45 @@ class DraftingSession {
       d = draft_multi(sources_, ctx_.data(), canonical_ ? ctx_canon_.data() : ctx_.data(), ctx_.size(), p,
                       *calibration_, &observations_, &hints_, &workspace_);
       for (const SharedSource& s : shared_) s.index->mutex.unlock_shared();
+      last_ids_ = d.token_ids;
+      last_parents_ = d.parents;
+      last_score_ = d.score;
     }
     return make_tree(d);
   }
 
   // Tokens the verifier committed: learn from the first, then extend the context and own indexes.
-  void commit(const I32Array& tokens, bool learn_from_it) {
+  // Returns (expected, accepted): the last draft's score and how many of its tokens the commit took.
+  std::pair<double, uint32_t> commit(const I32Array& tokens, bool learn_from_it) {
     check_tokens(tokens, "token_ids");
     const Tok* t = tokens.data();
     const size_t n = (size_t)tokens.shape(0);
-    if (n == 0) return;
+    if (n == 0) return {0.0, 0};
     py::gil_scoped_release nogil;
+    uint32_t accepted = 0;
+    for (int32_t at = -1; accepted < n;) {  // walk the last draft along the committed tokens
+      int32_t next = -1;
+      for (size_t i = 0; i < last_ids_.size() && next < 0; ++i)
+        if (last_parents_[i] == at && last_ids_[i] == t[accepted]) next = (int32_t)i;
+      if (next < 0) break;
+      at = next;
+      ++accepted;
+    }
+    const double expected = last_score_;
+    last_ids_.clear();
+    last_parents_.clear();
+    last_score_ = 0.0;
     if (learn_from_it && !observations_.empty()) learn(calibration_, observations_, t[0], canonical(t[0]));
     observations_.clear();
     ctx_.insert(ctx_.end(), t, t + n);
-    local_.extend(seq_, t, n);
+    if (use_context_) local_.extend(seq_, t, n);
     if (canonical_) {
       const size_t old = ctx_canon_.size();
       ctx_canon_.resize(old + n);
       for (size_t i = 0; i < n; ++i) ctx_canon_[old + i] = canonical(t[i]);
-      local_canon_.extend(seq_, ctx_canon_.data() + old, n);
+      if (use_context_) local_canon_.extend(seq_, ctx_canon_.data() + old, n);
     }
+    return {expected, accepted};
   }
 
   I32Array context() const {
@@ -185,6 +210,7 @@ class DraftingSession {
     return (py::ssize_t)t < classes_.shape(0) ? classes_.data()[t] : t;
   }
 
+  bool use_context_;  // draft from the request's own prompt and output too
   py::object calibration_owner_;
   Calibration* calibration_;
   I32Array classes_;
@@ -198,6 +224,9 @@ class DraftingSession {
   std::vector<Tok> ctx_, ctx_canon_;
   int64_t seq_ = 0;
   std::vector<RootObservation> observations_;
+  std::vector<Tok> last_ids_;  // the last draft, to count what the next commit accepted
+  std::vector<int32_t> last_parents_;
+  double last_score_ = 0.0;
 };
 
 }  // namespace
@@ -259,8 +288,8 @@ void bind_drafter(py::module_& m) {
       });
 
   py::class_<DraftingSession>(m, "DraftingSession")
-      .def(py::init<uint32_t, py::object, I32Array, const DrafterParams&>(), py::arg("max_depth"), py::arg("calibration"),
-           py::arg("token_classes"), py::arg("params"))
+      .def(py::init<uint32_t, py::object, I32Array, const DrafterParams&, bool>(), py::arg("max_depth"),
+           py::arg("calibration"), py::arg("token_classes"), py::arg("params"), py::arg("use_context") = true)
       .def("add_source", &DraftingSession::add_source, py::arg("index"), py::arg("kind"), py::arg("canonical"))
       .def("rebase", &DraftingSession::rebase, py::arg("prompt"), py::arg("overlap"))
       .def("propose", &DraftingSession::propose, py::arg("budget"))

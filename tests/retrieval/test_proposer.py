@@ -1,0 +1,236 @@
+"""The full Reprise proposer: contract, history, copies past the depth, canonical numbers, learning,
+session reuse, snapshots, deletion, bad input."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from retrieval.config import DraftingConfig
+from retrieval.draft_tree import DraftTree
+from retrieval.proposer import RepriseProposer
+from retrieval.registry import make_proposer, proposer_names
+from retrieval.vocabulary import CLASS_NUMBER, number_classes
+
+
+def ids(*xs: int) -> np.ndarray:
+    return np.array(xs, dtype=np.int32)
+
+
+def check_tree(tree: DraftTree, budget: int) -> None:
+    """The DraftTree contract, and probabilities as the drafter promises them."""
+    assert len(tree) <= budget
+    tree.validate()
+    assert np.all((tree.probs > 0) & (tree.probs <= 1.0))
+    path = tree.probs.astype(np.float64).copy()
+    for i, p in enumerate(tree.parents):
+        if p >= 0:
+            path[i] *= path[p]
+    assert tree.score == pytest.approx(path.sum(), rel=1e-4)
+
+
+def decode_walk(tree: DraftTree, truth: list[int]) -> int:
+    """Draft tokens a greedy walk would accept against ``truth``."""
+    at, n = -1, 0
+    while n < len(truth):
+        kids = [i for i, p in enumerate(tree.parents) if p == at and tree.token_ids[i] == truth[n]]
+        if not kids:
+            break
+        at, n = kids[0], n + 1
+    return n
+
+
+def run_request(p, tenant: str, session: str, prompt, output, budget: int = 16, record: bool = True) -> int:
+    """Decode ``output`` as the canonical replay does; returns the verification steps taken."""
+    s = p.begin(tenant, session, prompt)
+    pos = steps = 0
+    while pos < len(output):
+        tree = s.propose(budget)
+        check_tree(tree, budget)
+        n = min(decode_walk(tree, list(output[pos:])) + 1, len(output) - pos)
+        s.commit(output[pos:pos + n])
+        pos += n
+        steps += 1
+    s.finish(record=record)
+    return steps
+
+
+def test_defaults_and_registry() -> None:
+    c = DraftingConfig()
+    assert c.max_draft_tokens == 32 and c.lead_in == 16 and c.canonical and c.learn
+    assert {"reprise", "suffix", "corpus", "exact_key", "suffixdecoding", "prompt_lookup"} <= set(proposer_names())
+    assert isinstance(make_proposer("reprise"), RepriseProposer)
+    with pytest.raises(ValueError, match="levels"):
+        DraftingConfig(levels=0)
+    with pytest.raises(ValueError, match="at least one"):
+        DraftingConfig(use_context=False, use_history=False, use_corpus=False)
+
+
+def test_first_request_drafts_from_its_own_prompt() -> None:
+    p = RepriseProposer()
+    s = p.begin("t", "s", ids(5, 6, 7, 8, 9, 1, 2, 5, 6))
+    tree = s.propose(8)
+    check_tree(tree, 8)
+    assert decode_walk(tree, [7, 8, 9, 1]) == 4  # copies what followed "5 6" earlier in the prompt
+
+
+def test_empty_prompt_and_zero_budget() -> None:
+    p = RepriseProposer()
+    s = p.begin("t", "s", ids())
+    assert len(s.propose(8)) == 0
+    s.commit(ids(3))
+    assert len(s.propose(0)) == 0
+    s.finish()
+
+
+def test_history_drafts_the_next_trial_and_beats_no_history() -> None:
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(0, 500, 40).astype(np.int32)
+    answer = rng.integers(0, 500, 120).astype(np.int32)
+    p = RepriseProposer()
+    first = run_request(p, "t", "trial-0", prompt, answer)
+    second = run_request(p, "t", "trial-1", prompt, answer)
+    assert second < first / 3  # the second trial copies the first one's answer, 16 tokens a step
+
+
+def test_copies_run_past_the_trie_depth() -> None:
+    config = DraftingConfig(max_depth=8)
+    p = RepriseProposer(config)
+    rng = np.random.default_rng(1)
+    prompt = rng.integers(0, 1000, 30).astype(np.int32)
+    answer = rng.integers(0, 1000, 60).astype(np.int32)
+    run_request(p, "t", "a", prompt, answer)
+    s = p.begin("t", "b", prompt)
+    tree = s.propose(32)
+    assert decode_walk(tree, list(answer)) == 32  # far beyond max_depth - match length
+
+
+def test_record_false_keeps_history_unchanged() -> None:
+    p = RepriseProposer()
+    run_request(p, "t", "a", ids(1, 2, 3), ids(4, 5, 6, 7), record=False)
+    assert p.index_stats("t").num_trajectories == 0
+    run_request(p, "t", "a", ids(1, 2, 3), ids(4, 5, 6, 7), record=True)
+    assert p.index_stats("t").num_trajectories == 1
+
+
+def _toy_vocabulary():
+    words = {i: f"w{i}" for i in range(100)}
+    words.update({100 + i: str(i) for i in range(50)})  # number tokens
+    return (lambda i: words[i]), 150
+
+
+def test_canonical_matching_drafts_structure_after_a_fresh_number() -> None:
+    decode, size = _toy_vocabulary()
+    classes = number_classes(decode, size)
+    assert classes[105] == CLASS_NUMBER and classes[5] == 5
+    p = RepriseProposer()
+    p.set_vocabulary(decode, size)
+    prompt = ids(1, 2, 3)
+    run_request(p, "t", "a", prompt, ids(10, 11, 12, 107, 13, 14, 15, 16, 17))  # "... 7 ..." then structure
+    s = p.begin("t", "b", ids(1, 2, 3, 10, 11, 12, 142))  # same structure, another number (42)
+    tree = s.propose(8)
+    assert decode_walk(tree, [13, 14, 15, 16, 17]) == 5
+    assert not np.isin(tree.token_ids, [107, 142]).any() or decode_walk(tree, [13]) == 1
+    plain = RepriseProposer(dataclasses.replace(DraftingConfig(), canonical=False))
+    plain.set_vocabulary(decode, size)
+    run_request(plain, "t", "a", prompt, ids(10, 11, 12, 107, 13, 14, 15, 16, 17))
+    s2 = plain.begin("t", "b", ids(1, 2, 3, 10, 11, 12, 142))
+    assert decode_walk(s2.propose(8), [13, 14, 15, 16, 17]) == 0  # exact matching breaks at 42
+
+
+def test_calibration_learns_from_commits() -> None:
+    p = RepriseProposer()
+    rng = np.random.default_rng(2)
+    tokens = rng.integers(0, 50, 400).astype(np.int32)
+    before = p.history("t").calibration.num_observations
+    run_request(p, "t", "a", tokens[:200], tokens[200:])
+    assert p.history("t").calibration.num_observations > before
+    frozen = RepriseProposer(dataclasses.replace(DraftingConfig(), learn=False))
+    run_request(frozen, "t", "a", tokens[:200], tokens[200:])
+    assert frozen.history("t").calibration.num_observations == 0
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_session_reuse_drafts_exactly_as_a_fresh_index(seed: int) -> None:
+    """A session's next request reuses its parked indexes; drafts equal rebuilding from scratch."""
+    rng = np.random.default_rng(seed)
+    cached = RepriseProposer()
+    fresh = RepriseProposer(dataclasses.replace(DraftingConfig(), session_cache_bytes=0))
+    conversation = rng.integers(0, 80, 30).astype(np.int32)
+    for turn in range(4):
+        output = rng.integers(0, 80, 25).astype(np.int32)
+        trees = []
+        for p in (cached, fresh):
+            s = p.begin("t", "sess", conversation)
+            trees.append(s.propose(16))
+            s.commit(output)
+            trees.append(s.propose(16))
+            s.finish()
+        for a, b in zip(trees[:2], trees[2:]):  # cached vs fresh, before and after the commit
+            np.testing.assert_array_equal(a.token_ids, b.token_ids)
+            np.testing.assert_array_equal(a.parents, b.parents)
+        # the next prompt extends this one: the output plus a new user turn
+        conversation = np.concatenate([conversation, output, rng.integers(0, 80, 10).astype(np.int32)])
+
+
+def test_snapshot_restore_drafts_identically_and_rejects_corruption() -> None:
+    rng = np.random.default_rng(3)
+    config = dataclasses.replace(DraftingConfig(), collapse_threshold=0.0)  # random data collapses acceptance
+    p = RepriseProposer(config)
+    for k in range(5):
+        run_request(p, "t", f"s{k}", rng.integers(0, 60, 20).astype(np.int32),
+                    rng.integers(0, 60, 30).astype(np.int32))
+    p.add_corpus("t", [rng.integers(0, 60, 50).astype(np.int32)])
+    data = p.snapshot("t")
+    q = RepriseProposer(config)
+    q.restore("t", data)
+    for _ in range(10):
+        ctx = rng.integers(0, 60, 12).astype(np.int32)
+        a, b = p.begin("t", "x", ctx).propose(16), q.begin("t", "x", ctx).propose(16)
+        np.testing.assert_array_equal(a.token_ids, b.token_ids)
+        np.testing.assert_allclose(a.probs, b.probs)
+    assert dataclasses.replace(q.index_stats("t"), calibration_observations=0) == \
+        dataclasses.replace(p.index_stats("t"), calibration_observations=0)
+    np.testing.assert_array_equal(q.history("t").calibration.table(), p.history("t").calibration.table())
+    bad = bytearray(data)
+    bad[len(bad) // 2] ^= 0x40
+    with pytest.raises(ValueError, match="corrupt"):
+        q.restore("t", bytes(bad))
+    with pytest.raises(ValueError):
+        q.restore("t", data[:-10])
+    with pytest.raises(ValueError, match="magic"):
+        q.restore("t", b"nonsense" * 10)
+    with pytest.raises(TypeError):
+        q.restore("t", "text")  # type: ignore[arg-type]
+
+
+def test_deleted_tenant_is_not_recreated_by_a_late_request() -> None:
+    p = RepriseProposer()
+    s = p.begin("t", "s", ids(1, 2, 3))
+    s.commit(ids(4, 5))
+    p.delete("t")
+    s.finish(record=True)  # finishing after the deletion records nothing
+    assert "t" not in p.tenants()
+    with pytest.raises(KeyError):
+        p.begin("t", "s", ids(1))
+
+
+def test_corpus_only_drafts_from_the_corpus() -> None:
+    corpus_only = make_proposer("corpus")
+    corpus_only.add_corpus("t", [ids(20, 21, 22, 23, 24, 25)])
+    s = corpus_only.begin("t", "s", ids(9, 9, 7, 8, 20, 21))
+    assert decode_walk(s.propose(8), [22, 23, 24, 25]) == 4
+    s2 = corpus_only.begin("t", "s2", ids(7, 8, 30, 7, 8))  # only its own prompt would draft this
+    assert len(s2.propose(8)) == 0
+
+
+@pytest.mark.parametrize("bad", [np.array([1.5, 2.0]), np.array([1, -2]), ["a", "b"]])
+def test_bad_tokens_are_rejected(bad) -> None:
+    p = RepriseProposer()
+    with pytest.raises((TypeError, ValueError)):
+        p.begin("t", "s", bad)
+    s = p.begin("t", "s", ids(1, 2))
+    with pytest.raises((TypeError, ValueError)):
+        s.commit(bad)
