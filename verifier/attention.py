@@ -3,7 +3,13 @@
 The runner sets the model's attention implementation to ``reprise_tree`` (registered in transformers'
 ``AttentionInterface``) and passes a :class:`TreeAttentionMeta` through the forward's keyword arguments,
 which transformers hands down to every attention call. Called without it (e.g. by ``generate``), the
-function falls back to transformers' SDPA attention, so the model stays usable as a plain model.
+function falls back to transformers' SDPA attention, and the name is registered with SDPA's mask
+builder too, so the model stays a correct plain model (without the mask builder, transformers builds
+no mask for an unknown name and multi-token calls such as prompt lookup silently attend upper-left
+causally: wrong output).
+
+The runner passes a placeholder 4D mask, which transformers hands through untouched: the tree
+structure travels in the metadata, and no ``[B, 1, Q, L]`` mask is built per step.
 """
 
 from __future__ import annotations
@@ -49,7 +55,9 @@ def register() -> str:
     global _registered
     if not _registered:
         from transformers import AttentionInterface
+        from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
         AttentionInterface.register(ATTENTION_NAME, reprise_tree_attention)
+        ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION_NAME, sdpa_mask)
         _registered = True
     return ATTENTION_NAME

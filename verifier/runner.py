@@ -134,6 +134,7 @@ class ModelRunner:
             model.config, num_slots=num_slots, max_rows=max_len + max_draft_nodes + 1, dtype=self.dtype,
             device=self.device,
         )  # fmt: skip
+        self._placeholder_mask = torch.zeros((1, 1, 1, 1), dtype=self.dtype, device=self.device)
         self._slots: dict[int, _Slot] = {}
         self._free = list(range(num_slots - 1, -1, -1))
 
@@ -334,6 +335,7 @@ class ModelRunner:
             check_additive_mask(mask)
             kwargs["attention_mask"] = mask
         else:
+            kwargs["attention_mask"] = self._placeholder_mask  # 4D: transformers builds no mask of its own
             kwargs[META_KWARG] = TreeAttentionMeta(
                 torch.from_numpy(batch.prefix_lens).to(dev, torch.int32), torch.from_numpy(batch.tree_mask).to(dev),
                 self.backend,

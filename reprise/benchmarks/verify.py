@@ -237,7 +237,8 @@ def run_end_to_end(lm, traces: list[Path], args, report: dict[str, Any], save) -
     for trace in traces:
         calls = select_calls(trace, lm.tokenizer, args)
         stats: dict[str, dict[str, float]] = {}
-        identical = {}
+        identical: dict[str, int] = {}
+        diverged: dict[str, list[dict[str, int]]] = {}
         for i, (call, ids) in enumerate(calls):
             methods = {
                 "transformers_plain": lambda ids: hf(ids),
@@ -276,13 +277,20 @@ def run_end_to_end(lm, traces: list[Path], args, report: dict[str, Any], save) -
             ref = outputs["transformers_plain"]
             for method, tokens in outputs.items():
                 identical[method] = identical.get(method, 0) + int(tokens == ref)
+                if tokens != ref:  # fp32 near-ties can flip an argmax between kernels: say where
+                    at = next(
+                        (j for j, (x, y) in enumerate(zip(tokens, ref)) if x != y), min(len(tokens), len(ref))
+                    )
+                    diverged.setdefault(method, []).append({"call": i, "first_difference_at": at})
             base = stats["transformers_plain"]
             summary = ", ".join(f"{m} {s['tokens'] / s['cpu_seconds']:.2f}" for m, s in stats.items())
             print(
                 f"bench verify: {trace.name} call {i + 1}/{len(calls)} tokens per CPU-s so far: {summary}",
                 file=sys.stderr,
             )
-            report["end_to_end"]["traces"][trace.name] = _summarise(stats, identical, len(calls), base)
+            report["end_to_end"]["traces"][trace.name] = _summarise(stats, identical, i + 1, base) | {
+                "diverged": diverged
+            }
             save()
 
 

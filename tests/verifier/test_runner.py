@@ -204,3 +204,18 @@ def test_cuda_runner_with_triton_kernels_matches_generate() -> None:
             o += result.token_ids.tolist()
     for o, t in zip(outs, truths):
         assert o[:24] == t[:24]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_model_stays_a_correct_plain_model_after_the_runner_switched_it(family) -> None:
+    """The runner registers its attention on the model; transformers' own multi-token calls (prompt
+    lookup verifies 10 tokens at once) must still get a causal mask and the same output."""
+    model = tiny_model(family, vocab_size=VOCAB, seed=12)
+    prompt = prompt_of(50, 20) * 2
+    before = model.generate(torch.tensor([prompt]), max_new_tokens=16, do_sample=False, prompt_lookup_num_tokens=10,
+                            pad_token_id=0, eos_token_id=None)  # fmt: skip
+    ModelRunner(model, max_len=64)
+    after = model.generate(torch.tensor([prompt]), max_new_tokens=16, do_sample=False, prompt_lookup_num_tokens=10,
+                           pad_token_id=0, eos_token_id=None)  # fmt: skip
+    assert after.tolist() == before.tolist()
+    assert after[0, len(prompt) :].tolist() == hf_greedy(model, prompt, 16)
