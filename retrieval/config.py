@@ -25,6 +25,8 @@ class DraftingConfig:
     depth; ``collapse_threshold``: a tenant whose drafts accept less than this share of what they were
     expected to stops drafting (with periodic probes) until they recover (0: never; retrieval.policy);
     ``canonical_below``: canonical indexes are consulted only when the real match is shorter;
+    ``skip_below``/``skip_min``: when a source matches fewer than ``skip_below`` tokens, it also matches
+    the context without its last token (at least ``skip_min`` tokens) and drafts past a stand-in for it;
     ``wide_node``: trie nodes with more children offer only their most frequent child; ``history_max_bytes`` is each tenant's history index budget (oldest trajectories are evicted
     first; 0: none); ``session_cache_bytes`` bounds the request indexes kept for a session's next call.
 
@@ -47,6 +49,8 @@ class DraftingConfig:
     max_copy: int = 256
     collapse_threshold: float = 0.2
     canonical_below: int = 16
+    skip_below: int = 0
+    skip_min: int = 3
     wide_node: int = 32
     history_max_bytes: int = 1 << 30
     session_cache_bytes: int = 256 << 20
@@ -71,6 +75,8 @@ class DraftingConfig:
             raise ValueError(f"collapse_threshold must be in [0, 1), got {self.collapse_threshold}")
         _check_range("canonical_below", self.canonical_below, 0, 4096)
         _check_range("wide_node", self.wide_node, 1, 1 << 20)
+        _check_range("skip_below", self.skip_below, 0, 4096)
+        _check_range("skip_min", self.skip_min, 1, 4096)
         _check_range("history_max_bytes", self.history_max_bytes, 0, 1 << 50)
         _check_range("session_cache_bytes", self.session_cache_bytes, 0, 1 << 50)
         if self.max_spec_factor <= 0:

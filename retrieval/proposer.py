@@ -96,7 +96,8 @@ class RepriseProposer:
         self.config = config if config is not None else DraftingConfig()
         c = self.config
         self._params = DrafterParams(min_prob=c.min_path_prob, levels=c.levels, max_copy=c.max_copy,
-                                     canonical_below=c.canonical_below, wide=c.wide_node)
+                                     canonical_below=c.canonical_below, wide=c.wide_node,
+                                     skip_below=c.skip_below, skip_min=c.skip_min)
         self._classes = identity_classes()
         self._tenants: dict[str, TenantHistory] = {}
         self._parked: OrderedDict[tuple[str, str], DraftingSession] = OrderedDict()

@@ -25,10 +25,10 @@ DraftingSession = _native.DraftingSession
 #: Source kinds (calibration rows). The session's own indexes use the first two.
 KIND_LOCAL: int = _native.KIND_LOCAL
 KIND_LOCAL_CANONICAL: int = _native.KIND_LOCAL_CANONICAL
-KIND_HISTORY = 2
-KIND_HISTORY_CANONICAL = 3
-KIND_CORPUS = 4
-KIND_CORPUS_CANONICAL = 5
+KIND_HISTORY: int = _native.KIND_HISTORY
+KIND_HISTORY_CANONICAL: int = _native.KIND_HISTORY_CANONICAL
+KIND_CORPUS: int = _native.KIND_CORPUS
+KIND_CORPUS_CANONICAL: int = _native.KIND_CORPUS_CANONICAL
 #: Canonical class ids start here; real token ids must be below it.
 CLASS_BASE: int = _native.CLASS_BASE
 

@@ -27,7 +27,9 @@ Calibration::Calibration(double prior_strength) : prior_strength_(prior_strength
         for (int w = 0; w < kNewest; ++w)
           for (int c = 0; c < kCount; ++c) {
             DraftFeature f{(uint8_t)k, (uint8_t)m, (uint8_t)s, (uint8_t)w, (uint8_t)c};
-            double p = std::min(0.99, kPriorMatch[m] * kPriorShare[s] * kPriorNewest[w]);
+            // Skip cursors guess past a token they did not see: start them at half the confidence.
+            const double skip = (k == kKindLocalSkip || k == kKindSharedSkip) ? 0.5 : 1.0;
+            double p = std::min(0.99, skip * kPriorMatch[m] * kPriorShare[s] * kPriorNewest[w]);
             trials_[cell(f)] = (float)prior_strength;
             hits_[cell(f)] = (float)(prior_strength * p);
           }
@@ -78,6 +80,8 @@ using Group = DraftWorkspace::Group;
 // Cursors a draft node keeps per source (the longest matches): a second one, from a shorter match with
 // more occurrences, carries on where the longest match's occurrences end (measured: +1% tau).
 constexpr uint32_t kCursorsPerSource = 2;
+// Marks a skip cursor's source index (drafted from that source, calibrated in its skip row).
+constexpr uint32_t kSkipFlag = 0x80000000u;
 
 struct Worse {
   bool operator()(const Item& a, const Item& b) const { return a.prob != b.prob ? a.prob < b.prob : a.order > b.order; }
@@ -196,6 +200,7 @@ class Builder {
     Locus l;
     const uint32_t m = longest_continuing(t, ctx, n, hi, &l);
     if (hint) *hint = MatchHint{m, n};
+    if (m < params_.skip_below && sources_[s].skip_kind != DraftSource::kNoSkip) seed_skip(s, ctx, n);
     if (m == 0) return;
     first_[s] = m;
     out->match_len = std::max(out->match_len, m);
@@ -211,22 +216,48 @@ class Builder {
     }
   }
 
+  // Skip cursors: the longest match of ctx[0, n-1) (the context without its last token), stepped over
+  // the most frequent token that followed it there (a stand-in for our new last token).
+  void seed_skip(uint32_t s, const Tok* ctx, size_t n) {
+    const SuffixTree& t = *sources_[s].tree;
+    if (n < params_.skip_min + 1) return;
+    Locus l;
+    const uint32_t hi = (uint32_t)std::min<size_t>(n - 1, t.max_depth() - 1);
+    const uint32_t m = longest_continuing(t, ctx, n - 1, hi, &l);
+    if (m < params_.skip_min) return;
+    Cursor over{s, l.node, l.depth, 0, 0, m};  // then one step, over the stand-in token
+    const Tok inside = t.next_in_edge(l);
+    if (inside != kSentinel) {
+      if (inside == ctx[n - 1]) return;  // not a stand-in: the exact match covers it
+      over.depth += 1;
+    } else {
+      const ChildRef best = t.best_child(l.node);
+      if (best == kNil || t.arena()[t.ref_of(best) + l.depth] == ctx[n - 1]) return;
+      over.node = best;
+      over.depth += 1;
+    }
+    over.match = m;
+    over.source = s | kSkipFlag;
+    pool_.push_back(over);
+  }
+
   void candidates(const Cursor& c) {
-    const DraftSource& src = sources_[c.source];
+    const DraftSource& src = sources_[c.source & ~kSkipFlag];
     const SuffixTree& t = *src.tree;
+    const uint8_t kind = (c.source & kSkipFlag) ? src.skip_kind : src.kind;
     const uint8_t mb = Calibration::match_bucket(c.match);
     if (c.node == kNil || c.depth >= t.max_depth()) {  // copy the newest occurrence past the trie's depth
       const uint32_t pos = c.node == kNil ? c.pos : t.ref_of(c.node) + c.depth;
       const Tok tok = t.arena()[pos];
       if (tok == kSentinel || c.copied >= params_.max_copy) return;
-      const DraftFeature f{src.kind, mb, 0, 1, 0};
+      const DraftFeature f{kind, mb, 0, 1, 0};
       kids_.push_back(Candidate{tok, cal_.estimate(f), Cursor{c.source, kNil, 0, pos + 1, c.copied + 1, c.match + 1}, f});
       return;
     }
     const Locus l{c.node, c.depth};
     const Tok inside = t.next_in_edge(l);
     if (inside != kSentinel) {  // every occurrence continues along the edge
-      const DraftFeature f{src.kind, mb, 0, 1, Calibration::count_bucket(t.count_of(c.node))};
+      const DraftFeature f{kind, mb, 0, 1, Calibration::count_bucket(t.count_of(c.node))};
       kids_.push_back(Candidate{inside, cal_.estimate(f), Cursor{c.source, c.node, c.depth + 1, 0, 0, c.match + 1}, f});
       return;
     }
@@ -236,7 +267,7 @@ class Builder {
       const ChildRef best = t.best_child(c.node);
       if (best == kNil) return;
       const double total = t.count_of(c.node);
-      const DraftFeature f{src.kind, mb, Calibration::share_bucket(t.count_of(best) / total), 0,
+      const DraftFeature f{kind, mb, Calibration::share_bucket(t.count_of(best) / total), 0,
                            Calibration::count_bucket(total)};
       const Tok tok = t.arena()[t.ref_of(best) + c.depth];
       kids_.push_back(Candidate{tok, cal_.estimate(f), Cursor{c.source, best, c.depth + 1, 0, 0, c.match + 1}, f});
@@ -251,7 +282,7 @@ class Builder {
     const uint8_t cb = Calibration::count_bucket(total);
     t.for_each_child(c.node, [&](Tok tok, ChildRef ch) {
       const double share = t.count_of(ch) / total;
-      const DraftFeature f{src.kind, mb, Calibration::share_bucket(share), (uint8_t)(t.ref_of(ch) == newest), cb};
+      const DraftFeature f{kind, mb, Calibration::share_bucket(share), (uint8_t)(t.ref_of(ch) == newest), cb};
       kids_.push_back(Candidate{tok, cal_.estimate(f), Cursor{c.source, ch, c.depth + 1, 0, 0, c.match + 1}, f});
     });
   }
@@ -264,7 +295,8 @@ class Builder {
     kids_.clear();
     for (uint32_t i = begin; i < end; ++i) candidates(pool_[i]);
     if (obs)
-      for (const Candidate& k : kids_) obs->push_back(RootObservation{k.feature, k.token, sources_[k.next.source].canonical});
+      for (const Candidate& k : kids_)
+        obs->push_back(RootObservation{k.feature, k.token, sources_[k.next.source & ~kSkipFlag].canonical});
     kids_.erase(std::remove_if(kids_.begin(), kids_.end(), [](const Candidate& k) { return k.token >= kClassBase; }),
                 kids_.end());
     if (kids_.empty()) return;
@@ -298,7 +330,7 @@ class Builder {
           same_source += o.source == c.source;
           redundant = same_source >= kCursorsPerSource ||
                       (o.source == c.source && o.node == c.node && o.depth == c.depth && o.pos == c.pos) ||
-                      (sources_[c.source].twin == (int32_t)o.source && o.match >= c.match);
+                      (sources_[c.source & ~kSkipFlag].twin == (int32_t)o.source && o.match >= c.match);
         }
         if (!redundant) pool_.push_back(c);
       }

@@ -35,6 +35,9 @@ namespace reprise {
 
 constexpr Tok kClassBase = 1 << 30;  // canonical class ids are >= this; real token ids are below
 constexpr int kMaxSourceKinds = 8;
+// Calibration rows of the sources (the proposer uses these; any row < kMaxSourceKinds works).
+constexpr uint8_t kKindLocal = 0, kKindLocalCanonical = 1, kKindHistory = 2, kKindHistoryCanonical = 3,
+                  kKindCorpus = 4, kKindCorpusCanonical = 5, kKindLocalSkip = 6, kKindSharedSkip = 7;
 
 // Feature cell of one candidate child.
 struct DraftFeature {
@@ -84,6 +87,8 @@ struct DraftSource {
   bool canonical;  // matches the canonical context and never drafts class ids
   int32_t twin;    // canonical source: index of its real counterpart (consulted only when that one's match
                    // is shorter than DrafterParams::canonical_below), else -1
+  uint8_t skip_kind = kNoSkip;  // calibration row of this source's skip cursors (kNoSkip: none)
+  static constexpr uint8_t kNoSkip = 0xFF;
 };
 
 // Where a source's longest match with a continuation was at the previous draft of the same session:
@@ -100,6 +105,11 @@ struct DrafterParams {
   uint32_t max_copy = 256;       // tokens a copy cursor may read past the trie's depth
   uint32_t canonical_below = 16; // a canonical source adds cursors only when its twin matched fewer tokens
   uint32_t wide = 32;            // nodes with more children offer only their most frequent child
+  // Skip cursors: when a source's exact match is shorter than skip_below tokens (often the context's
+  // last token is new: an odd whitespace run, a fresh name), match the context without its last token
+  // (at least skip_min tokens) and draft what followed whatever token stood in its place there.
+  uint32_t skip_below = 2;
+  uint32_t skip_min = 3;
 };
 
 // What a root candidate predicted, to learn from once the next token is known.

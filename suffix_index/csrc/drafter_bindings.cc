@@ -92,7 +92,7 @@ class DraftingSession {
     if (classes_.ndim() != 1) throw py::value_error("token classes must be a 1-D int32 array");
     canonical_ = classes_.shape(0) > 0;
     if (use_context_) {
-      sources_.push_back(DraftSource{&local_.tree, kKindLocal, false, -1});
+      sources_.push_back(DraftSource{&local_.tree, kKindLocal, false, -1, kKindLocalSkip});
       if (canonical_) sources_.push_back(DraftSource{&local_canon_.tree, kKindLocalCanonical, true, 0});
     }
   }
@@ -105,7 +105,8 @@ class DraftingSession {
     shared_.push_back(SharedSource{index, ix, (uint8_t)kind, canonical});
     int32_t twin = -1;
     if (canonical && !sources_.empty() && !sources_.back().canonical) twin = (int32_t)sources_.size() - 1;
-    sources_.push_back(DraftSource{&ix->tree, (uint8_t)kind, canonical, twin});
+    sources_.push_back(DraftSource{&ix->tree, (uint8_t)kind, canonical, twin,
+                                   canonical ? DraftSource::kNoSkip : kKindSharedSkip});
     hints_.clear();
   }
 
@@ -203,7 +204,6 @@ class DraftingSession {
     return local_.tree.memory_bytes() + local_canon_.tree.memory_bytes() + 2 * ctx_.capacity() * sizeof(Tok);
   }
 
-  static constexpr uint8_t kKindLocal = 0, kKindLocalCanonical = 1;
 
  private:
   Tok canonical(Tok t) const {
@@ -246,7 +246,8 @@ void bind_drafter(py::module_& m) {
       "Internal: called once by suffix_index.drafting.");
 
   py::class_<DrafterParams>(m, "DrafterParams")
-      .def(py::init([](double min_prob, uint32_t levels, uint32_t max_copy, uint32_t canonical_below, uint32_t wide) {
+      .def(py::init([](double min_prob, uint32_t levels, uint32_t max_copy, uint32_t canonical_below, uint32_t wide,
+                       uint32_t skip_below, uint32_t skip_min) {
              if (!(min_prob >= 0 && min_prob < 1)) throw py::value_error("min_prob must be in [0, 1), got " + std::to_string(min_prob));
              if (levels < 1 || levels > 8) throw py::value_error("levels must be in [1, 8], got " + std::to_string(levels));
              if (wide < 1) throw py::value_error("wide must be >= 1, got " + std::to_string(wide));
@@ -256,9 +257,12 @@ void bind_drafter(py::module_& m) {
              p.max_copy = max_copy;
              p.canonical_below = canonical_below;
              p.wide = wide;
+             p.skip_below = skip_below;
+             p.skip_min = std::max<uint32_t>(skip_min, 1);
              return p;
            }),
-           py::arg("min_prob"), py::arg("levels"), py::arg("max_copy"), py::arg("canonical_below"), py::arg("wide"))
+           py::arg("min_prob"), py::arg("levels"), py::arg("max_copy"), py::arg("canonical_below"), py::arg("wide"),
+           py::arg("skip_below"), py::arg("skip_min"))
       .def_readonly("min_prob", &DrafterParams::min_prob)
       .def_readonly("levels", &DrafterParams::levels)
       .def_readonly("max_copy", &DrafterParams::max_copy)
@@ -297,8 +301,12 @@ void bind_drafter(py::module_& m) {
       .def("context", &DraftingSession::context)
       .def_property_readonly("context_length", &DraftingSession::context_length)
       .def("memory_bytes", &DraftingSession::memory_bytes);
-  m.attr("KIND_LOCAL") = (int)DraftingSession::kKindLocal;
-  m.attr("KIND_LOCAL_CANONICAL") = (int)DraftingSession::kKindLocalCanonical;
+  m.attr("KIND_LOCAL") = (int)kKindLocal;
+  m.attr("KIND_LOCAL_CANONICAL") = (int)kKindLocalCanonical;
+  m.attr("KIND_HISTORY") = (int)kKindHistory;
+  m.attr("KIND_HISTORY_CANONICAL") = (int)kKindHistoryCanonical;
+  m.attr("KIND_CORPUS") = (int)kKindCorpus;
+  m.attr("KIND_CORPUS_CANONICAL") = (int)kKindCorpusCanonical;
   m.attr("CLASS_BASE") = (int)kClassBase;
 }
 
