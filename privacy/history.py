@@ -112,6 +112,7 @@ class HistoryStore(BlobRecords):
         self.storage = storage
         self.keychain = Keychain(storage, keyring, self.config)
         self._deletion_hooks: list[Callable[[TenantId], None]] = []
+        self._key_hooks: list[Callable[[TenantId], None]] = []
         self.num_integrity_failures = 0
         for tid in storage.tenant_ids():  # finish deletions a crash interrupted
             row = storage.tenant_get(tid)
@@ -210,6 +211,19 @@ class HistoryStore(BlobRecords):
         num = self.storage.tenant_purge(tenant.value)
         return DeletionReport(tenant, num, True)
 
+    def add_key_hook(self, hook: Callable[[TenantId], None]) -> None:
+        """Call ``hook(tenant)`` when the tenant's API keys are rotated or its data key gets a new version
+        (as soon as new writes use it), e.g. so that other processes on the store drop their cached keys
+        (``evict_tenant``). Exceptions from hooks are logged, not raised."""
+        self._key_hooks.append(hook)
+
+    def _keys_changed(self, tenant: TenantId) -> None:
+        for hook in self._key_hooks:
+            try:
+                hook(tenant)
+            except Exception:  # a hook must not stop the rotation
+                log.exception("key hook %r failed for tenant %s", hook, tenant.value)
+
     def evict_tenant(self, tenant: TenantId) -> None:
         """Drop the tenant's cached keys (call when another replica deleted or rotated it)."""
         self.keychain.evict(tenant)
@@ -235,6 +249,7 @@ class HistoryStore(BlobRecords):
         old = [r.key_id for r in self.storage.cred_list(tenant.value)]
         issued = self.create_api_key(tenant)
         self.storage.cred_delete(old)
+        self._keys_changed(tenant)
         return issued
 
     def revoke_api_key(self, key_id: str, tenant: TenantId | None = None) -> bool:

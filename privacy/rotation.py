@@ -42,6 +42,7 @@ def rotate_data_key(store: HistoryStore, tenant: TenantId, progress: ProgressCal
     kc, storage = store.keychain, store.storage
     tk = kc.tenant_keys(tenant)
     new = kc.add_data_key_version(tk)  # new writes use it from here on
+    store._keys_changed(tenant)  # other processes drop their cached keys and seal under it too
     old = sorted(v for v in tk.ciphers if v != new)
     total = storage.traj_count(tenant.value) + storage.blob_count(tenant.value)
     # Bulk pass while writes continue. Records committed later have later cursors, so the final pass
