@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from privacy.config import StoreConfig
+from reprise.cluster.config import ClusterConfig
 from retrieval.config import DraftingConfig
 
 ENV_PREFIX = "REPRISE_"
@@ -170,10 +171,14 @@ class ServiceConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     drafting: DraftingConfig = field(default_factory=DraftingConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
     def __post_init__(self) -> None:
         if not isinstance(self.home, Path):
             object.__setattr__(self, "home", Path(self.home).expanduser())
+        if self.cluster.enabled and self.store.backend != "redis":
+            raise ValueError(f"cluster.enabled: replicas share history through Redis; set store.backend = "
+                             f"\"redis\" (got {self.store.backend!r})")
         if self.store.data_dir is None:  # the store lives in the data directory unless told otherwise
             object.__setattr__(self, "store", dataclasses.replace(self.store, data_dir=self.home))
 

@@ -68,6 +68,7 @@ class Service:
         self.history: Any = None
         self.stats_history: Any = None
         self.admin_key_file: Path | None = None
+        self.cluster: Any = None  # reprise.cluster.ClusterNode when cluster.enabled
 
     # ---- start-up ------------------------------------------------------------------------------------
 
@@ -78,6 +79,10 @@ class Service:
         self.grpc_port = await self.grpc.start()
         self.http_port = self.http.start() if self.http is not None else 0
         self.stats_history.start()
+        if self.cluster is not None:
+            admission = self.grpc.admission  # runs on the event loop: deletions elsewhere cancel from here
+            self.cluster.replica.on_tenant_gone(lambda t: loop.call_soon_threadsafe(admission.cancel_tenant, t))
+            self.cluster.start()
 
     def _build(self) -> None:
         from grpc_api.server import GrpcServer
@@ -101,7 +106,11 @@ class Service:
         self.store = open_store(c.store)
         decode = None
         try:
-            auth = StoreAuthenticator(self.store)
+            if c.cluster.enabled:  # replicas on one Redis (reprise.cluster, docs/cluster.md)
+                from reprise.cluster.node import ClusterNode
+
+                self.cluster = ClusterNode(c.cluster, self.store, None, self.metrics)
+            auth = self.cluster.authenticator() if self.cluster else StoreAuthenticator(self.store)
             if c.server.http_port:  # bind now: a port in use fails before the model loads
                 self.http = HttpServer(c.server.host, c.server.http_port, auth, lambda: self.stats_history.snapshot(),
                                        self.metrics.render, lambda: self.grpc is not None and self.grpc.admission.draining)
@@ -120,9 +129,14 @@ class Service:
             inner = make_proposer(c.model.drafter or default_drafter(), c.drafting)
             if tokenizer is not None and hasattr(inner, "set_vocabulary"):  # numbers match by class
                 inner.set_vocabulary(lambda i: tokenizer.decode([i]), runner.vocab_size)
-            proposer = MeteredProposer(inner, budget, accounting, self.metrics)
             tokenize = (lambda text: list(tokenizer.encode(text, add_special_tokens=False))) if tokenizer else None
-            self.indexes = TenantIndexes(self.store, inner, accounting, self.metrics, tokenize)
+            if self.cluster is not None:
+                self.cluster.set_proposer(inner)
+                proposer = MeteredProposer(self.cluster.engine_proposer(inner), budget, accounting, self.metrics)
+                self.indexes = self.cluster.indexes(accounting, self.metrics, tokenize)
+            else:
+                proposer = MeteredProposer(inner, budget, accounting, self.metrics)
+                self.indexes = TenantIndexes(self.store, inner, accounting, self.metrics, tokenize)
             self.indexes.load_all()
 
             def on_deleted(tid: Any) -> None:  # also when deleted by `python -m privacy` in this process
@@ -130,11 +144,13 @@ class Service:
                 self.indexes.forget(tid.value)
 
             self.store.add_deletion_hook(on_deleted)
-            self.history = HistoryWriter(self.store)
+            self.history = self.cluster.writer if self.cluster is not None else HistoryWriter(self.store)
             engine = Engine(runner, proposer, tokenizer,
                             EngineConfig(budget=budget, history_sink=self.history.put))  # type: ignore[arg-type]
             decode = EngineBackend(engine, tokenizer, name, record_trajectory=self.indexes.record,
                                    on_close=self._close_history)
+            if self.cluster is not None:
+                decode = self.cluster.backend(decode)
             admin = ServiceAdmin(self.store, self.indexes, auth.invalidate)
             self.grpc = GrpcServer(decode, admin, auth, c.server, self.metrics, version=__version__)
             self.stats_history = StatsHistory(lambda: admin.index_stats(None), admin.list_tenants,
@@ -144,6 +160,8 @@ class Service:
                 decode.close()  # stops the engine thread, writes queued history
             elif self.history is not None:
                 self.history.close()
+            if self.cluster is not None:
+                self.cluster.stop()
             if self.http is not None:
                 self.http.stop()
                 self.http = None
@@ -174,6 +192,8 @@ class Service:
         if self.http is not None:
             self.http.stop()
             self.http = None
+        if self.cluster is not None:
+            self.cluster.stop()
         if self.store is not None:
             self.store.close()
             self.store = None
