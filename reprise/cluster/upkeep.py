@@ -121,6 +121,7 @@ class Upkeep:
         from privacy.errors import StorageError
 
         next_resync = time.monotonic() + self.resync_interval_s
+        down = False
         while not self._stop.wait(min(self.snapshot_check_s, self.resync_interval_s)):
             try:
                 self.replica.compact()
@@ -128,7 +129,10 @@ class Upkeep:
                 if time.monotonic() >= next_resync:
                     next_resync = time.monotonic() + self.resync_interval_s
                     self.replica.resync()
+                down = False
             except StorageError as exc:
-                log.warning("replica upkeep postponed: the store is unavailable (%s)", exc)
+                if not down:
+                    log.warning("replica upkeep postponed while the store is unavailable (%s)", exc)
+                down = True
             except Exception:
                 log.exception("replica upkeep failed; retrying")

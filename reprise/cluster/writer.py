@@ -87,7 +87,12 @@ class ReplicaWriter:
 
     def _run(self) -> None:
         while True:
-            item = self._queue.get()
+            try:
+                item = self._queue.get(timeout=0.2)
+            except queue.Empty:
+                if self._closing.is_set():  # closed without room for the stop marker
+                    return
+                continue
             batch, events, stop = [], [], False
             while True:
                 if item is _STOP:
@@ -141,9 +146,9 @@ class ReplicaWriter:
                 self.num_retries += 1
                 if self._metrics is not None:
                     self._metrics.write_retries.inc()
-                if self.num_retries == 1 or backoff >= 2.0:
+                if backoff == 0.05:
                     log.warning("history writer: the store is unreachable (%s); retrying %d trajectories of "
-                                "tenant %s", exc, len(trajectories), tenant)
+                                "tenant %s (%d more queued)", exc, len(trajectories), tenant, self.pending)
                 time.sleep(backoff)
                 backoff = min(2.0, backoff * 2)
                 continue
@@ -152,5 +157,8 @@ class ReplicaWriter:
                 self._dropped(len(trajectories), "unexpected error (logged above)")
                 return
             self.num_written += len(trajectories)
+            if backoff > 0.05:
+                log.warning("history writer: the store is back; stored %d held-back trajectories of tenant %s",
+                            len(trajectories), tenant)
             self._replica.after_append(tenant, refs[-1].cursor)
             return
