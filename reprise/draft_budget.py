@@ -21,9 +21,13 @@ import numpy as np
 
 from retrieval.draft_tree import DraftTree
 
-# Measured with `reprise bench verify` on SmolLM2-135M, fp32, one thread, 2-core CPU, 256-token prefix.
-DEFAULT_A_MS = 66.0
-DEFAULT_B_MS = 3.4
+# Measured with `reprise bench verify` (SmolLM2-135M, fp32, one thread, the 2-core development machine,
+# 1,500-token prefix, CPU time): a plain step costs 1; the least-squares line is 1.59 + 0.068 d; the table
+# is the measurement itself (3 rows cost more than 5: matrix products of 2-3 rows run as slow as
+# matrix-vector products, 4-8 rows cost about the same). Other hardware: pass its own table.
+DEFAULT_A = 1.59
+DEFAULT_B = 0.068
+DEFAULT_POINTS = ((0, 1.0), (1, 1.56), (2, 2.19), (4, 1.91), (8, 2.32), (16, 2.81), (32, 3.59), (64, 5.94))
 
 
 def path_probs(tree: DraftTree) -> np.ndarray:
@@ -54,8 +58,8 @@ def conditional_probs(tree: DraftTree) -> np.ndarray:
 class CostModel:
     """Step cost by number of draft tokens: ``points`` (draft tokens -> cost) if given, else ``a + b*d``."""
 
-    a: float = DEFAULT_A_MS
-    b: float = DEFAULT_B_MS
+    a: float = DEFAULT_A
+    b: float = DEFAULT_B
     points: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
@@ -115,7 +119,7 @@ class DraftBudget:
     """The per-step policy: cap, cost model, and whether to adapt to expected acceptance."""
 
     max_draft_tokens: int = 32
-    cost_model: CostModel = field(default_factory=CostModel)
+    cost_model: CostModel = field(default_factory=lambda: CostModel(points=DEFAULT_POINTS))
     adaptive: bool = True
 
     def __post_init__(self) -> None:

@@ -207,7 +207,9 @@ def run_end_to_end(lm, traces: list[Path], args, report: dict[str, Any], save) -
     name = args.proposer or ("reprise" if "reprise" in proposer_names() else "prompt_lookup")
     costs = report.get("step_cost", {}).get("1500", {}).get("ms")
     cost_model = (
-        CostModel(points=tuple((int(d), float(ms)) for d, ms in costs.items())) if costs else CostModel()
+        CostModel(points=tuple((int(d), float(ms)) for d, ms in costs.items()))
+        if costs
+        else DraftBudget().cost_model
     )
     max_len = args.prompt_tokens + args.max_new_tokens + 8
     config = EngineConfig(budget=DraftBudget(max_draft_tokens=32, cost_model=cost_model))

@@ -92,3 +92,12 @@ def test_path_and_conditional_probability_trees_are_read_alike() -> None:
         budget.choose(conditional, 5).token_ids.tolist()
         == budget.choose(stored_as_path, 5).token_ids.tolist()
     )
+
+
+def test_default_budget_uses_the_measured_cpu_table() -> None:
+    budget = DraftBudget()
+    assert budget.cost_model.points and budget.cost_model.cost(np.array([0]))[0] == 1.0
+    assert len(budget.choose(tree_of([0.99] * 32), 32)) >= 16
+    assert len(budget.choose(tree_of([0.3] * 32), 32)) == 0  # a 1-token draft costs 1.56 steps on CPU
+    # 3 rows cost more than 5 on this CPU: a 2-node draft is never chosen over a 4-node one
+    assert len(budget.choose(tree_of([0.8] * 4), 4)) != 2
