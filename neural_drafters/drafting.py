@@ -35,7 +35,8 @@ _CHUNK = 512  # context rows per head pass (bounds the attention matrix on long 
 class DraftSettings:
     """How trees are grown. ``topk``: EAGLE-2 dynamic trees (``top_k`` per node, ``depth`` levels).
     ``sample``: ``width`` chains drawn at ``temperature`` (for sampling requests; the nodes' q rows go to
-    the verifier)."""
+    the verifier). ``vocab`` keeps the output layer to the head's most frequent tokens: on CPU a 2,048-row
+    layer stays in cache and is ~10x faster than 8,192 rows."""
 
     top_k: int = 8
     depth: int = 6
@@ -43,6 +44,7 @@ class DraftSettings:
     width: int = 4
     temperature: float = 1.0
     seed: int | None = None
+    vocab: int = 0  # draft only the head's first (most frequent) ``vocab`` tokens; 0 = all
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -50,6 +52,8 @@ class DraftSettings:
         for name in ("top_k", "depth", "width"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.vocab < 0:
+            raise ValueError(f"vocab must be >= 0 (0 = the whole draft vocabulary), got {self.vocab}")
         if not self.temperature > 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
 
@@ -83,12 +87,16 @@ class HeadDrafter:
 
     def __init__(self, head: Any, parts: TargetParts, settings: DraftSettings | None = None) -> None:
         self.head = head.eval()
-        self.parts = parts
         self.settings = settings or DraftSettings()
         self.config = head.config
         self.d2t = head.d2t.long()
         if parts.lm_head.shape[0] != len(self.d2t):
             raise ValueError(f"lm_head rows {parts.lm_head.shape[0]} != draft vocabulary {len(self.d2t)}")
+        keep = self.settings.vocab
+        if 0 < keep < len(self.d2t):
+            self.d2t = self.d2t[:keep]
+            parts = TargetParts(parts.embed, parts.lm_head[:keep].contiguous(), parts.final_norm)
+        self.parts = parts
         self.generator = torch.Generator()
         if self.settings.seed is None:
             self.generator.seed()

@@ -98,7 +98,8 @@ def extract_features(model: Any, examples: Sequence[Example], *, window: int = 1
 
 def choose_draft_vocab(features: FeatureSet, size: int, vocab_size: int) -> torch.Tensor:
     """``size`` token ids: the target's greedy tokens by frequency on assistant positions, then on all
-    positions, then the remaining ids in order (so the set is always full). Sorted ascending."""
+    positions, then the remaining ids in order (so the set is always full). Most frequent first, so a
+    drafter may keep only a prefix (``DraftSettings.vocab``: a smaller output layer stays in cache)."""
     if not 1 <= size <= vocab_size:
         raise ValueError(f"draft vocabulary size must be in [1, {vocab_size}], got {size}")
     counts = np.zeros(vocab_size, np.float64)
@@ -106,7 +107,7 @@ def choose_draft_vocab(features: FeatureSet, size: int, vocab_size: int) -> torc
         np.add.at(counts, greedy, 1e-3)
         np.add.at(counts, greedy[mask], 1.0)
     order = np.lexsort((np.arange(vocab_size), -counts))[:size]
-    return torch.as_tensor(np.sort(order), dtype=torch.long)
+    return torch.as_tensor(order, dtype=torch.long)
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +167,9 @@ class Trainer:
         batch = self._batch(self.step)
         for group in self.optimizer.param_groups:
             group["lr"] = self.lr_at(self.step)
-        loss, stats = head_loss(self.head, self.parts, self.t2d, batch, self.settings, self.noise)
+        generator = torch.Generator().manual_seed(self.settings.seed * 1_000_003 + self.step)  # resumable noise
+        loss, stats = head_loss(self.head, self.parts, self.t2d, batch, self.settings, self.noise,
+                                generator=generator)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.head.parameters(), self.settings.clip)
@@ -225,13 +228,14 @@ class Trainer:
 
 
 def head_loss(head: Any, parts: TargetParts, t2d: torch.Tensor, batch: dict[str, torch.Tensor],
-              settings: TrainSettings, noise: float, evaluate: bool = False) -> tuple[torch.Tensor, dict[str, Any]]:
+              settings: TrainSettings, noise: float, evaluate: bool = False,
+              generator: torch.Generator | None = None) -> tuple[torch.Tensor, dict[str, Any]]:
     """The kind's loss on a batch of windows; stats hold per-head ``hits``/``count`` (agreement)."""
     tokens, masks, hidden, greedy = batch["tokens"], batch["masks"], batch["hidden"], batch["greedy"]
     length = tokens.shape[1]
     embed = parts.embed
     if noise > 0 and not evaluate:
-        hidden_in = hidden + (torch.rand_like(hidden) * 2 - 1) * noise
+        hidden_in = hidden + (torch.rand(hidden.shape, generator=generator) * 2 - 1) * noise
     else:
         hidden_in = hidden
     positions = torch.arange(length - 1)[None].expand(tokens.shape[0], -1)

@@ -7,8 +7,9 @@ Every step the retrieval session drafts first. When its score (expected accepted
 ``threshold`` its tree is used as is (SuffixDecoding's hybrid rule, arXiv 2411.04975 App. B.1: the
 neural drafter is not even run). Below it:
 
-* ``merge`` (default): one tree within the budget: the retrieval tree (its best ``budget - reserve``
-  nodes), then the reuse continuation, then the neural tree, merged as a trie (equal paths share nodes);
+* ``merge`` (default): one tree within the budget, merged as a trie (equal paths share nodes): the
+  retrieval tree and the reuse continuation, higher score first, within ``budget - reserve`` nodes,
+  then the neural tree's best nodes up to the budget;
 * ``switch``: the reuse continuation and the neural tree only.
 
 The neural and reuse parts need the target's hidden states: the engine hands them to sessions that
@@ -231,21 +232,23 @@ class HybridSession:
             if self.reuse is not None or self.neural is not None:
                 self.owner._warn.warn("hybrid drafter receives no hidden states: drafting by retrieval alone")
             return self._count(tree)
-        extra = []
-        if self.reuse is not None:
-            extra.append(self.reuse.propose(budget))
-        if self.neural is not None:
-            extra.append(self.neural.propose(budget))
-        extra = [t for t in extra if len(t)]
-        if not extra:
-            return self._count(tree)
+        reuse = self.reuse.propose(budget) if self.reuse is not None else DraftTree.empty()
+        neural = self.neural.propose(budget) if self.neural is not None else DraftTree.empty()
         if s.mode == "switch":
-            if len(extra) == 1:
-                return self._count(extra[0])
-            return self._count(merge_trees(extra, budget))
-        keep = budget - min(s.reserve, budget // 2) if len(tree) else 0
-        base = best_nodes(tree, keep) if len(tree) > keep else tree
-        return self._count(merge_trees([base, *extra], budget))
+            picked = [t for t in (reuse, neural) if len(t)]
+            if len(picked) == 1:
+                return self._count(picked[0])  # a sampled neural tree keeps its q
+            return self._count(merge_trees(picked, budget) if picked else tree)
+        # merge: the copy drafts (retrieval, reuse) by expected accepted tokens, then the head's best nodes
+        # in the nodes kept for it (``reserve``); equal paths share nodes, so agreeing drafts cost nothing.
+        copies = sorted((t for t in (tree, reuse) if len(t)), key=lambda t: -t.score)
+        if not len(neural):
+            return self._count(merge_trees(copies, budget) if copies else tree)
+        if not copies:
+            return self._count(neural)
+        reserve = min(s.reserve, len(neural), budget // 2)
+        first = merge_trees(copies, budget - reserve)
+        return self._count(merge_trees([first, neural], budget))
 
     def _count(self, tree: DraftTree) -> DraftTree:
         source = tree.source or "none"
@@ -266,24 +269,9 @@ class HybridSession:
 # ---- tree surgery ---------------------------------------------------------------------------------
 # Trees arrive with conditional probabilities (the DraftTree contract) or path probabilities (the suffix
 # index stores those); reprise.draft_budget tells them apart by their score. Merged trees are conditional.
-def best_nodes(tree: DraftTree, count: int) -> DraftTree:
-    """The ``count`` nodes of highest path probability (ties: tree order), parents remapped."""
-    if count <= 0:
-        return DraftTree.empty(tree.source)
-    path = path_probs(tree)
-    keep = np.sort(np.lexsort((np.arange(len(tree)), -path))[:count])
-    remap = np.full(len(tree), -1, np.int64)
-    remap[keep] = np.arange(len(keep))
-    parents = np.asarray(tree.parents, np.int64)[keep]
-    new_parents = np.where(parents >= 0, remap[np.maximum(parents, 0)], -1).astype(np.int32)
-    return DraftTree(np.asarray(tree.token_ids, np.int32)[keep], new_parents,
-                     conditional_probs(tree)[keep].astype(np.float32), float(path[keep].sum()), tree.source,
-                     tree.match_len)
-
-
 def merge_trees(trees: Sequence[DraftTree], budget: int) -> DraftTree:
     """Merge trees as a trie (equal root paths share a node, keeping the higher probability) in priority
-    order, each in its own node order, stopping at ``budget`` nodes. Sampled-q trees lose their q (a
+    order, each best node first, stopping at ``budget`` nodes. Sampled-q trees lose their q (a
     merged node was not drawn from it), which keeps verification exact under the per-node target rule."""
     tokens: list[int] = []
     parents: list[int] = []
@@ -293,17 +281,22 @@ def merge_trees(trees: Sequence[DraftTree], budget: int) -> DraftTree:
     for tree in trees:
         if not len(tree):
             continue
-        mapped: list[int] = []
-        for tok, par, prob in zip(np.asarray(tree.token_ids).tolist(), np.asarray(tree.parents).tolist(),
-                                  conditional_probs(tree).tolist()):
+        # Best nodes first (path probability, ties in tree order: parents still precede children), so
+        # that a budget cut keeps each tree's likeliest nodes.
+        order = np.lexsort((np.arange(len(tree)), -path_probs(tree))).tolist()
+        ids, pars, conds = (np.asarray(tree.token_ids).tolist(), np.asarray(tree.parents).tolist(),
+                            conditional_probs(tree).tolist())
+        mapped: dict[int, int] = {}
+        for i in order:
+            tok, par, prob = ids[i], pars[i], conds[i]
             parent = -1 if par < 0 else mapped[par]
             if parent == -2:  # the parent did not fit
-                mapped.append(-2)
+                mapped[i] = -2
                 continue
             node = index.get((parent, tok))
             if node is None:
                 if len(tokens) >= budget:
-                    mapped.append(-2)
+                    mapped[i] = -2
                     continue
                 node = index[(parent, tok)] = len(tokens)
                 tokens.append(tok)
@@ -313,7 +306,7 @@ def merge_trees(trees: Sequence[DraftTree], budget: int) -> DraftTree:
                     sources.append(tree.source)
             else:
                 probs[node] = max(probs[node], prob)
-            mapped.append(node)
+            mapped[i] = node
     cond = np.asarray(probs, np.float64)
     path = cond.copy()
     for i, p in enumerate(parents):

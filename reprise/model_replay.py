@@ -16,6 +16,8 @@ target itself (its chat template, cut to the last ``prompt_tokens`` tokens):
 
 from __future__ import annotations
 
+import hashlib
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -44,7 +46,8 @@ class Reference:
     call: ModelCall
     output_ids: tuple[int, ...]
     hidden: Any  # torch.Tensor, float32, CPU
-    seconds: float
+    seconds: float  # wall clock of the decoding
+    cpu_seconds: float = 0.0  # the decoding thread's CPU time (steadier on a shared machine)
 
 
 def task_key(session: str, first_message: str) -> str:
@@ -117,8 +120,12 @@ class _Recorder:
 
 
 def decode_reference(model: Any, tokenizer: Any, calls: Sequence[ModelCall], *, max_new_tokens: int,
-                     on_call: Callable[[int, Reference], None] | None = None) -> list[Reference]:
-    """Greedy decoding of every call by the engine without drafts (the plain-decoding baseline)."""
+                     on_call: Callable[[int, Reference], None] | None = None,
+                     cache_dir: str | Path | None = None, model_key: str = "") -> list[Reference]:
+    """Greedy decoding of every call by the engine without drafts (the plain-decoding baseline).
+
+    With ``cache_dir``, each reference is stored there (hidden states as fp16) under a digest of
+    ``model_key``, the prompt and ``max_new_tokens``, and read back instead of decoded next time."""
     import torch
 
     from reprise.pipeline import Engine
@@ -129,19 +136,37 @@ def decode_reference(model: Any, tokenizer: Any, calls: Sequence[ModelCall], *, 
     engine = Engine(ModelRunner(model, max_len=max_len, max_draft_nodes=0), recorder, tokenizer)
     refs = []
     for i, call in enumerate(calls):
-        start = time.perf_counter()
-        result = engine.generate(list(call.prompt_ids), tenant=call.tenant, max_new_tokens=max_new_tokens)
-        seconds = time.perf_counter() - start
-        ref = Reference(call, tuple(result.token_ids), torch.cat(recorder.chunks), seconds)
+        path = _cache_path(cache_dir, model_key, call, max_new_tokens) if cache_dir is not None else None
+        if path is not None and path.is_file():
+            saved = torch.load(path, weights_only=True)
+            ref = Reference(call, tuple(saved["output_ids"].tolist()), saved["hidden"].float(),
+                            float(saved["seconds"]), float(saved.get("cpu_seconds", 0.0)))
+        else:
+            start, start_cpu = time.perf_counter(), time.thread_time()
+            result = engine.generate(list(call.prompt_ids), tenant=call.tenant, max_new_tokens=max_new_tokens)
+            seconds, cpu = time.perf_counter() - start, time.thread_time() - start_cpu
+            ref = Reference(call, tuple(result.token_ids), torch.cat(recorder.chunks), seconds, cpu)
+            if path is not None:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_name(path.name + ".tmp")
+                torch.save({"output_ids": torch.tensor(ref.output_ids), "hidden": ref.hidden.half(),
+                            "seconds": seconds, "cpu_seconds": cpu}, tmp)
+                os.replace(tmp, path)
         refs.append(ref)
         if on_call is not None:
             on_call(i, ref)
     return refs
 
 
+def _cache_path(cache_dir: str | Path, model_key: str, call: ModelCall, max_new_tokens: int) -> Path:
+    digest = hashlib.sha256(f"{model_key}\0{max_new_tokens}\0".encode())
+    digest.update(np.asarray(call.prompt_ids, dtype="<i4").tobytes())
+    return Path(cache_dir) / f"{digest.hexdigest()[:32]}.pt"
+
+
 @dataclass
 class SimulationReport:
-    """Counters of one simulated replay: tau = output tokens / steps."""
+    """Counters of one simulated replay: tau = output tokens / steps; ``propose_seconds`` is CPU time."""
 
     calls: int = 0
     tokens: int = 0
@@ -163,8 +188,12 @@ class SimulationReport:
                 "steps_by_source": dict(self.sources)}
 
 
-def simulate(proposer: Any, references: Sequence[Reference], *, budget: int = 32) -> SimulationReport:
-    """Greedy replay of ``references`` through ``proposer`` (one history across them, in order)."""
+def simulate(proposer: Any, references: Sequence[Reference], *, budget: int = 32,
+             max_new_tokens: int | None = None) -> SimulationReport:
+    """Greedy replay of ``references`` through ``proposer`` (one history across them, in order).
+
+    Like the engine, a step drafts at most ``max_new_tokens - produced - 1`` nodes (drafts past the last
+    token are waste; ``max_new_tokens`` defaults to each output's length)."""
     report = SimulationReport()
     for ref in references:
         call, truth = ref.call, list(ref.output_ids)
@@ -174,10 +203,12 @@ def simulate(proposer: Any, references: Sequence[Reference], *, budget: int = 32
         if observe is not None:
             observe(ref.hidden[: prompt_len - 1])
         pos = 0
+        limit = len(truth) if max_new_tokens is None else max_new_tokens
         while pos < len(truth):
-            t0 = time.perf_counter()
-            tree = session.propose(budget)
-            report.propose_seconds += time.perf_counter() - t0
+            room = min(budget, limit - pos - 1)
+            t0 = time.thread_time()
+            tree = session.propose(room) if room > 0 else _empty_tree()
+            report.propose_seconds += time.thread_time() - t0  # CPU time: steadier on a shared machine
             n = len(tree)
             a = accepted_length(tree.token_ids.tolist(), tree.parents.tolist(), truth, pos) if n else 0
             end = min(pos + a + 1, len(truth))
@@ -194,6 +225,12 @@ def simulate(proposer: Any, references: Sequence[Reference], *, budget: int = 32
         report.calls += 1
         report.tokens += len(truth)
     return report
+
+
+def _empty_tree() -> Any:
+    from retrieval.draft_tree import DraftTree
+
+    return DraftTree.empty()
 
 
 def references_to_arrays(references: Sequence[Reference]) -> list[np.ndarray]:

@@ -6,7 +6,8 @@ the trace repeats tasks, else consecutive calls of a session), prompts in the mo
 to their last ``--prompt-tokens`` tokens, ``--max-new-tokens`` greedy tokens each, in file order so that
 each call's output joins its tenant's history for the later ones.
 
-1. Reference: the engine decodes every call without drafts, recording the target's hidden states.
+1. Reference: the engine decodes every call without drafts, recording the target's hidden states
+   (cached, so that a second run replays at once).
 2. tau (replay): every drafter replays the references (reprise/model_replay.py): exactly the engine's
    greedy acceptance with ``--budget`` nodes, without the cost model's cuts. The hybrid's threshold is
    swept (``--thresholds``) and the best by estimated speedup (``--a``/``--b`` cost model) is kept for
@@ -48,9 +49,16 @@ def add_arguments(parser) -> None:
     a("--drafters", default=",".join(DRAFTERS), help=f"comma-separated subset of {','.join(DRAFTERS)}")
     a("--thresholds", default="0.5,1,2,4,8", help="hybrid thresholds swept in the replay (default 0.5,1,2,4,8)")
     a("--mode", choices=("merge", "switch"), default="merge", help="hybrid mode (default merge)")
-    a("--a", type=float, default=66.0, help="cost model: ms of a verify step without drafts (default 66)")
-    a("--b", type=float, default=3.4, help="cost model: ms per draft token in a step (default 3.4)")
+    a("--a", type=float, default=None, help="cost model: CPU ms of a verify step without drafts (default: "
+      "measured at the start, median of a few steps after a --prompt-tokens prefix)")
+    a("--b", type=float, default=None, help="cost model: CPU ms per draft token in a step (default: measured)")
+    a("--head-top-k", type=int, default=8, help="head: children per expanded node (default 8)")
+    a("--head-depth", type=int, default=3, help="head: tree depth (default 3; deeper adds little on CPU)")
+    a("--head-vocab", type=int, default=2048, help="head: output rows kept, most frequent first (default "
+      "2048: the layer stays in cache; 0 = all)")
     a("--skip-e2e", action="store_true", help="replay tau only (no timed engine runs)")
+    a("--no-cache", action="store_true", help="decode the references again (default: cached in "
+      "$REPRISE_HOME/cache/bench-neural, keyed by model, prompt and --max-new-tokens)")
     a("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     a("--print-sessions", action="store_true", help="print the sessions the run would use and exit")
     a("--json", action="store_true", help="print the figures as JSON")
@@ -88,8 +96,14 @@ def run(args) -> int:
                 print(session)
         return 0
     head = _head(args, lm, drafters)
+    if args.a is None or args.b is None:
+        a_ms, b_ms = measure_step_cost(lm.model, args.prompt_tokens)
+        args.a = a_ms if args.a is None else args.a
+        args.b = b_ms if args.b is None else args.b
     report: dict[str, Any] = {"model": lm.source, "threads": args.threads, "budget": args.budget,
-                              "checkpoint": head[1] if head else None, "traces": {}}
+                              "checkpoint": head[1] if head else None, "a_ms": round(args.a, 2),
+                              "b_ms": round(args.b, 3), "head_settings": {"top_k": args.head_top_k,
+                              "depth": args.head_depth, "vocab": args.head_vocab}, "traces": {}}
     for trace, calls in selected.items():
         report["traces"][trace.name] = run_trace(lm, head[0] if head else None, calls, drafters, thresholds, args)
         _save(args, report)
@@ -115,14 +129,44 @@ def _head(args, lm, drafters):
     """(HeadDrafter, checkpoint path) when a drafter needs the head."""
     if not {"neural", "hybrid"} & set(drafters):
         return None
+    from neural_drafters.drafting import DraftSettings
     from reprise.cli import CliError
     from reprise.neural_proposers import default_checkpoint, load_head_drafter
 
     path = args.checkpoint or default_checkpoint()
     try:
-        return load_head_drafter(path, model=lm.model), str(path)
+        settings = DraftSettings(top_k=args.head_top_k, depth=args.head_depth, vocab=args.head_vocab)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    try:
+        return load_head_drafter(path, model=lm.model, settings=settings), str(path)
     except (FileNotFoundError, ValueError) as exc:
         raise CliError(f"{exc} (train one with `reprise train-drafter`)") from None
+
+
+def measure_step_cost(model, prefix: int, reps: int = 7) -> tuple[float, float]:
+    """(a, b): median CPU ms of a verify step with no draft, and the extra ms per draft token (16-node
+    steps), after a ``prefix``-token prompt: the cost model the threshold choice uses."""
+    import numpy as np
+
+    from retrieval.draft_tree import DraftTree
+    from verifier.runner import ModelRunner, VerifyStep
+
+    runner = ModelRunner(model, max_len=prefix + 40 * reps, max_draft_nodes=16)
+    vocab = runner.vocab_size
+    rng = np.random.default_rng(0)
+    slot = runner.start(rng.integers(0, vocab, prefix).tolist())
+    times: dict[int, list[float]] = {0: [], 16: []}
+    for rep in range(reps + 1):
+        for d in (0, 16):
+            tree = DraftTree.chain(rng.integers(0, vocab, d)) if d else DraftTree.empty()
+            start = time.thread_time()
+            runner.verify([VerifyStep(slot, tree)])
+            if rep:  # the first round warms up
+                times[d].append(1000 * (time.thread_time() - start))
+    runner.release(slot)
+    a = float(np.median(times[0]))
+    return a, max(0.0, (float(np.median(times[16])) - a) / 16)
 
 
 def _save(args, report: dict) -> None:
@@ -132,8 +176,10 @@ def _save(args, report: dict) -> None:
         os.replace(tmp, args.out)
 
 
-def make_proposers(head: Any, drafters: list[str], threshold: float, mode: str) -> dict[str, Any]:
-    """Fresh proposers (empty histories) for the named drafters."""
+def make_proposers(head: Any, drafters: list[str], threshold: float, mode: str,
+                   tokenizer: Any = None) -> dict[str, Any]:
+    """Fresh proposers (empty histories) for the named drafters; retrieval learns the tokenizer's
+    number tokens when it can (canonical matching)."""
     from neural_drafters.reuse import HiddenStateMemory
     from reprise.hybrid import HybridProposer, HybridSettings, NeuralProposer, ReuseProposer
     from reprise.neural_proposers import retrieval_name
@@ -150,28 +196,35 @@ def make_proposers(head: Any, drafters: list[str], threshold: float, mode: str) 
         else:
             out[name] = HybridProposer(make_proposer(retrieval_name()), NeuralProposer(head),
                                        ReuseProposer(HiddenStateMemory()), HybridSettings(threshold, mode))
+        if tokenizer is not None and hasattr(out[name], "set_vocabulary"):
+            out[name].set_vocabulary(lambda i: tokenizer.decode([i]), len(tokenizer))
     return out
 
 
 def run_trace(lm, head, calls, drafters: list[str], thresholds: list[float], args) -> dict[str, Any]:
     from reprise.model_replay import decode_reference, simulate
+    from verifier.models import reprise_home
 
     def progress(i, ref):
         print(f"bench neural: reference {i + 1}/{len(calls)} ({len(ref.output_ids)} tokens, "
               f"{len(ref.output_ids) / ref.seconds:.2f} tokens/s)", file=sys.stderr, flush=True)
 
-    refs = decode_reference(lm.model, lm.tokenizer, calls, max_new_tokens=args.max_new_tokens, on_call=progress)
+    cache = None if args.no_cache else reprise_home() / "cache" / "bench-neural"
+    refs = decode_reference(lm.model, lm.tokenizer, calls, max_new_tokens=args.max_new_tokens, on_call=progress,
+                            cache_dir=cache, model_key=lm.source)
     out: dict[str, Any] = {"calls": len(refs), "tokens": sum(len(r.output_ids) for r in refs), "replay": {}}
     for drafter in drafters:
         if drafter == "hybrid":
             continue
-        out["replay"][drafter] = simulate(make_proposers(head, [drafter], 0.0, args.mode)[drafter], refs,
-                                          budget=args.budget).to_dict()
+        proposer = make_proposers(head, [drafter], 0.0, args.mode, lm.tokenizer)[drafter]
+        out["replay"][drafter] = simulate(proposer, refs, budget=args.budget,
+                                          max_new_tokens=args.max_new_tokens).to_dict()
     best = None
     if "hybrid" in drafters:
         sweep = {}
         for t in thresholds:
-            r = simulate(make_proposers(head, ["hybrid"], t, args.mode)["hybrid"], refs, budget=args.budget).to_dict()
+            proposer = make_proposers(head, ["hybrid"], t, args.mode, lm.tokenizer)["hybrid"]
+            r = simulate(proposer, refs, budget=args.budget, max_new_tokens=args.max_new_tokens).to_dict()
             r["estimated_speedup"] = round(_speedup(r, args.a, args.b), 4)
             sweep[_label(t)] = r
         best = max(thresholds, key=lambda t: (sweep[_label(t)]["estimated_speedup"], -t))
@@ -190,7 +243,8 @@ def _label(t: float) -> str:
 
 
 def _speedup(r: dict[str, Any], a: float, b: float) -> float:
-    return r["tau"] * a / (a + b * r["drafted_per_step"])
+    """tau per unit of step cost: a + b x draft tokens + the drafter's own CPU time per step."""
+    return r["tau"] * a / (a + b * r["drafted_per_step"] + r["propose_ms_per_step"])
 
 
 def end_to_end(lm, head, refs, drafters: list[str], threshold: float, args) -> dict[str, Any]:
@@ -202,34 +256,37 @@ def end_to_end(lm, head, refs, drafters: list[str], threshold: float, args) -> d
 
     max_len = max(len(r.call.prompt_ids) for r in refs) + args.max_new_tokens + args.budget + 8
     config = EngineConfig(budget=DraftBudget(max_draft_tokens=args.budget, cost_model=CostModel(args.a, args.b)))
-    proposers = make_proposers(head, drafters, threshold, args.mode)
+    proposers = make_proposers(head, drafters, threshold, args.mode, lm.tokenizer)
     engines = {"plain": Engine(ModelRunner(lm.model, max_len=max_len, max_draft_nodes=0), _Recorder(), lm.tokenizer)}
     for name, proposer in proposers.items():
         engines[name] = Engine(ModelRunner(lm.model, max_len=max_len, max_draft_nodes=args.budget), proposer,
                                lm.tokenizer, config)
-    stats = {m: {"tokens": 0, "seconds": 0.0, "steps": 0, "drafted": 0, "accepted": 0, "identical": 0}
-             for m in engines}
+    stats = {m: {"tokens": 0, "seconds": 0.0, "cpu_seconds": 0.0, "steps": 0, "drafted": 0, "accepted": 0,
+                 "identical": 0} for m in engines}
     methods = list(engines)
     for i, ref in enumerate(refs):
         order = methods[i % len(methods):] + methods[: i % len(methods)]
         for method in order:
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.thread_time()
             result = engines[method].generate(list(ref.call.prompt_ids), tenant=ref.call.tenant,
                                               max_new_tokens=args.max_new_tokens)
             st = stats[method]
             st["seconds"] += time.perf_counter() - start
+            st["cpu_seconds"] += time.thread_time() - start_cpu
             st["tokens"] += len(result.token_ids)
             st["steps"] += result.usage.steps
             st["drafted"] += result.usage.drafted_tokens
             st["accepted"] += result.usage.accepted_tokens
             st["identical"] += int(tuple(result.token_ids) == ref.output_ids)
-        summary = ", ".join(f"{m} {s['tokens'] / s['seconds']:.2f}" for m, s in stats.items())
-        print(f"bench neural: call {i + 1}/{len(refs)} tokens/s so far: {summary}", file=sys.stderr, flush=True)
+        summary = ", ".join(f"{m} {s['tokens'] / s['cpu_seconds']:.2f}" for m, s in stats.items())
+        print(f"bench neural: call {i + 1}/{len(refs)} tokens/CPU-s so far: {summary}", file=sys.stderr, flush=True)
     base = stats["plain"]["tokens"] / stats["plain"]["seconds"]
+    base_cpu = stats["plain"]["tokens"] / stats["plain"]["cpu_seconds"]
     out = {}
     for method, st in stats.items():
-        rate = st["tokens"] / st["seconds"]
+        rate, rate_cpu = st["tokens"] / st["seconds"], st["tokens"] / st["cpu_seconds"]
         out[method] = {"tokens_per_s": round(rate, 3), "speedup": round(rate / base, 3),
+                       "tokens_per_cpu_s": round(rate_cpu, 3), "speedup_cpu": round(rate_cpu / base_cpu, 3),
                        "tokens_per_step": round(st["tokens"] / st["steps"], 3) if st["steps"] else 0.0,
                        "drafted_per_step": round(st["drafted"] / st["steps"], 2) if st["steps"] else 0.0,
                        "identical": f"{st['identical']}/{len(refs)}"}
@@ -238,9 +295,10 @@ def end_to_end(lm, head, refs, drafters: list[str], threshold: float, args) -> d
 
 def format_report(report: dict[str, Any]) -> str:
     first = f"model {report['model']}, {report['threads']} thread(s), budget {report['budget']}, "
-    lines = [first + f"head {report['checkpoint']}"]
-    header = (f"  {'drafter':<10} {'tau':>6} {'draft/step':>10} {'est.x':>6} {'tok/s':>7} {'speedup':>8} "
-              f"{'tok/step':>8} identical")
+    lines = [first + f"head {report['checkpoint']} {report.get('head_settings', '')}",
+             f"cost model (CPU ms): a = {report.get('a_ms')}, b = {report.get('b_ms')} per draft token"]
+    header = (f"  {'drafter':<10} {'tau':>6} {'draft/step':>10} {'est.x':>6} {'tok/CPU-s':>9} {'speedup':>8} "
+              f"{'tok/s':>6} {'speedup':>8} {'tok/step':>8} identical")
     for trace, row in report["traces"].items():
         thr = f", hybrid threshold {row['hybrid_threshold']:g}" if "hybrid_threshold" in row else ""
         lines.append(f"{trace}: {row['calls']} calls, {row['tokens']} tokens{thr}")
@@ -253,9 +311,10 @@ def format_report(report: dict[str, Any]) -> str:
             dps = f"{r['drafted_per_step']:10.2f}" if r else f"{0.0:10.2f}"
             est = f"{r['estimated_speedup']:6.2f}" if r else f"{1.0:6.2f}"
             if e:
-                timing = f"{e['tokens_per_s']:7.2f} {e['speedup']:7.2f}x {e['tokens_per_step']:8.2f} {e['identical']}"
+                timing = (f"{e['tokens_per_cpu_s']:9.2f} {e['speedup_cpu']:7.2f}x {e['tokens_per_s']:6.2f} "
+                          f"{e['speedup']:7.2f}x {e['tokens_per_step']:8.2f} {e['identical']}")
             else:
-                timing = f"{'-':>7} {'-':>8} {'-':>8} -"
+                timing = f"{'-':>9} {'-':>8} {'-':>6} {'-':>8} {'-':>8} -"
             lines.append(f"  {name:<10} {tau} {dps} {est} {timing}")
         if "hybrid_sweep" in row:
             sweep = ", ".join(f"{t}: {r['tau']:.3f}" for t, r in row["hybrid_sweep"].items())

@@ -1,7 +1,8 @@
 """`reprise train-drafter`: train a neural draft head on the target's own hidden states.
 
 The target runs once over trace conversations rendered with its chat template (the slow part: about
-240 tokens/s for SmolLM2-135M on one CPU core; cached in OUT/features.pt); the head then trains on
+240 tokens/s for SmolLM2-135M on one idle CPU core; cached in OUT/features.pt and reused by later runs
+with the same traces and data settings, e.g. for another --kind); the head then trains on
 the stored states with the loss masked to assistant turns, and is scored on held-out sessions by top-1
 agreement with the target's greedy token.
 
@@ -101,7 +102,13 @@ def run(args: argparse.Namespace) -> int:
     features_path = out / "features.pt"
     if args.resume and not features_path.is_file():
         raise CliError(f"--resume: no cached features at {features_path} (run without --resume first)")
-    data = torch.load(features_path, weights_only=False) if args.resume else _extract(args, lm, features_path)
+    data = torch.load(features_path, weights_only=False) if features_path.is_file() else None
+    if data is not None and not args.resume and data.get("key") != _data_key(args, lm):
+        data = None  # other traces or settings: extract again
+    if data is None:
+        data = _extract(args, lm, features_path)
+    else:
+        print(f"using the target's features cached in {features_path}", file=sys.stderr)
     train, held_out = FeatureSet.from_state(data["train"]), FeatureSet.from_state(data["held_out"])
     settings = TrainSettings(steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr,
                              seed=args.seed)
@@ -213,7 +220,8 @@ def _extract(args: argparse.Namespace, lm: Any, path: Path) -> dict[str, Any]:
         bar.update(None, done[0])
 
     data = {"train": extract_features(lm.model, train, on_progress=progress).to_state(),
-            "held_out": extract_features(lm.model, held_out, on_progress=progress).to_state()}
+            "held_out": extract_features(lm.model, held_out, on_progress=progress).to_state(),
+            "key": _data_key(args, lm)}
     bar.close()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
@@ -223,6 +231,14 @@ def _extract(args: argparse.Namespace, lm: Any, path: Path) -> dict[str, Any]:
         os.fsync(fh.fileno())
     os.replace(tmp, path)
     return data
+
+
+def _data_key(args: argparse.Namespace, lm: Any) -> dict[str, Any]:
+    """What the cached features depend on: a later run with the same key reuses them."""
+    excluded = args.exclude_sessions.read_text() if args.exclude_sessions is not None else ""
+    return {"model": lm.source, "traces": [str(Path(t).resolve()) for t in args.traces], "max_tokens": args.max_tokens,
+            "max_conversation_tokens": args.max_conversation_tokens, "held_out": args.held_out, "seed": args.seed,
+            "excluded": excluded}
 
 
 def _coverage(features: Any, d2t: Any) -> float:

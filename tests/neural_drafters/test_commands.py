@@ -59,7 +59,7 @@ def test_train_resume_and_bench(tiny_folder, trace, tmp_path, capsys) -> None:
     assert sessions.read_text().split() == ["task0-trial0", "task0-trial1", "task0-trial2"]
     assert main(["bench", "neural", "--model", str(tiny_folder), "--trace", str(trace), "--checkpoint", str(out),
                  "--calls", "3", "--max-new-tokens", "12", "--prompt-tokens", "64", "--thresholds", "1,4",
-                 "--json"]) == 0
+                 "--no-cache", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     row = report["traces"]["agent.jsonl.gz"]
     assert set(row["replay"]) == {"retrieval", "neural", "reuse", "hybrid"}

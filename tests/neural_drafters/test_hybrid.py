@@ -59,12 +59,15 @@ def tree(tokens, parents, probs, source) -> DraftTree:
 def test_merge_shares_equal_paths_and_respects_budget_and_priority() -> None:
     a = tree([1, 2, 3], [-1, 0, 1], [1.0, 1.0, 1.0], "suffix")
     b = tree([1, 2, 9, 4], [-1, 0, 1, -1], [0.5, 0.9, 0.4, 0.3], "neural")
-    merged = merge_trees([a, b], 5)
-    assert merged.token_ids.tolist() == [1, 2, 3, 9, 4] and merged.parents.tolist() == [-1, 0, 1, 1, -1]
+    merged = merge_trees([a, b], 5)  # b's nodes come best first: 4 (path 0.3) before 9 (1 x 1 x 0.4 ... 0.18 in b)
+    assert merged.token_ids.tolist() == [1, 2, 3, 4, 9] and merged.parents.tolist() == [-1, 0, 1, -1, 1]
     assert merged.probs.tolist()[:2] == [1.0, 1.0] and merged.source == "suffix+neural"
-    assert abs(merged.score - (3 + 0.4 + 0.3)) < 1e-5
-    cut = merge_trees([b, a], 3)  # priority to b; a's node 3 would be the 4th: dropped with nothing below
-    assert cut.token_ids.tolist() == [1, 2, 9]
+    assert abs(merged.score - (3 + 0.3 + 0.4)) < 1e-5
+    cut = merge_trees([b, a], 3)  # priority to b, its best three nodes; a's 3 does not fit
+    assert cut.token_ids.tolist() == [1, 2, 4] and cut.parents.tolist() == [-1, 0, -1]
+    path_stored = DraftTree(np.array([5, 6], np.int32), np.array([-1, 0], np.int32), np.array([0.8, 0.4], np.float32),
+                            1.2, "suffix")  # the suffix index stores path probabilities (score = their sum)
+    assert np.allclose(merge_trees([path_stored], 4).probs, [0.8, 0.5])  # merged trees are conditional
     assert len(merge_trees([DraftTree.empty(), DraftTree.empty()], 8)) == 0
 
 
