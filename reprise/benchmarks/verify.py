@@ -4,10 +4,6 @@ without speculation on agent prompts, side by side in one run.
 1. Step cost: after a 256- and a 1,500-token prefix, a step verifying 0 (plain decoding), 1, 2, 4, 8,
    16, 32, 64 draft tokens; median of ``--reps`` interleaved repetitions. The least-squares line
    ``cost = a + b * draft_tokens`` gives ``reprise tune --a A --b B`` (b printed in units of a too).
-
-Every time is measured twice: wall clock, and the CPU time of the decoding thread (one torch thread
-runs every op on the calling thread). On a shared machine the CPU time is the steadier figure; the
-cost line and the ratios of the step-cost table use it.
 2. End to end: agent calls from the traces (default tau_airline and react_hotpotqa: trials of the same
    tasks, one call per trial, prompt = the model's chat template over the call's messages cut to its
    last ``--prompt-tokens`` tokens), ``--max-new-tokens`` greedy tokens each, decoded in file order by
@@ -15,7 +11,12 @@ cost line and the ratios of the step-cost table use it.
    ratio), transformers prompt lookup (``prompt_lookup_num_tokens=10``, the anchor a user would pick),
    the Reprise engine without drafts, and the Reprise engine with the proposer (``--proposer``; its
    history holds the model's own earlier outputs, recorded as the calls go). Outputs are checked
-   identical to plain decoding.
+   identical to plain decoding. Prefill (the same work for every method, untouched by drafting) is
+   timed once per call, so the decode phase is reported on its own as well.
+
+Every time is measured twice: wall clock, and the CPU time of the decoding thread (one torch thread
+runs every op on the calling thread). On a shared machine the CPU time is the steadier figure; the
+cost line, the ratios of the step-cost table and the engine's draft budget use it.
 
 ``--out FILE`` rewrites the JSON after every call, so an interrupted run keeps what it measured.
 """
@@ -205,7 +206,7 @@ def run_end_to_end(lm, traces: list[Path], args, report: dict[str, Any], save) -
             pass
 
     name = args.proposer or ("reprise" if "reprise" in proposer_names() else "prompt_lookup")
-    costs = report.get("step_cost", {}).get("1500", {}).get("ms")
+    costs = report.get("step_cost", {}).get("1500", {}).get("cpu_ms")
     cost_model = (
         CostModel(points=tuple((int(d), float(ms)) for d, ms in costs.items()))
         if costs
@@ -251,6 +252,11 @@ def run_end_to_end(lm, traces: list[Path], args, report: dict[str, Any], save) -
             if i == 0 and trace == traces[0]:
                 for fn in methods.values():
                     fn(ids[-64:])  # warm-up on a short prompt
+            # Prefill is the same work for every method and no drafter shortens it: time it once (CPU)
+            # to report the decode phase on its own too.
+            start_cpu = time.thread_time()
+            plain.runner.release(plain.runner.start(ids))
+            prefill_cpu = time.thread_time() - start_cpu
             order = list(methods)[i % len(methods) :] + list(methods)[: i % len(methods)]
             outputs = {}
             for method in order:
@@ -264,6 +270,7 @@ def run_end_to_end(lm, traces: list[Path], args, report: dict[str, Any], save) -
                         "tokens": 0,
                         "seconds": 0.0,
                         "cpu_seconds": 0.0,
+                        "prefill_cpu_seconds": 0.0,
                         "steps": 0,
                         "drafted": 0,
                         "accepted": 0,
@@ -272,6 +279,7 @@ def run_end_to_end(lm, traces: list[Path], args, report: dict[str, Any], save) -
                 st["tokens"] += len(tokens)
                 st["seconds"] += took
                 st["cpu_seconds"] += took_cpu
+                st["prefill_cpu_seconds"] += prefill_cpu
                 if usage is not None:
                     st["steps"] += usage.steps
                     st["drafted"] += usage.drafted_tokens
@@ -299,6 +307,7 @@ def run_end_to_end(lm, traces: list[Path], args, report: dict[str, Any], save) -
 def _summarise(stats, identical, num_calls, base) -> dict[str, Any]:
     base_rate = base["tokens"] / base["seconds"]
     base_cpu_rate = base["tokens"] / base["cpu_seconds"]
+    base_decode_rate = base["tokens"] / max(base["cpu_seconds"] - base["prefill_cpu_seconds"], 1e-9)
     methods = {}
     for method, st in stats.items():
         m: dict[str, Any] = {
@@ -307,6 +316,9 @@ def _summarise(stats, identical, num_calls, base) -> dict[str, Any]:
         }
         m["speedup"] = round(m["tokens_per_s"] / base_rate, 3)
         m["speedup_cpu"] = round(m["tokens_per_cpu_s"] / base_cpu_rate, 3)
+        decode = st["tokens"] / max(st["cpu_seconds"] - st["prefill_cpu_seconds"], 1e-9)
+        m["decode_tokens_per_cpu_s"] = round(decode, 3)
+        m["decode_speedup_cpu"] = round(decode / base_decode_rate, 3)
         if st["steps"]:
             m["tokens_per_step"] = round(st["tokens"] / st["steps"], 3)
             m["accept_rate"] = round(st["accepted"] / st["drafted"], 3) if st["drafted"] else 0.0
@@ -345,7 +357,8 @@ def format_report(report: dict[str, Any]) -> str:
             )
             lines.append(
                 f"  {method:<28} {m['tokens_per_s']:6.2f} tokens/s {m['speedup']:.2f}x, "
-                f"{m['tokens_per_cpu_s']:6.2f} tokens/CPU-s {m['speedup_cpu']:.2f}x{extra}"
+                f"{m['tokens_per_cpu_s']:6.2f} tokens/CPU-s {m['speedup_cpu']:.2f}x, "
+                f"decode phase {m['decode_tokens_per_cpu_s']:6.2f} tokens/CPU-s {m['decode_speedup_cpu']:.2f}x{extra}"
             )
     if "end_to_end" in report:
         lines.append(f"proposer: {report['end_to_end']['proposer']}")
