@@ -170,3 +170,22 @@ def purge_leftovers(store: HistoryStore, tenant: TenantId) -> int:
         raise ValueError(f"tenant {tenant.value} is {state}, not gone: nothing to clean up")
     store.keychain.evict(tenant)
     return store.storage.tenant_purge(tenant.value)
+
+
+def delete_keyspace(store: HistoryStore) -> int:
+    """Delete every key under the store's key prefix, on every node (benchmarks and tests that ran on a
+    shared Redis under a prefix of their own); returns how many. Refuses the default prefix ``reprise``:
+    this is never how a deployment deletes anything."""
+    storage: Any = store.storage
+    if storage.backend != "redis":
+        raise ValueError(f"only a Redis store has a key prefix; this one is {storage.backend!r}")
+    if storage.prefix == "reprise":
+        raise ValueError("refusing to delete the keys of the default prefix 'reprise'")
+    try:
+        keys = list(storage.r.scan_iter(match=f"{storage.prefix}:*", count=1000))
+        for i in range(0, len(keys), 500):
+            for key in keys[i:i + 500]:  # one by one: a Cluster refuses multi-slot UNLINK
+                storage.r.unlink(key)
+    except redis.RedisError as exc:
+        raise StorageError(f"Redis at {storage.config.host}:{storage.config.port}: {exc}") from None
+    return len(keys)
