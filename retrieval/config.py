@@ -19,7 +19,8 @@ class DraftingConfig:
     starts from (its longest match, then shorter ones with more occurrences); ``lead_in`` is how many
     prompt tokens are recorded before each response in the tenant's history, so that the start of a
     response can be matched; ``use_context``/``use_history``/``use_corpus`` choose the sources (the
-    request's own prompt and output, the tenant's past responses, the tenant's corpus); ``canonical`` adds indexes where number tokens are replaced by a class id;
+    request's own prompt and output, the tenant's past responses, the tenant's corpus, and with
+    ``use_prompts`` the tenant's past prompts, each session's conversation indexed once); ``canonical`` adds indexes where number tokens are replaced by a class id;
     ``learn`` lets the per-tenant calibration learn from committed tokens (``prior_strength`` is the
     weight of its prior, in observations); ``max_copy`` bounds how far a draft copies past the tries'
     depth; ``collapse_threshold``: a tenant whose drafts accept less than this share of what they were
@@ -44,6 +45,7 @@ class DraftingConfig:
     use_context: bool = True
     use_history: bool = True
     use_corpus: bool = True
+    use_prompts: bool = False
     learn: bool = True
     prior_strength: float = 8.0
     max_copy: int = 256

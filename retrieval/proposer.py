@@ -79,7 +79,7 @@ class RepriseSession:
         output = np.concatenate(self._output) if self._output else np.zeros(0, dtype=np.int32)
         if record and len(output):
             try:
-                self._owner.history(self._tenant).record(self._prompt, output)
+                self._owner.history(self._tenant).record(self._prompt, output, self._session_id)
             except KeyError:  # the tenant was deleted while this request ran: keep nothing
                 return
         self._owner._park(self._tenant, self._session_id, self._native)
@@ -171,7 +171,7 @@ class RepriseProposer:
     def record(self, tenant: str, session_id: str, prompt_ids: Sequence[int] | np.ndarray,
                output_ids: Sequence[int] | np.ndarray) -> None:
         """A turn produced elsewhere (``AppendTrajectory``) joins the tenant's history."""
-        self.history(tenant).record(prompt_ids, output_ids)
+        self.history(tenant).record(prompt_ids, output_ids, session_id)
 
     def add_corpus(self, tenant: str, documents: Iterable[Sequence[int] | np.ndarray], replace: bool = False) -> int:
         """Add token documents to the tenant's corpus (REST-style datastore); returns how many."""

@@ -28,6 +28,8 @@ from suffix_index.drafting import (
     KIND_CORPUS_CANONICAL,
     KIND_HISTORY,
     KIND_HISTORY_CANONICAL,
+    KIND_PROMPTS,
+    KIND_PROMPTS_CANONICAL,
     Calibration,
     native_index,
 )
@@ -70,6 +72,10 @@ class TenantHistory:
         self.history_canon = SuffixIndex(max_depth=depth, max_bytes=budget) if self._canonical else None
         self.corpus = SuffixIndex(max_depth=depth)
         self.corpus_canon = SuffixIndex(max_depth=depth) if self._canonical else None
+        use_prompts = config.use_prompts
+        self.prompts = SuffixIndex(max_depth=depth, max_bytes=budget) if use_prompts else None
+        self.prompts_canon = SuffixIndex(max_depth=depth, max_bytes=budget) if use_prompts and self._canonical else None
+        self._prompt_seen: dict[str, tuple[int, int]] = {}  # session -> (sequence id, prompt tokens indexed)
         self.calibration = Calibration(config.prior_strength)
         self.monitor = AcceptanceMonitor(MonitorConfig(threshold=config.collapse_threshold))
         self._lock = threading.Lock()
@@ -78,10 +84,13 @@ class TenantHistory:
 
     # ---- writing ----
 
-    def record(self, prompt_ids: Sequence[int] | np.ndarray, output_ids: Sequence[int] | np.ndarray) -> int:
+    def record(self, prompt_ids: Sequence[int] | np.ndarray, output_ids: Sequence[int] | np.ndarray,
+               session_id: str = "") -> int:
         """Add one finished turn (its prompt's tail and its output); returns its sequence id."""
         prompt = as_tokens(prompt_ids, "prompt_ids")
         output = as_tokens(output_ids, "output_ids")
+        if self.prompts is not None:
+            self._record_prompt(session_id, prompt)
         lead = prompt[len(prompt) - self._config.lead_in :] if self._config.lead_in else prompt[:0]
         seq = np.concatenate([lead, output]) if len(lead) else output
         with self._lock:
@@ -94,11 +103,26 @@ class TenantHistory:
             self.history_canon.add(seq_id, self.canonical(seq))
         return seq_id
 
+    def _record_prompt(self, session_id: str, prompt: np.ndarray) -> None:
+        """Index the part of a session's prompt not indexed yet (agents' prompts grow by appending; a
+        rewritten conversation only costs a few repeated tokens of drafting data)."""
+        with self._lock:
+            seq_id, done = self._prompt_seen.get(session_id, (-1, 0))
+            if seq_id < 0 or done > len(prompt):
+                seq_id, done = self._next_seq, 0
+                self._next_seq += 1
+            self._prompt_seen[session_id] = (seq_id, len(prompt))
+        new = prompt[done:]
+        if len(new):
+            self.prompts.extend(seq_id, new)
+            if self.prompts_canon is not None:
+                self.prompts_canon.extend(seq_id, self.canonical(new))
+
     def load(self, trajectories: Iterable[Trajectory]) -> int:
         """Record trajectories in commit order (rebuilding from the store); returns how many."""
         count = 0
         for t in trajectories:
-            self.record(t.prompt_ids, t.output_ids)
+            self.record(t.prompt_ids, t.output_ids, t.session_id)
             count += 1
         return count
 
@@ -143,23 +167,27 @@ class TenantHistory:
                 pairs += [(self.history, KIND_HISTORY, False), (self.history_canon, KIND_HISTORY_CANONICAL, True)]
             if self._config.use_corpus:
                 pairs += [(self.corpus, KIND_CORPUS, False), (self.corpus_canon, KIND_CORPUS_CANONICAL, True)]
+            if self.prompts is not None:
+                pairs += [(self.prompts, KIND_PROMPTS, False), (self.prompts_canon, KIND_PROMPTS_CANONICAL, True)]
         return [(native_index(ix), kind, canon) for ix, kind, canon in pairs if ix is not None]
 
     # ---- snapshots ----
 
     _MAGIC = b"RPTH"
-    _VERSION = 1
+    _VERSION = 2
 
     def snapshot(self) -> bytes:
         """Everything this tenant's drafting has learned, as bytes (``restore`` reads them back exactly).
 
         Layout: magic, version, next sequence id, document count, then length-prefixed parts (history,
-        its canonical twin, corpus, its canonical twin — empty when absent — and the calibration table),
+        its canonical twin, corpus, its canonical twin, past prompts, their canonical twin — empty when
+        absent — and the calibration table),
         then a CRC-32 of all that precedes it. The privacy layer seals these bytes before storing them.
         """
         with self._lock:
             parts = [ix.serialize() if ix is not None else b"" for ix in
-                     (self.history, self.history_canon, self.corpus, self.corpus_canon)]
+                     (self.history, self.history_canon, self.corpus, self.corpus_canon, self.prompts,
+                      self.prompts_canon)]
             parts.append(self.calibration.table().astype("<f4").tobytes())
             head = self._MAGIC + struct.pack("<IQQ", self._VERSION, self._next_seq, self._num_documents)
         body = head + b"".join(struct.pack("<Q", len(p)) + p for p in parts)
@@ -179,7 +207,7 @@ class TenantHistory:
         if version != self._VERSION:
             raise ValueError(f"tenant history snapshot version {version} is not supported (expected {self._VERSION})")
         parts, pos, end = [], 24, len(data) - 4
-        for _ in range(5):
+        for _ in range(7):
             if pos + 8 > end:
                 raise ValueError("tenant history snapshot is truncated")
             (n,) = struct.unpack("<Q", data[pos:pos + 8])
@@ -190,16 +218,20 @@ class TenantHistory:
             pos += n
         if pos != end:
             raise ValueError("tenant history snapshot has trailing bytes")
-        indexes = [SuffixIndex.deserialize(p) if p else None for p in parts[:4]]
+        indexes = [SuffixIndex.deserialize(p) if p else None for p in parts[:6]]
         if indexes[0] is None or indexes[2] is None:
             raise ValueError("tenant history snapshot lacks its history or corpus index")
         if (indexes[1] is None) != (indexes[3] is None):
             raise ValueError("tenant history snapshot has only one of its canonical indexes")
-        table = np.frombuffer(parts[4], dtype="<f4").astype(np.float32)
+        table = np.frombuffer(parts[6], dtype="<f4").astype(np.float32)
         calibration = Calibration(self._config.prior_strength)
         calibration.set_table(table)
         with self._lock:
-            self.history, self.history_canon, self.corpus, self.corpus_canon = indexes
+            self.history, self.history_canon, self.corpus, self.corpus_canon = indexes[:4]
+            if self._config.use_prompts:  # else this configuration does not draft from past prompts
+                self.prompts = indexes[4] or SuffixIndex(max_depth=self._config.max_depth)
+                self.prompts_canon = indexes[5] if self._canonical else None
+            self._prompt_seen = {}
             self._canonical = indexes[1] is not None
             self.calibration = calibration
             self.monitor = AcceptanceMonitor(MonitorConfig(threshold=self._config.collapse_threshold))
@@ -207,7 +239,8 @@ class TenantHistory:
             self._num_documents = num_docs
 
     def stats(self) -> HistoryStats:
-        indexes = [ix for ix in (self.history, self.history_canon, self.corpus, self.corpus_canon) if ix is not None]
+        indexes = [ix for ix in (self.history, self.history_canon, self.corpus, self.corpus_canon, self.prompts,
+                                 self.prompts_canon) if ix is not None]
         return HistoryStats(
             num_trajectories=self.history.num_sequences,
             num_history_tokens=self.history.num_tokens,

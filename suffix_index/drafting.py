@@ -29,6 +29,8 @@ KIND_HISTORY: int = _native.KIND_HISTORY
 KIND_HISTORY_CANONICAL: int = _native.KIND_HISTORY_CANONICAL
 KIND_CORPUS: int = _native.KIND_CORPUS
 KIND_CORPUS_CANONICAL: int = _native.KIND_CORPUS_CANONICAL
+KIND_PROMPTS: int = _native.KIND_PROMPTS
+KIND_PROMPTS_CANONICAL: int = _native.KIND_PROMPTS_CANONICAL
 #: Canonical class ids start here; real token ids must be below it.
 CLASS_BASE: int = _native.CLASS_BASE
 

@@ -307,6 +307,8 @@ void bind_drafter(py::module_& m) {
   m.attr("KIND_HISTORY_CANONICAL") = (int)kKindHistoryCanonical;
   m.attr("KIND_CORPUS") = (int)kKindCorpus;
   m.attr("KIND_CORPUS_CANONICAL") = (int)kKindCorpusCanonical;
+  m.attr("KIND_PROMPTS") = (int)kKindPrompts;
+  m.attr("KIND_PROMPTS_CANONICAL") = (int)kKindPromptsCanonical;
   m.attr("CLASS_BASE") = (int)kClassBase;
 }
 

@@ -234,3 +234,18 @@ def test_bad_tokens_are_rejected(bad) -> None:
     s = p.begin("t", "s", ids(1, 2))
     with pytest.raises((TypeError, ValueError)):
         s.commit(bad)
+
+
+def test_past_prompts_source_indexes_each_session_once_and_survives_snapshots() -> None:
+    config = dataclasses.replace(DraftingConfig(), use_prompts=True)
+    p = RepriseProposer(config)
+    conversation = ids(1, 2, 3, 4, 5, 6)
+    run_request(p, "t", "s", conversation, ids(7, 8))
+    run_request(p, "t", "s", np.concatenate([conversation, ids(7, 8, 9, 10)]), ids(11))
+    h = p.history("t")
+    assert h.prompts.num_tokens == 10  # the second prompt added only its 4 new tokens
+    s = p.begin("t", "other", ids(40, 3, 4))
+    assert decode_walk(s.propose(8), [5, 6]) == 2  # another session's prompt drafts
+    q = RepriseProposer(config)
+    q.restore("t", p.snapshot("t"))
+    assert q.history("t").prompts.num_tokens == 10
