@@ -125,8 +125,10 @@ class ClusterNode:
         self.upkeep.start()
         log.info("replica %s: following the change feed from %s", self.replica.name, self.listener.after)
 
-    def stop(self) -> None:
-        """Stop the threads (the writer is closed with the engine, before this)."""
-        self.listener.stop()
-        self.upkeep.stop()
-        self.replica.close()
+    def stop(self, wait: bool = True) -> None:
+        """Stop the threads (the writer is closed with the engine, before this); without ``wait`` only
+        tell them to (stop several nodes at once, then ``stop()`` each)."""
+        self.listener.stop(wait)
+        self.upkeep.stop(wait)
+        if wait:
+            self.replica.close()

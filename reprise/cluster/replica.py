@@ -28,30 +28,12 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
-import numpy as np
-
 from reprise.cluster.config import ClusterConfig
+from reprise.cluster.loading import SNAPSHOT_NAME, Held, apply_stream, restore_snapshot, start_rebuild
 
 log = logging.getLogger(__name__)
-SNAPSHOT_NAME = "cluster"
 _LEFTOVER_WINDOW_S = 120.0  # a write this recent may have landed after another replica's purge
 _LEASE_S = 120.0
-
-
-class Held:
-    """A tenant this replica holds (or is loading). ``lock`` orders everything that changes its index."""
-
-    __slots__ = ("cursor", "done", "load_error", "loaded", "lock", "pins", "since_snapshot", "source")
-
-    def __init__(self) -> None:
-        self.lock = threading.RLock()
-        self.done = threading.Event()   # set when the load finished (or failed)
-        self.loaded = False
-        self.load_error: str | None = None
-        self.cursor = ""                # stream id of the last applied trajectory ("" = none)
-        self.since_snapshot = 0         # trajectories applied after the snapshot this replica knows of
-        self.pins = 0                   # requests in flight: never evicted while > 0
-        self.source = ""                # "snapshot" or "rebuild"
 
 
 class Replica:
@@ -157,11 +139,11 @@ class Replica:
         t0 = time.perf_counter()
         try:
             with held.lock:
-                held.source = self._restore(tenant, held) if self.has_snapshots and not rebuild else ""
+                held.source = restore_snapshot(self.store, self.proposer, tenant, held) if self.has_snapshots and not rebuild else ""
                 if not held.source:
-                    self._rebuild(tenant, held)
+                    start_rebuild(self.store, self.proposer, tenant, held)
                     held.source = "rebuild"
-                held.since_snapshot += self._apply(tenant, held)
+                held.since_snapshot += apply_stream(self.store, self.proposer, tenant, held, self.metrics)
                 held.loaded = True
             self._load_errors.pop(tenant, None)
             seconds = time.perf_counter() - t0
@@ -190,63 +172,6 @@ class Replica:
             self.catch_up(tenant)
             self.enforce_budget()
 
-    def _restore(self, tenant: str, held: Held) -> str:
-        """Restore the sealed snapshot; "" when there is none or it is unusable."""
-        from privacy.errors import IntegrityError
-        from privacy.tenants import TenantId
-
-        try:
-            snap = self.store.get_snapshot(TenantId(tenant), SNAPSHOT_NAME)
-        except IntegrityError as exc:
-            log.error("tenant %s: its index snapshot failed its integrity check (%s); rebuilding", tenant, exc)
-            return ""
-        if snap is None:
-            return ""
-        try:
-            self.proposer.restore(tenant, snap.data)
-        except ValueError as exc:  # another version's format, or damaged: the stream has everything
-            log.warning("tenant %s: its index snapshot is unusable (%s); rebuilding", tenant, exc)
-            return ""
-        held.cursor = snap.cursor
-        return "snapshot"
-
-    def _rebuild(self, tenant: str, held: Held) -> None:
-        from privacy.tenants import TenantId
-
-        self.proposer.evict(tenant)
-        held.cursor = ""
-        held.since_snapshot = 0
-        documents = list(self.store.iter_corpus(TenantId(tenant)))
-        if documents and hasattr(self.proposer, "add_corpus"):
-            self.proposer.add_corpus(tenant, documents)
-
-    def _apply(self, tenant: str, held: Held, lag: bool = False) -> int:
-        """Apply the stream after ``held.cursor`` (the caller holds ``held.lock``); returns how many. A
-        record that fails its integrity check is skipped (counted), never applied."""
-        from privacy.errors import IntegrityError
-        from privacy.tenants import TenantId
-
-        tid, n = TenantId(tenant), 0
-        while True:
-            try:
-                for rec in self.store.iter_trajectories(tid, after=held.cursor or None, batch_size=256):
-                    t = rec.trajectory
-                    ids, k = np.asarray(t.token_ids, dtype=np.int32), t.num_prompt_tokens
-                    self.proposer.record(tenant, t.session_id, ids[:k], ids[k:])
-                    held.cursor = rec.cursor
-                    n += 1
-                    if lag and self.metrics is not None:
-                        self.metrics.lag_seconds.observe(max(0.0, time.time() - int(rec.cursor.split("-")[0]) / 1000))
-                return n
-            except IntegrityError as exc:
-                bad = self.store.storage.traj_scan(tenant, held.cursor or None, 1)
-                log.error("tenant %s: skipped a trajectory that failed its integrity check (%s)", tenant, exc)
-                if self.metrics is not None:
-                    self.metrics.crypto_failures.labels(kind="trajectory").inc()
-                if not bad:
-                    return n
-                held.cursor = bad[0].cursor
-
     def cursor(self, tenant: str) -> str | None:
         """The stream cursor applied for a held tenant, else None."""
         with self._lock:
@@ -266,7 +191,7 @@ class Replica:
         with held.lock:
             if not held.loaded:  # evicted while we waited
                 return 0
-            n = self._apply(tenant, held, lag=True)
+            n = apply_stream(self.store, self.proposer, tenant, held, self.metrics, lag=True)
             held.since_snapshot += n
         if n and self.metrics is not None:
             self.metrics.applied.inc(n)

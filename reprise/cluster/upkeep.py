@@ -37,9 +37,10 @@ class FeedListener:
         self.after = self.feed.last_id()
         self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, wait: bool = True) -> None:
+        """Stop listening (``wait``: until the blocked read returns, at most ``block_ms``)."""
         self._stop.set()
-        if self._thread.is_alive():
+        if wait and self._thread.is_alive():
             self._thread.join(self.block_ms / 1000 + 5)
 
     def _run(self) -> None:
@@ -112,9 +113,9 @@ class Upkeep:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, wait: bool = True) -> None:
         self._stop.set()
-        if self._thread.is_alive():
+        if wait and self._thread.is_alive():
             self._thread.join(30)
 
     def _run(self) -> None:

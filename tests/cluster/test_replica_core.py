@@ -60,6 +60,8 @@ class Cluster:
 
     def close(self) -> None:
         for n in self.nodes:
+            n.stop(wait=False)  # all listeners leave their blocking reads together
+        for n in self.nodes:
             n.writer.close(5)
             n.stop()
             n.store.close()

@@ -55,11 +55,20 @@ def scenario(a, b, admin_key: str, tenants: dict[str, tuple[str, str]], raw_node
     assert on_b[acme].num_accepted_tokens > on_b[globex].num_accepted_tokens + 40
     assert on_b[acme].num_steps < on_b[globex].num_steps
 
-    # Deleting acme on A: B refuses its requests within the propagation delay, and no Redis node holds
-    # a key of it (its snapshot, stream, records, lease included).
+    # Deleting acme on A while a long stream of acme runs on B: B aborts it, refuses acme's requests
+    # within the propagation delay, and no Redis node holds a key of acme (snapshot, stream, records,
+    # lease included).
+    running = RepriseClient(b.target, acme_key)
+    stream = running.generate_stream(tokens=PROMPT, max_new_tokens=1500, ignore_eos=True)
+    chunks = iter(stream)
+    next(chunks)  # it is in flight on B
     with AdminClient(a.target, admin_key) as admin:
         admin.delete_tenant(acme, confirm=acme)
     t0 = time.monotonic()
+    streamed = 1 + sum(1 for _ in chunks)
+    assert stream.completion is not None and stream.completion.finish_reason == "aborted"
+    assert streamed < 1500
+    running.close()
 
     def refused_on_b() -> bool:
         try:
