@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from reprise.draft_budget import DraftBudget
 from reprise.pipeline import Engine, EngineConfig
 from reprise.request import GenerationRequest, StoppingParams
 from retrieval.draft_tree import DraftTree
@@ -305,7 +306,8 @@ def test_sampled_output_has_the_target_distribution() -> None:
                 np.array(top, np.int32), np.array([-1, -1], np.int32), np.array([0.5, 0.4], np.float32)
             )
 
-    engine = engine_for(model, Guess(model, "right"), num_slots=64)
+    # Verify every draft node: the adaptive budget would rightly skip a 0.5/0.4 pair on the CPU cost table.
+    engine = engine_for(model, Guess(model, "right"), num_slots=64, budget=DraftBudget(adaptive=False))
     handles = [
         engine.submit(
             GenerationRequest(tuple(prompt), params, StoppingParams(max_new_tokens=2, ignore_eos=True))
