@@ -214,9 +214,10 @@ def run_end_to_end(lm, traces: list[Path], args, report: dict[str, Any], save) -
     )
     max_len = args.prompt_tokens + args.max_new_tokens + 8
     config = EngineConfig(budget=DraftBudget(max_draft_tokens=32, cost_model=cost_model))
-    spec = Engine(
-        ModelRunner(lm.model, max_len=max_len, max_draft_nodes=32), make_proposer(name), lm.tokenizer, config
-    )
+    proposer = make_proposer(name)
+    if hasattr(proposer, "set_vocabulary"):  # as the service does: number tokens match by class
+        proposer.set_vocabulary(lambda i: lm.tokenizer.decode([i]), lm.model.config.vocab_size)
+    spec = Engine(ModelRunner(lm.model, max_len=max_len, max_draft_nodes=32), proposer, lm.tokenizer, config)
     plain = Engine(ModelRunner(lm.model, max_len=max_len, max_draft_nodes=0), NoDrafts(), lm.tokenizer)
     n = args.max_new_tokens
     eos = lm.model.generation_config.eos_token_id

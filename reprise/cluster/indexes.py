@@ -43,7 +43,7 @@ class ReplicatedIndexes(TenantIndexes):
 
     def forget(self, tenant: str) -> None:
         """A deleted tenant (its index, figures and keys go), or an imported one (reload on next use)."""
-        from privacy.changefeed import KIND_RELOAD, tenant_state
+        from privacy.changefeed import tenant_state
         from privacy.errors import StorageError
         from privacy.tenants import TenantId
 
@@ -54,9 +54,19 @@ class ReplicatedIndexes(TenantIndexes):
             state = "unknown"
         if state == "active":
             self.replica.evict(tenant)
-            self.replica.feed.publish(KIND_RELOAD, TenantId(tenant), "", self.replica.name)
+            self._announce_reload(tenant)
         else:
             self.replica.tenant_deleted(tenant)
+
+    def _announce_reload(self, tenant: str) -> None:
+        from privacy.changefeed import KIND_RELOAD
+        from privacy.errors import StorageError
+        from privacy.tenants import TenantId
+
+        try:
+            self.replica.feed.publish(KIND_RELOAD, TenantId(tenant), "", self.replica.name)
+        except StorageError as exc:  # the change is stored; other replicas see it when they reload
+            log.error("tenant %s: could not tell the other replicas to reload it (%s)", tenant, exc)
 
     def stats(self, tenant: str) -> TenantStats:
         if self.has_indexes and not self.replica.is_held(tenant):
@@ -81,13 +91,10 @@ class ReplicatedIndexes(TenantIndexes):
                    progress: ProgressCallback) -> CorpusImport:
         """Store and index the documents here, seal a snapshot with them, and have the other replicas
         reload the tenant."""
-        from privacy.changefeed import KIND_RELOAD
-        from privacy.tenants import TenantId
-
         self._require()
         self.replica.ensure(tenant, None)
         with self.replica.pinned(tenant), self.replica.locked(tenant):
             result = super().add_corpus(tenant, documents, replace, progress)
         self.replica.seal_snapshot(tenant)
-        self.replica.feed.publish(KIND_RELOAD, TenantId(tenant), "", self.replica.name)
+        self._announce_reload(tenant)
         return result

@@ -50,7 +50,19 @@ def restore_snapshot(store: Any, proposer: Any, tenant: str, held: Held) -> str:
         log.warning("tenant %s: its index snapshot is unusable (%s); rebuilding", tenant, exc)
         return ""
     held.cursor = snap.cursor
+    _check_corpus(store, proposer, tenant)
     return "snapshot"
+
+
+def _check_corpus(store: Any, proposer: Any, tenant: str) -> None:
+    """A snapshot sealed while the corpus changed elsewhere may hold another corpus: the store decides."""
+    from privacy.tenants import TenantId
+
+    tid = TenantId(tenant)
+    stored = sum(c.num_documents for c in store.list_corpora(tid) if c.name == "default")
+    if proposer.index_stats(tenant).num_corpus_documents != stored and hasattr(proposer, "add_corpus"):
+        log.info("tenant %s: its snapshot's corpus is not the stored one; reloading the corpus", tenant)
+        proposer.add_corpus(tenant, list(store.iter_corpus(tid)), replace=True)
 
 
 def start_rebuild(store: Any, proposer: Any, tenant: str, held: Held) -> None:

@@ -5,8 +5,8 @@
   ``tenant_deleted``; rotated keys -> ``keys_changed``; a replaced corpus or rebuilt index -> evict (it
   reloads on next use); a new snapshot -> the tenant's tail restarts from it. While Redis is unreachable
   it retries with backoff; when Redis is back it resyncs every held tenant (events may have been lost).
-- ``Upkeep`` seals snapshots that are due (``snapshot_check_s``), resyncs (``resync_interval_s``) and
-  cleans up after deletions that raced this replica's writes. Snapshots are sealed here, never on the
+- ``Upkeep`` seals snapshots that are due and keeps the memory budget (every ``snapshot_check_s``),
+  resyncs (``resync_interval_s``) and cleans up after deletions that raced this replica's writes. Snapshots are sealed here, never on the
   engine thread, so decoding does not wait for them.
 """
 
@@ -126,6 +126,7 @@ class Upkeep:
         while not self._stop.wait(min(self.snapshot_check_s, self.resync_interval_s)):
             try:
                 self.replica.compact()
+                self.replica.enforce_budget()  # held indexes also grow by catching up
                 self.replica.purge_leftovers()
                 if time.monotonic() >= next_resync:
                     next_resync = time.monotonic() + self.resync_interval_s
