@@ -8,7 +8,9 @@ when given, since on CPU the first draft tokens cost more than the line says (GE
 Expected acceptance: node i's path probability is the product of its (calibrated) ``probs`` along its
 ancestors; verifying the ``n`` nodes of highest path probability commits ``1 + sum(path probs)``
 tokens in expectation. The policy keeps the ``n`` that maximises tokens per unit of cost, ``n = 0``
-(a plain decoding step) included. ``probs`` come from the drafter and can be miscalibrated (prompt
+(a plain decoding step) included. In a batch of ``B`` requests the step's cost is shared: each
+request weighs its draft against its share of a step in which every request drafts as much
+(``DraftBudget.share``), so larger batches verify fewer, surer draft tokens. ``probs`` come from the drafter and can be miscalibrated (prompt
 lookup says 1.0 for every node), so each request scales them by a running ratio of the levels its
 drafts actually passed to the levels they were predicted to pass (``AcceptanceTracker``).
 """
@@ -126,9 +128,14 @@ class DraftBudget:
         if self.max_draft_tokens < 0:
             raise ValueError(f"max_draft_tokens must be >= 0, got {self.max_draft_tokens}")
 
-    def choose(self, tree: DraftTree, max_nodes: int, scale: float = 1.0) -> DraftTree:
+    def choose(self, tree: DraftTree, max_nodes: int, scale: float = 1.0, batch_size: int = 1) -> DraftTree:
         """The subtree worth verifying: at most ``max_nodes`` nodes of highest path probability, cut
-        to the size that maximises expected tokens per unit of cost. Parents always come along."""
+        to the size that maximises expected tokens per unit of cost. Parents always come along.
+
+        ``batch_size``: requests verified in the same step. Their plain rows share the step's base
+        cost, so each draft token costs relatively more as the batch grows (ArcticInference #185, vLLM
+        #16258): a request's share of a step in which every one of the ``B`` requests verifies ``d``
+        draft tokens is ``cost(B * (1 + d) - 1) / B`` (the cost table is by rows beyond the first)."""
         n = len(tree)
         if n == 0 or max_nodes <= 0:
             return DraftTree.empty(tree.source) if n else tree
@@ -144,10 +151,18 @@ class DraftBudget:
         if self.adaptive:
             sizes = np.arange(keep + 1)
             gain = 1.0 + np.concatenate(([0.0], np.cumsum(path[order])))
-            keep = int(np.argmax(gain / self.cost_model.cost(sizes)))
+            keep = int(np.argmax(gain / self.share(sizes, batch_size)))
         if keep == n:
             return tree
         return subtree(tree, np.sort(order[:keep]))
+
+
+    def share(self, num_draft: np.ndarray, batch_size: int = 1) -> np.ndarray:
+        """One request's share of a step's cost when each of ``batch_size`` requests verifies
+        ``num_draft`` draft tokens (vectorised; ``batch_size`` 1 is the cost model itself)."""
+        b = max(1, int(batch_size))
+        d = np.asarray(num_draft, dtype=np.float64)
+        return self.cost_model.cost(b * (1.0 + d) - 1.0) / b
 
 
 def subtree(tree: DraftTree, nodes: np.ndarray) -> DraftTree:

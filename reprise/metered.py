@@ -104,8 +104,8 @@ class MeteredBudget:
     def max_draft_tokens(self) -> int:
         return self.inner.max_draft_tokens
 
-    def choose(self, tree: DraftTree, max_nodes: int, scale: float = 1.0) -> DraftTree:
-        chosen = self.inner.choose(tree, max_nodes, scale)
+    def choose(self, tree: DraftTree, max_nodes: int, scale: float = 1.0, batch_size: int = 1) -> DraftTree:
+        chosen = self.inner.choose(tree, max_nodes, scale, batch_size)
         if self.current is not None:
             self.current.verified = chosen
             self.current = None

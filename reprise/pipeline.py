@@ -218,7 +218,7 @@ class Engine:
         if room <= 0:
             return DraftTree.empty()
         tree = item.session.propose(room)  # a failing drafter gives an empty draft (_GuardedSession)
-        return self.config.budget.choose(tree, room, item.tracker.scale)
+        return self.config.budget.choose(tree, room, item.tracker.scale, len(self._active))
 
     def _admit(self) -> None:
         while self.runner.num_free_slots:

@@ -101,3 +101,55 @@ def test_default_budget_uses_the_measured_cpu_table() -> None:
     assert len(budget.choose(tree_of([0.3] * 32), 32)) == 0  # a 1-token draft costs 1.56 steps on CPU
     # 3 rows cost more than 5 on this CPU: a 2-node draft is never chosen over a 4-node one
     assert len(budget.choose(tree_of([0.8] * 4), 4)) != 2
+
+
+def test_larger_batches_keep_fewer_draft_tokens() -> None:
+    budget = DraftBudget(cost_model=CostModel(a=1.0, b=0.1))
+    tree = tree_of([0.9] * 32)
+    kept = [len(budget.choose(tree, 32, batch_size=b)) for b in (1, 4, 16, 64)]
+    assert kept == sorted(kept, reverse=True) and kept[0] > kept[-1]
+    assert kept[0] == len(budget.choose(tree, 32))  # batch 1 is the single-request cost model
+    # A request's share: B requests share one step's base cost, and each draft token adds B rows.
+    assert budget.share(np.array([0]), 4)[0] == pytest.approx((1.0 + 0.1 * 3) / 4)
+    assert budget.share(np.array([2]), 4)[0] == pytest.approx((1.0 + 0.1 * 11) / 4)
+    # Sure drafts are still verified in a large batch; doubtful ones stop first.
+    assert len(budget.choose(tree_of([0.999] * 8), 8, batch_size=64)) == 8
+    assert len(budget.choose(tree_of([0.5] * 8), 8, batch_size=64)) < len(budget.choose(tree_of([0.5] * 8), 8))
+
+
+def test_the_engine_tells_the_budget_its_batch_size() -> None:
+    from reprise.pipeline import Engine, EngineConfig
+    from verifier.runner import ModelRunner
+    from verifier.testing import tiny_model
+
+    seen: list[int] = []
+
+    class Spy(DraftBudget):
+        def choose(self, tree, max_nodes, scale=1.0, batch_size=1):
+            seen.append(batch_size)
+            return super().choose(tree, max_nodes, scale, batch_size)
+
+    class Nothing:
+        def begin(self, tenant, session_id, prompt_ids, request_id=""):
+            return self
+
+        def propose(self, budget):
+            return DraftTree.empty()
+
+        def commit(self, token_ids):
+            pass
+
+        def finish(self, record=True):
+            pass
+
+    model = tiny_model("llama", vocab_size=64, seed=1)
+    engine = Engine(ModelRunner(model, num_slots=3, max_len=64), Nothing(), None, EngineConfig(budget=Spy()))
+    from reprise.request import GenerationRequest, StoppingParams
+    from verifier.sampling import SamplingParams
+
+    handles = [engine.submit(GenerationRequest((1, 2, 3 + i), SamplingParams(), StoppingParams(max_new_tokens=4,
+                                                                                             ignore_eos=True)))
+               for i in range(3)]
+    engine.run_until_idle()
+    assert all(len(h.wait().token_ids) == 4 for h in handles)
+    assert seen and max(seen) == 3
