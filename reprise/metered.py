@@ -139,6 +139,12 @@ class MeteredSession:
         owner.budget.current = self
         return tree
 
+    def observe_hidden(self, states: Any) -> None:
+        """The target's hidden states, for a session that drafts from them (neural drafters)."""
+        observe = getattr(self._inner, "observe_hidden", None)
+        if observe is not None:
+            observe(states)
+
     def commit(self, token_ids: Sequence[int] | np.ndarray) -> None:
         tree = self.verified
         accepted = accepted_along(tree, token_ids)

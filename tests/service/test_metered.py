@@ -111,3 +111,33 @@ def test_speculation_off_drafts_nothing_same_output() -> None:
     off = handle.wait()
     assert off.token_ids == on.token_ids and off.usage.drafted_tokens == 0
     assert off.usage.steps == len(off.token_ids)
+
+
+def test_hidden_states_reach_the_wrapped_session() -> None:
+    seen: list[int] = []
+
+    class Reads:
+        def propose(self, budget):
+            return DraftTree.empty()
+
+        def observe_hidden(self, states):
+            seen.append(len(states))
+
+    class Ignores:
+        def propose(self, budget):
+            return DraftTree.empty()
+
+    class Inner:
+        def __init__(self, session):
+            self.session = session
+
+        def begin(self, tenant, session_id, prompt_ids, request_id=""):
+            return self.session
+
+    accounting = TenantAccounting()
+    reads = MeteredProposer(Inner(Reads()), MeteredBudget(DraftBudget()), accounting)
+    reads.begin("t", "s", [1, 2]).observe_hidden(np.zeros((3, 4)))
+    assert seen == [3]
+    ignores = MeteredProposer(Inner(Ignores()), MeteredBudget(DraftBudget()), accounting)
+    ignores.begin("t", "s", [1, 2]).observe_hidden(np.zeros((3, 4)))  # nothing to forward to: no error
+    assert seen == [3]
