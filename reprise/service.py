@@ -97,6 +97,7 @@ class Service:
         from reprise.metered import MeteredBudget, MeteredProposer, TenantAccounting
         from reprise.metrics import ServiceMetrics
         from reprise.pipeline import Engine, EngineConfig
+        from reprise.tenant_config import apply_tenant_configs
         from retrieval.registry import make_proposer
         from verifier.runner import ModelRunner
 
@@ -129,6 +130,9 @@ class Service:
             inner = make_proposer(c.model.drafter or default_drafter(), c.drafting)
             if tokenizer is not None and hasattr(inner, "set_vocabulary"):  # numbers match by class
                 inner.set_vocabulary(lambda i: tokenizer.decode([i]), runner.vocab_size)
+            tuned = apply_tenant_configs(inner, self.store.list_tenants(), c.home)  # `reprise tune`'s
+            if tuned:
+                log.info("%d tenants draft with their own tuned settings", tuned)
             tokenize = (lambda text: list(tokenizer.encode(text, add_special_tokens=False))) if tokenizer else None
             if self.cluster is not None:
                 self.cluster.set_proposer(inner)

@@ -1,7 +1,7 @@
 """Per-tenant drafting settings on disk: ``<data_dir>/tenants/<tenant>/drafting.json``.
 
-``reprise tune`` writes the best setting it found; the service reads it when it starts drafting for the
-tenant. The data directory is the ``data_dir`` argument, else ``$REPRISE_HOME``, else ``~/.reprise``.
+``reprise tune`` writes the best setting it found; the service reads every tenant's at start-up
+(``apply_tenant_configs``). The data directory is the ``data_dir`` argument, else ``$REPRISE_HOME``, else ``~/.reprise``.
 Writes are atomic (temporary file in the same folder, fsync, rename): a crash leaves the old file or the
 new one, never half of one.
 
@@ -17,6 +17,7 @@ the file. ``meta`` is free-form (who wrote it, when, from which traces).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tempfile
 from pathlib import Path
@@ -26,6 +27,7 @@ from privacy.tenants import validate_tenant_name
 from retrieval.config import DraftingConfig
 
 FILE_NAME = "drafting.json"
+log = logging.getLogger(__name__)
 
 
 def _umask() -> int:
@@ -100,3 +102,22 @@ def load_drafting_config(tenant: str, data_dir: str | Path | None = None) -> Dra
         return DraftingConfig.from_dict(data["drafting"])
     except (ValueError, TypeError) as exc:
         raise ValueError(f"{path}: invalid drafting settings: {exc}") from None
+
+
+def apply_tenant_configs(proposer: Any, tenants: Any, data_dir: str | Path | None = None) -> int:
+    """Give ``proposer`` each tenant's saved settings (by tenant name; the proposer knows tenants by
+    id); returns how many tenants have their own. A file that cannot be read is logged and the tenant
+    drafts with the service's settings. Proposers without per-tenant settings are left alone."""
+    if not hasattr(proposer, "set_tenant_config"):
+        return 0
+    count = 0
+    for tenant in tenants:
+        try:
+            config = load_drafting_config(tenant.name, data_dir)
+        except (OSError, ValueError) as exc:
+            log.error("tenant %s: its drafting settings are not used (%s)", tenant.name, exc)
+            continue
+        if config is not None:
+            proposer.set_tenant_config(tenant.id.value, config)
+            count += 1
+    return count

@@ -37,10 +37,16 @@ register_tree_type(DraftTree, SOURCE)
 _REBASE_OVERLAP = 64
 
 
+def _params(c: DraftingConfig) -> DrafterParams:
+    return DrafterParams(min_prob=c.min_path_prob, levels=c.levels, max_copy=c.max_copy,
+                         canonical_below=c.canonical_below, wide=c.wide_node, skip_below=c.skip_below,
+                         skip_min=c.skip_min)
+
+
 class RepriseSession:
     """Drafting state of one request (see ``retrieval.session.DraftSession``)."""
 
-    __slots__ = ("_learn", "_monitor", "_native", "_owner", "_prompt", "_session_id", "_tenant", "_output",
+    __slots__ = ("_cap", "_learn", "_monitor", "_native", "_owner", "_prompt", "_session_id", "_tenant", "_output",
                  "_finished")
 
     def __init__(self, owner: RepriseProposer, tenant: str, session_id: str, native: DraftingSession,
@@ -52,13 +58,14 @@ class RepriseSession:
         self._native = native
         self._prompt = prompt
         self._output: list[np.ndarray] = []
-        self._learn = owner.config.learn
+        config = owner.settings(tenant)[0]
+        self._learn, self._cap = config.learn, config.max_draft_tokens
         self._finished = False
 
     def propose(self, budget: int) -> DraftTree:
         """A calibrated draft tree of at most ``budget`` nodes continuing the committed context."""
         if budget > 0:
-            budget = self._monitor.budget(budget)
+            budget = self._monitor.budget(min(budget, self._cap))
         if budget <= 0:
             return DraftTree.empty(SOURCE)
         return self._native.propose(budget)
@@ -94,10 +101,8 @@ class RepriseProposer:
 
     def __init__(self, config: DraftingConfig | None = None) -> None:
         self.config = config if config is not None else DraftingConfig()
-        c = self.config
-        self._params = DrafterParams(min_prob=c.min_path_prob, levels=c.levels, max_copy=c.max_copy,
-                                     canonical_below=c.canonical_below, wide=c.wide_node,
-                                     skip_below=c.skip_below, skip_min=c.skip_min)
+        self._params = _params(self.config)
+        self._tenant_settings: dict[str, tuple[DraftingConfig, DrafterParams]] = {}
         self._classes = identity_classes()
         self._tenants: dict[str, TenantHistory] = {}
         self._parked: OrderedDict[tuple[str, str], DraftingSession] = OrderedDict()
@@ -115,6 +120,25 @@ class RepriseProposer:
         if self.config.canonical:
             self._classes = number_classes(decode, vocab_size)
 
+    # ---- per-tenant settings ----
+
+    def set_tenant_config(self, tenant: str, config: DraftingConfig | None) -> None:
+        """Drafting settings for one tenant (``reprise tune`` finds them), or None for the proposer's
+        own. Settings of the drafting itself (budget, pruning, levels, skip cursors, learning) apply to
+        the tenant's next request; those that shape its indexes (depth, lead-in, sources, canonical
+        indexes, calibration prior, memory budget) apply when its history is next built, so set them
+        before the history loads (the service does at start-up)."""
+        with self._lock:
+            if config is None:
+                self._tenant_settings.pop(tenant, None)
+            else:
+                self._tenant_settings[tenant] = (config, _params(config))
+
+    def settings(self, tenant: str) -> tuple[DraftingConfig, DrafterParams]:
+        """The tenant's drafting settings and the native drafter's parameters derived from them."""
+        with self._lock:
+            return self._tenant_settings.get(tenant) or (self.config, self._params)
+
     # ---- requests ----
 
     def begin(self, tenant: str, session_id: str, prompt_ids: Sequence[int] | np.ndarray,
@@ -123,8 +147,9 @@ class RepriseProposer:
         history = self.history(tenant)
         native = self._unpark(tenant, session_id)
         if native is None:
-            native = DraftingSession(self.config.max_depth, history.calibration, self._classes, self._params,
-                                     self.config.use_context)
+            config, params = self.settings(tenant)
+            native = DraftingSession(config.max_depth, history.calibration, self._classes, params,
+                                     config.use_context)
             for index, kind, canonical in history.sources():
                 native.add_source(index, kind, canonical)
         native.rebase(prompt, _REBASE_OVERLAP)
@@ -139,7 +164,8 @@ class RepriseProposer:
             if h is None:
                 if tenant in self._deleted:
                     raise KeyError(f"tenant {tenant!r} was deleted")
-                h = self._tenants[tenant] = TenantHistory(self.config, self._classes)
+                config = (self._tenant_settings.get(tenant) or (self.config,))[0]
+                h = self._tenants[tenant] = TenantHistory(config, self._classes)
             return h
 
     def snapshot(self, tenant: str) -> bytes:
@@ -148,7 +174,7 @@ class RepriseProposer:
 
     def restore(self, tenant: str, data: bytes) -> None:
         """Replace the tenant's drafting state with a ``snapshot``; ValueError if ``data`` is not one."""
-        state = TenantHistory(self.config, self._classes)
+        state = TenantHistory(self.settings(tenant)[0], self._classes)
         state.restore(data)
         with self._lock:
             if tenant in self._deleted:

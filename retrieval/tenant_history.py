@@ -84,6 +84,11 @@ class TenantHistory:
 
     # ---- writing ----
 
+
+    @property
+    def config(self) -> DraftingConfig:
+        """The settings this history was built with."""
+        return self._config
     def record(self, prompt_ids: Sequence[int] | np.ndarray, output_ids: Sequence[int] | np.ndarray,
                session_id: str = "") -> int:
         """Add one finished turn (its prompt's tail and its output); returns its sequence id."""

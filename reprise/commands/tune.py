@@ -7,7 +7,8 @@ Every setting of the grid (DraftingConfig fields; see --grid) replays the traces
 
 The table is printed; the best setting is written to the tenant's configuration
 (<data dir>/tenants/<tenant>/drafting.json, atomically; data dir = --data-dir, else $REPRISE_HOME, else
-~/.reprise) unless --no-save; tune.json, tune.png and a self-contained tune.html go to --out.
+~/.reprise) unless --no-save; tune.json, tune.png and a self-contained tune.html go to --out. A running
+`reprise serve` reads it when it next starts (tenants are matched by name).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import json
 import sys
 from pathlib import Path
 
+from replay_traces.tune import DEFAULT_A, DEFAULT_B, DEFAULT_GRID
 from reprise.commands.replay import add_trace_arguments
 
 DEFAULT_MAX_CALLS = 1000
@@ -37,14 +39,15 @@ def add_parser(sub) -> None:
     )
     add_trace_arguments(parser, default_max_calls=DEFAULT_MAX_CALLS)
     parser.add_argument("--tenant", required=True, help="tenant whose drafting settings are written")
-    parser.add_argument("--a", type=_float, default=1.0, metavar="A",
-                        help="cost of a verification step without draft tokens (default: 1.0)")
-    parser.add_argument("--b", type=_float, default=0.01, metavar="B",
-                        help="extra cost per draft token in a step, in units of A (default: 0.01)")
+    parser.add_argument("--a", type=_float, default=DEFAULT_A, metavar="A",
+                        help=f"cost of a verification step without draft tokens (default: {DEFAULT_A})")
+    parser.add_argument("--b", type=_float, default=DEFAULT_B, metavar="B",
+                        help=f"extra cost per draft token in a step, in units of A (default: {DEFAULT_B}, "
+                        "SmolLM2-135M on one CPU thread as `reprise bench verify` measured it)")
     parser.add_argument("--grid", action="append", default=None, metavar="FIELD=V1,V2,...",
                         help="a DraftingConfig field and its values; repeat for more fields; replaces "
-                        "the default grid (max_draft_tokens=8,16,32 max_spec_factor=1,4,16 "
-                        "min_token_prob=0.01,0.1)")
+                        "the default grid (" + " ".join(
+                            f"{k}={','.join(map(str, v))}" for k, v in DEFAULT_GRID.items()) + ")")
     parser.add_argument("--drafter", default=None, metavar="NAME",
                         help="proposer from the registry (default: 'reprise' when registered, else "
                         "'prompt_lookup')")

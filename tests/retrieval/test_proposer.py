@@ -249,3 +249,23 @@ def test_past_prompts_source_indexes_each_session_once_and_survives_snapshots() 
     q = RepriseProposer(config)
     q.restore("t", p.snapshot("t"))
     assert q.history("t").prompts.num_tokens == 10
+
+
+def test_per_tenant_settings_apply_to_that_tenant_only() -> None:
+    rng = np.random.default_rng(3)
+    prompt = rng.integers(0, 500, 40).astype(np.int32)
+    answer = rng.integers(0, 500, 120).astype(np.int32)
+    p = RepriseProposer()
+    p.set_tenant_config("small", DraftingConfig(max_draft_tokens=4, lead_in=0))
+    assert p.settings("small")[0].max_draft_tokens == 4 and p.settings("other") == (p.config, p._params)
+    for tenant in ("small", "other"):
+        run_request(p, tenant, "trial-0", prompt, answer)
+    sizes = {}
+    for tenant in ("small", "other"):
+        s = p.begin(tenant, "trial-1", prompt)
+        s.commit(answer[:8])
+        sizes[tenant] = len(s.propose(16))
+    assert sizes == {"small": 4, "other": 16}  # both copy the first trial; the cap is the tenant's
+    assert p.history("small").config.lead_in == 0 and p.history("other").config.lead_in == 16
+    p.set_tenant_config("small", None)
+    assert p.settings("small")[0] is p.config

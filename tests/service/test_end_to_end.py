@@ -257,3 +257,33 @@ def test_example_agent_loop_runs(running, capsys) -> None:
                         "--tasks", "2", "--max-turns", "2", "--max-new-tokens", "16"])
     out = capsys.readouterr().out
     assert code == 0 and "model tiny-llama" in out and "task 2:" in out and "hit rate" in out
+
+
+def test_tuned_settings_are_used_for_their_tenant_after_a_restart(tmp_path, monkeypatch) -> None:
+    from retrieval.config import DraftingConfig
+    from reprise.tenant_config import save_drafting_config
+
+    monkeypatch.delenv("REPRISE_MASTER_KEY", raising=False)
+    home = tmp_path / "home"
+    r = start_service(home)
+    try:
+        tuned_id, _ = tenant_key(r, "tuned")
+        plain_id, _ = tenant_key(r, "plain")
+        broken_id, broken_key = tenant_key(r, "broken")
+        proposer = r.service.indexes._proposer
+        assert proposer.settings(tuned_id)[0] == proposer.config  # nothing saved yet
+    finally:
+        r.stop(grace=5)
+    save_drafting_config("tuned", DraftingConfig(max_draft_tokens=6, levels=1), home)  # as `reprise tune` does
+    (home / "tenants" / "broken").mkdir(parents=True)
+    (home / "tenants" / "broken" / "drafting.json").write_text("{not json")  # logged, not fatal
+    r = start_service(home)
+    try:
+        proposer = r.service.indexes._proposer
+        assert proposer.settings(tuned_id)[0].max_draft_tokens == 6 and proposer.settings(tuned_id)[0].levels == 1
+        assert proposer.settings(plain_id)[0] == proposer.config
+        assert proposer.settings(broken_id)[0] == proposer.config
+        with RepriseClient(r.target, broken_key) as client:  # the tenant with the unreadable file is served
+            assert client.generate(tokens=[1, 2, 3], max_new_tokens=4).completion_tokens == 4
+    finally:
+        r.stop()
