@@ -33,10 +33,10 @@ DEFAULT_GRID: dict[str, tuple[Any, ...]] = {
     "skip_below": (0, 3),
 }
 # Cost model defaults: the ratio measured by `reprise bench verify` on SmolLM2-135M, fp32, one CPU thread
-# (a step costs about 66 ms plus 3.4 ms per draft token after a 256-token prefix). On a GPU b/a is far
-# smaller; pass the figures of your own hardware.
+# (the least-squares line after a 1,500-token prefix: 101 ms plus 3.45 ms per draft token, b/a = 0.034).
+# On a GPU b/a is far smaller; pass the figures of your own hardware.
 DEFAULT_A = 1.0
-DEFAULT_B = 0.05
+DEFAULT_B = 0.034
 
 
 def estimated_speedup(tau: float, draft_tokens_per_step: float, a: float, b: float) -> float:

@@ -24,12 +24,13 @@ import numpy as np
 from retrieval.draft_tree import DraftTree
 
 # Measured with `reprise bench verify` (SmolLM2-135M, fp32, one thread, the 2-core development machine,
-# 1,500-token prefix, CPU time): a plain step costs 1; the least-squares line is 1.59 + 0.068 d; the table
-# is the measurement itself (3 rows cost more than 5: matrix products of 2-3 rows run as slow as
-# matrix-vector products, 4-8 rows cost about the same). Other hardware: pass its own table.
-DEFAULT_A = 1.59
-DEFAULT_B = 0.068
-DEFAULT_POINTS = ((0, 1.0), (1, 1.56), (2, 2.19), (4, 1.91), (8, 2.32), (16, 2.81), (32, 3.59), (64, 5.94))
+# 1,500-token prefix, CPU time, load average about 2): a plain step costs 1 (84 ms); one or two draft
+# tokens cost almost nothing more (the rows ride on the same weight reads), then each adds about 0.04;
+# the least-squares line is 1.20 + 0.041 d. The table is the measurement itself. Other hardware: pass
+# its own table (`reprise bench verify --json` prints it).
+DEFAULT_A = 1.20
+DEFAULT_B = 0.041
+DEFAULT_POINTS = ((0, 1.0), (1, 1.01), (2, 1.07), (4, 1.47), (8, 1.87), (16, 2.08), (32, 2.65), (64, 3.66))
 
 
 def path_probs(tree: DraftTree) -> np.ndarray:

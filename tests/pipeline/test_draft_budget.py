@@ -98,9 +98,10 @@ def test_default_budget_uses_the_measured_cpu_table() -> None:
     budget = DraftBudget()
     assert budget.cost_model.points and budget.cost_model.cost(np.array([0]))[0] == 1.0
     assert len(budget.choose(tree_of([0.99] * 32), 32)) >= 16
-    assert len(budget.choose(tree_of([0.3] * 32), 32)) == 0  # a 1-token draft costs 1.56 steps on CPU
-    # 3 rows cost more than 5 on this CPU: a 2-node draft is never chosen over a 4-node one
-    assert len(budget.choose(tree_of([0.8] * 4), 4)) != 2
+    # One or two draft rows cost about 1 % more than a plain step on this CPU, the third one 20 %: a
+    # doubtful chain is cut to its first two nodes, a hopeless one to none.
+    assert len(budget.choose(tree_of([0.3] * 32), 32)) == 2
+    assert len(budget.choose(tree_of([0.005] * 32), 32)) == 0
 
 
 def test_larger_batches_keep_fewer_draft_tokens() -> None:
