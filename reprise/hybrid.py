@@ -15,8 +15,8 @@ neural drafter is not even run). Below it:
 The neural and reuse parts need the target's hidden states: the engine hands them to sessions that
 have ``observe_hidden`` (reprise/pipeline.py). Without them (canonical replay, a wrapper that does not
 forward them, a missing or failing head) the hybrid degrades to retrieval alone, with one logged warning.
-``threshold`` per tenant comes from ``DraftingConfig.hybrid_threshold`` (``reprise tune --grid
-hybrid_threshold=...``).
+The threshold is ``settings.threshold``, or a tenant's own ``DraftingConfig.hybrid_threshold`` when
+its retrieval proposer holds settings for the tenant (``reprise tune --hybrid`` writes them).
 """
 
 from __future__ import annotations
@@ -200,7 +200,10 @@ class HybridProposer:
         parts = [self.retrieval.begin(tenant, session_id, prompt_ids, request_id)]
         reuse = self.reuse.begin(tenant, session_id, prompt_ids, request_id) if self.reuse else None
         neural = self.neural.begin(tenant, session_id, prompt_ids, request_id) if self.neural else None
-        return HybridSession(self, parts[0], reuse, neural)
+        own = getattr(self.retrieval, "tenant_config", None)
+        config = own(tenant) if own is not None else None
+        threshold = config.hybrid_threshold if config is not None else self.settings.threshold
+        return HybridSession(self, parts[0], reuse, neural, threshold)
 
     def __getattr__(self, name: str) -> Any:  # index operations (load_history, stats) go to retrieval
         if name in ("retrieval", "neural", "reuse", "settings", "_warn"):
@@ -210,8 +213,9 @@ class HybridProposer:
 
 class HybridSession:
     def __init__(self, owner: HybridProposer, retrieval: DraftSession, reuse: ReuseSession | None,
-                 neural: NeuralSession | None) -> None:
+                 neural: NeuralSession | None, threshold: float | None = None) -> None:
         self.owner, self.retrieval, self.reuse, self.neural = owner, retrieval, reuse, neural
+        self.threshold = owner.settings.threshold if threshold is None else threshold
         self._hidden_seen = False
         self.steps_by_source: dict[str, int] = {}
 
@@ -226,7 +230,7 @@ class HybridSession:
     def propose(self, budget: int) -> DraftTree:
         s = self.owner.settings
         tree = self.retrieval.propose(budget)
-        if tree.score >= s.threshold or budget <= 0:
+        if tree.score >= self.threshold or budget <= 0:
             return self._count(tree)
         if not self._hidden_seen:
             if self.reuse is not None or self.neural is not None:

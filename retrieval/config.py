@@ -31,6 +31,10 @@ class DraftingConfig:
     ``wide_node``: trie nodes with more children offer only their most frequent child; ``history_max_bytes`` is each tenant's history index budget (oldest trajectories are evicted
     first; 0: none); ``session_cache_bytes`` bounds the request indexes kept for a session's next call.
 
+    Hybrid proposer ("hybrid", reprise/hybrid.py): a retrieval draft whose score (expected accepted
+    tokens) reaches ``hybrid_threshold`` is used alone; below it hidden-state reuse and the neural head
+    draft too (``reprise tune --hybrid`` picks it per tenant with the target model).
+
     SuffixDecoding-style proposer ("suffix"): the draft length may grow with the match length
     (length <= ``max_spec_factor`` * match_len + ``max_spec_offset``); ``min_token_prob`` prunes unlikely
     nodes; ``use_tree`` drafts trees rather than paths.
@@ -60,6 +64,7 @@ class DraftingConfig:
     max_spec_offset: float = 0.0
     min_token_prob: float = 0.01
     use_tree: bool = True
+    hybrid_threshold: float = 2.0
 
     def __post_init__(self) -> None:
         _check_range("max_draft_tokens", self.max_draft_tokens, 1, 1024)
@@ -85,6 +90,8 @@ class DraftingConfig:
             raise ValueError(f"max_spec_factor must be > 0, got {self.max_spec_factor}")
         if not 0.0 <= self.min_token_prob < 1.0:
             raise ValueError(f"min_token_prob must be in [0, 1), got {self.min_token_prob}")
+        if not self.hybrid_threshold >= 0.0:  # inf: never draft with the head
+            raise ValueError(f"hybrid_threshold must be >= 0, got {self.hybrid_threshold}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

