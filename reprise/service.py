@@ -99,6 +99,7 @@ class Service:
         from reprise.pipeline import Engine, EngineConfig
         from reprise.tenant_config import apply_tenant_configs
         from retrieval.registry import make_proposer
+        from verifier.models import configure_threads
         from verifier.runner import ModelRunner
 
         c = self.config
@@ -120,6 +121,8 @@ class Service:
                 log.warning("first start: the admin key is in %s (0600); `reprise tenant ...` reads it there",
                             self.admin_key_file)
             loaded = self._model if self._model is not None else load_target_model(c)
+            if c.model.device == "cpu":  # also for a model handed in: two replicas' thread pools would fight
+                configure_threads(c.model.num_threads)
             model = getattr(loaded, "model", loaded)
             tokenizer = getattr(loaded, "tokenizer", None)
             name = self._model_name or Path(getattr(loaded, "source", "") or "model").name

@@ -329,7 +329,11 @@ def _bench(args: argparse.Namespace, home: Path) -> dict[str, Any]:
         startup_s = time.perf_counter() - t0
         prompts = _prompts(args.requests)
         warm = argparse.Namespace(**{**vars(args), "requests": 2 * args.tenants, "concurrency": 4})
-        _round(replicas, keys, prompts, warm)  # every replica holds its tenants, every prompt shape seen
+        for k in range(1, args.replicas + 1):  # under every routing the rounds use: tenants held, shapes seen
+            _round(replicas[:k], keys, prompts, warm)
+        # Every prompt once before the timed rounds, so that each round finds the same history (the
+        # rounds repeat these prompts: without this the first round would draft from less than the next).
+        _round(replicas, keys, prompts, argparse.Namespace(**{**vars(args), "concurrency": args.concurrency}))
         rounds = []
         under_load = None
         for k in range(1, args.replicas + 1):
