@@ -61,3 +61,54 @@ class HiddenStatePersistence:
             memory.add_segment(tenant, t.token_ids, positions, vectors)
             restored += 1
         return restored
+
+
+class ReuseWiring:
+    """A service's hidden-state reuse tied to its store: every recorded request's segment is sealed off
+    the engine thread (one worker, in order), the memory is refilled from the store at start-up, and a
+    deleted tenant's memory is dropped."""
+
+    def __init__(self, reuse: Any, store: Any) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.reuse = reuse
+        self.persistence = HiddenStatePersistence(store)
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="reprise-reuse")
+        reuse.on_segment = self._submit
+
+    @staticmethod
+    def find(proposer: Any) -> Any:
+        """The ``ReuseProposer`` inside ``proposer`` (itself, or a hybrid's part), or None."""
+        from reprise.hybrid import HybridProposer, ReuseProposer
+
+        if isinstance(proposer, ReuseProposer):
+            return proposer
+        if isinstance(proposer, HybridProposer):
+            return proposer.reuse
+        return None
+
+    def _submit(self, tenant: str, session_id: str, segment: Any) -> None:
+        self._pool.submit(self._save, tenant, session_id, segment)
+
+    def _save(self, tenant: str, session_id: str, segment: Any) -> None:
+        try:
+            self.persistence.save(tenant, session_id, segment)
+        except Exception as exc:  # noqa: BLE001 - a lost segment only costs drafting after a restart
+            log.warning("tenant %s: hidden-state vectors not stored (%s)", tenant, exc)
+
+    def restore_all(self, tenants: Any) -> int:
+        """Refill the memory with every tenant's stored segments; returns how many."""
+        restored = 0
+        for t in tenants:
+            try:
+                restored += self.persistence.restore(t.id.value, self.reuse.memory)
+            except Exception as exc:  # noqa: BLE001 - serve the others
+                log.error("tenant %s: hidden-state vectors not restored (%s)", t.id.value, exc)
+        return restored
+
+    def forget(self, tenant: str) -> None:
+        self.reuse.memory.forget(tenant)
+
+    def close(self) -> None:
+        """Wait for the queued segments (call before the store closes)."""
+        self._pool.shutdown(wait=True)

@@ -66,6 +66,7 @@ class Service:
         self.grpc: Any = None
         self.http: Any = None
         self.history: Any = None
+        self.reuse: Any = None  # reprise.hidden_store.ReuseWiring when the drafter keeps hidden-state reuse
         self.stats_history: Any = None
         self.admin_key_file: Path | None = None
         self.cluster: Any = None  # reprise.cluster.ClusterNode when cluster.enabled
@@ -92,6 +93,7 @@ class Service:
         from reprise.auth import StoreAuthenticator
         from reprise.dashboard import HttpServer, StatsHistory
         from reprise.decode_backend import EngineBackend
+        from reprise.hidden_store import ReuseWiring
         from reprise.history_writer import HistoryWriter
         from reprise.indexes import TenantIndexes
         from reprise.metered import MeteredBudget, MeteredProposer, TenantAccounting
@@ -145,10 +147,16 @@ class Service:
                 proposer = MeteredProposer(inner, budget, accounting, self.metrics)
                 self.indexes = TenantIndexes(self.store, inner, accounting, self.metrics, tokenize)
             self.indexes.load_all()
+            reuse = ReuseWiring.find(inner)
+            if reuse is not None:  # hidden-state reuse vectors are tenant history: sealed, restored
+                self.reuse = ReuseWiring(reuse, self.store)
+                log.info("restored %d hidden-state segments", self.reuse.restore_all(self.store.list_tenants()))
 
             def on_deleted(tid: Any) -> None:  # also when deleted by `python -m privacy` in this process
                 auth.invalidate()
                 self.indexes.forget(tid.value)
+                if self.reuse is not None:
+                    self.reuse.forget(tid.value)
 
             self.store.add_deletion_hook(on_deleted)
             self.history = self.cluster.writer if self.cluster is not None else HistoryWriter(self.store)
@@ -165,8 +173,11 @@ class Service:
         except BaseException:
             if decode is not None:
                 decode.close()  # stops the engine thread, writes queued history
-            elif self.history is not None:
-                self.history.close()
+            else:
+                if self.reuse is not None:
+                    self.reuse.close()
+                if self.history is not None:
+                    self.history.close()
             if self.cluster is not None:
                 self.cluster.stop()
             if self.http is not None:
@@ -177,6 +188,8 @@ class Service:
             raise
 
     def _close_history(self) -> None:
+        if self.reuse is not None:
+            self.reuse.close()
         self.history.close()
 
     # ---- running and stopping ------------------------------------------------------------------------

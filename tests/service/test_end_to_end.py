@@ -287,3 +287,37 @@ def test_tuned_settings_are_used_for_their_tenant_after_a_restart(tmp_path, monk
             assert client.generate(tokens=[1, 2, 3], max_new_tokens=4).completion_tokens == 4
     finally:
         r.stop()
+
+
+def test_hybrid_reuse_vectors_are_sealed_and_restored_after_a_restart(tmp_path, monkeypatch) -> None:
+    from privacy import TenantId
+    from reprise.hidden_store import segment_key
+
+    monkeypatch.delenv("REPRISE_MASTER_KEY", raising=False)
+    monkeypatch.setenv("REPRISE_DRAFTER_CHECKPOINT", str(tmp_path / "no-head"))  # reuse + retrieval only
+    home = tmp_path / "home"
+    r = start_service(home, **{"model.drafter": "hybrid"})
+    try:
+        tid, key = tenant_key(r)
+        with RepriseClient(r.target, key) as client:
+            out = client.generate(tokens=[5, 6, 7, 8, 9], max_new_tokens=12, session_id="s1")
+            client.generate(tokens=[5, 6, 7], max_new_tokens=4, session_id="s2", do_not_record=True)
+        reuse = r.service.reuse
+        assert reuse is not None and reuse.reuse.memory.tenant(tid).num_rows > 0
+    finally:
+        r.stop(grace=5)  # queued trajectory and vectors are written before the store closes
+    r = start_service(home, **{"model.drafter": "hybrid"})
+    try:
+        store, tenant = r.service.store, TenantId(tid)
+        trajectories = [rec.trajectory for rec in store.iter_trajectories(tenant)]
+        assert [t.session_id for t in trajectories] == ["s1"]  # do_not_record left nothing
+        tokens = trajectories[0].token_ids
+        assert list(tokens[5:]) == list(out.token_ids)
+        assert store.get_hidden_states(tenant, segment_key("s1", tokens)) is not None
+        memory = r.service.reuse.reuse.memory.tenant(tid)
+        assert memory.num_rows > 0  # restored from the sealed record at start-up
+        with AdminClient(r.target, r.admin_key) as admin:
+            admin.delete_tenant(tid, confirm=tid)
+        assert wait_until(lambda: tid not in r.service.reuse.reuse.memory._tenants)
+    finally:
+        r.stop()
