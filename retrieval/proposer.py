@@ -46,8 +46,18 @@ def _params(c: DraftingConfig) -> DrafterParams:
 class RepriseSession:
     """Drafting state of one request (see ``retrieval.session.DraftSession``)."""
 
-    __slots__ = ("_cap", "_learn", "_monitor", "_native", "_owner", "_prompt", "_session_id", "_tenant", "_output",
-                 "_finished")
+    __slots__ = (
+        "_cap",
+        "_finished",
+        "_learn",
+        "_monitor",
+        "_native",
+        "_output",
+        "_owner",
+        "_prompt",
+        "_session_id",
+        "_tenant",
+    )
 
     def __init__(self, owner: RepriseProposer, tenant: str, session_id: str, native: DraftingSession,
                  prompt: np.ndarray, monitor: AcceptanceMonitor) -> None:

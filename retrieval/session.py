@@ -12,7 +12,8 @@ A session sees only its tenant's history and corpus and its own request (DESIGN.
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
 

@@ -118,7 +118,7 @@ class TenantHistory:
                 self._next_seq += 1
             self._prompt_seen[session_id] = (seq_id, len(prompt))
         new = prompt[done:]
-        if len(new):
+        if len(new) and self.prompts is not None:
             self.prompts.extend(seq_id, new)
             if self.prompts_canon is not None:
                 self.prompts_canon.extend(seq_id, self.canonical(new))
@@ -224,7 +224,8 @@ class TenantHistory:
         if pos != end:
             raise ValueError("tenant history snapshot has trailing bytes")
         indexes = [SuffixIndex.deserialize(p) if p else None for p in parts[:6]]
-        if indexes[0] is None or indexes[2] is None:
+        history, corpus = indexes[0], indexes[2]
+        if history is None or corpus is None:
             raise ValueError("tenant history snapshot lacks its history or corpus index")
         if (indexes[1] is None) != (indexes[3] is None):
             raise ValueError("tenant history snapshot has only one of its canonical indexes")
@@ -232,7 +233,7 @@ class TenantHistory:
         calibration = Calibration(self._config.prior_strength)
         calibration.set_table(table)
         with self._lock:
-            self.history, self.history_canon, self.corpus, self.corpus_canon = indexes[:4]
+            self.history, self.history_canon, self.corpus, self.corpus_canon = history, indexes[1], corpus, indexes[3]
             if self._config.use_prompts:  # else this configuration does not draft from past prompts
                 self.prompts = indexes[4] or SuffixIndex(max_depth=self._config.max_depth)
                 self.prompts_canon = indexes[5] if self._canonical else None

@@ -34,7 +34,7 @@ def number_classes(decode: Callable[[int], str], vocab_size: int) -> np.ndarray:
     for token_id in range(vocab_size):
         try:
             text = decode(token_id)
-        except Exception:  # special or unused ids: not numbers
+        except Exception:  # noqa: BLE001, S112 - special or unused ids (any decoder error): not numbers
             continue
         if _NUMBER.fullmatch(text):
             classes[token_id] = CLASS_SPACED_NUMBER if text.startswith(" ") else CLASS_NUMBER

@@ -189,10 +189,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"best: #{results.index(best) + 1} {setting_label(best.varied)}: tau {best.pooled.tau:.3f}, "
           f"estimated speedup {best.estimated_speedup:.3f}")
     if hybrid_result is not None:
-        sweep = ", ".join(f"{t}: tau {r['tau']:.3f} est. {r['estimated_speedup']:.3f}"
-                          for t, r in hybrid_result.sweep.items())
+        sweep_text = ", ".join(f"{t}: tau {r['tau']:.3f} est. {r['estimated_speedup']:.3f}"
+                               for t, r in hybrid_result.sweep.items())
         print(f"hybrid threshold {hybrid_result.threshold:g} ({hybrid_result.calls} calls decoded by the target; "
-              f"{sweep})")
+              f"{sweep_text})")
     print(f"saved to {saved}" if saved else "not saved (--no-save)")
     print(f"report: {html_path} (plot {png_path})")
     return 0

@@ -330,7 +330,7 @@ def test_text_of_a_request_ending_mid_character_is_flushed() -> None:
     from reprise.stopping import StopChecker
 
     checker = StopChecker(StoppingParams(max_new_tokens=3), ByteTokenizer(), (), 100)
-    first = checker.append(list("ab".encode()))
+    first = checker.append(list(b"ab"))
     last = checker.append(["é".encode()[0]])  # the length limit cuts a two-byte character in half
     assert first.text_delta == "ab" and last.finish_reason == "length"
     assert checker.text == "ab\ufffd" and first.text_delta + last.text_delta == checker.text

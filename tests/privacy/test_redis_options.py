@@ -92,9 +92,9 @@ def tls_redis(tmp_path):
 
 def test_tls_client_certificate_and_acl_user(tls_redis, master_env) -> None:
     port, d = tls_redis
-    base = dict(data_dir=d / "data", backend="redis", redis_url=f"rediss://127.0.0.1:{port}/0",
-                redis_username="reprise-svc", redis_password="s3cret:pw", redis_tls_ca_file=d / "ca.crt",
-                redis_tls_cert_file=d / "client.crt", redis_tls_key_file=d / "client.key")
+    base = {"data_dir": d / "data", "backend": "redis", "redis_url": f"rediss://127.0.0.1:{port}/0",
+                "redis_username": "reprise-svc", "redis_password": "s3cret:pw", "redis_tls_ca_file": d / "ca.crt",
+                "redis_tls_cert_file": d / "client.crt", "redis_tls_key_file": d / "client.key"}
     store = open_store(StoreConfig(**base), env=master_env)
     t = store.create_tenant("acme").id
     key = store.create_api_key(t)
@@ -107,10 +107,10 @@ def test_tls_client_certificate_and_acl_user(tls_redis, master_env) -> None:
     assert store.delete_tenant(t).num_records == 3  # SCAN + UNLINK are within the ACL
     store.close()
     for bad, message in [
-        (dict(redis_password="wrong"), "WRONGPASS|invalid username-password"),
-        (dict(redis_tls_cert_file=None, redis_tls_key_file=None), "cannot reach Redis"),
-        (dict(redis_url=f"redis://127.0.0.1:{port}/0", redis_tls_ca_file=None, redis_tls_cert_file=None,
-              redis_tls_key_file=None), "cannot reach Redis"),
+        ({"redis_password": "wrong"}, "WRONGPASS|invalid username-password"),
+        ({"redis_tls_cert_file": None, "redis_tls_key_file": None}, "cannot reach Redis"),
+        ({"redis_url": f"redis://127.0.0.1:{port}/0", "redis_tls_ca_file": None, "redis_tls_cert_file": None,
+              "redis_tls_key_file": None}, "cannot reach Redis"),
     ]:
         with pytest.raises(StorageError, match=message):
             open_store(StoreConfig(**{**base, **bad}), env=master_env)

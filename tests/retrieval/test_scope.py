@@ -4,6 +4,8 @@ proposed."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -16,7 +18,7 @@ seqs = st.lists(st.integers(0, VOCAB - 1), min_size=2, max_size=40)
 
 
 def transitions(*texts: list[int]) -> set[tuple[int, int]]:
-    return {(a, b) for t in texts for a, b in zip(t, t[1:])}
+    return {(a, b) for t in texts for a, b in itertools.pairwise(t)}
 
 
 def drafted_transitions(tree, last: int) -> set[tuple[int, int]]:

@@ -260,8 +260,8 @@ def test_example_agent_loop_runs(running, capsys) -> None:
 
 
 def test_tuned_settings_are_used_for_their_tenant_after_a_restart(tmp_path, monkeypatch) -> None:
-    from retrieval.config import DraftingConfig
     from reprise.tenant_config import save_drafting_config
+    from retrieval.config import DraftingConfig
 
     monkeypatch.delenv("REPRISE_MASTER_KEY", raising=False)
     home = tmp_path / "home"
