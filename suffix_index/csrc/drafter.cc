@@ -172,17 +172,11 @@ class Builder {
         if (emitted_ >= params_.budget) break;
         const size_t queued = heap_.size();
         expand(it.begin, it.end, index, it.prob, nullptr);
-        if (heap_.size() != queued + 1) break;
-        const Item& child = heap_.back();  // the one just pushed (push_heap may have moved it up)
-        (void)child;
+        // One child pushed, and it is the best queued item (the heap's top): take it at once.
+        if (heap_.size() != queued + 1 || heap_.front().parent != index) break;
         std::pop_heap(heap_.begin(), heap_.end(), Worse());
-        Item top = heap_.back();
-        if (top.parent != index) {  // something queued earlier is better: put it back, go on as usual
-          std::push_heap(heap_.begin(), heap_.end(), Worse());
-          break;
-        }
+        it = heap_.back();
         heap_.pop_back();
-        it = top;
       }
     }
     return out;
