@@ -131,8 +131,9 @@ class Builder {
  public:
   Builder(const std::vector<DraftSource>& sources, const DrafterParams& p, const Calibration& cal, DraftWorkspace* ws)
       : sources_(sources), params_(p), cal_(cal), pool_(ws->pool), kids_(ws->kids), heap_(ws->heap),
-        first_(ws->first_match), groups_(ws->groups) {
+        first_(ws->first_match), groups_(ws->groups), path_(ws->path) {
     pool_.clear();
+    path_.clear();
     kids_.clear();
     heap_.clear();
     groups_.clear();
@@ -341,7 +342,7 @@ class Builder {
   std::vector<Item>& heap_;
   std::vector<uint32_t>& first_;
   std::vector<Group>& groups_;
-  std::vector<double> path_;  // path probability of each emitted node
+  std::vector<double>& path_;  // path probability of each emitted node
   uint32_t order_ = 0;
   uint32_t emitted_ = 0;
 };

@@ -152,6 +152,7 @@ struct DraftWorkspace {
   std::vector<Item> heap;
   std::vector<Group> groups;
   std::vector<uint32_t> first_match;  // per source: its longest match this call (0: none)
+  std::vector<double> path;           // path probability of each emitted node
 };
 
 // Drafts continuing ctx[0, n) (real ids) / ctx_canon[0, n) (canonical ids, used by canonical sources).
