@@ -49,6 +49,7 @@ class AcceptanceMonitor:
         self._accepted = 0.0
         self._steps = 0
         self._since_probe = 0
+        self._is_suspended = False  # kept by observe(): budget() reads it without the lock
         self._lock = threading.Lock()
 
     @property
@@ -69,6 +70,8 @@ class AcceptanceMonitor:
     def budget(self, requested: int) -> int:
         """The node cap for a step that asked for ``requested``: unchanged normally; 0 while suspended,
         except a ``probe_budget`` probe every ``probe_every`` steps."""
+        if not self._is_suspended:  # the common case, lock-free (a stale read costs one step at most)
+            return requested
         with self._lock:
             if not self._suspended():
                 return requested
@@ -87,3 +90,4 @@ class AcceptanceMonitor:
             self._expected = self._expected * d + expected
             self._accepted = self._accepted * d + accepted
             self._steps += 1
+            self._is_suspended = self._suspended()
