@@ -30,6 +30,7 @@ struct TreeType {
   PyObject* empty_i32 = nullptr;
   PyObject* empty_f32 = nullptr;
   PyObject* source = nullptr;
+  PyObject* by_kind[kMaxSourceKinds] = {};  // "<source>:<where the first node came from>"
 };
 TreeType tree_type;
 
@@ -49,9 +50,10 @@ py::object make_tree(const DraftOut& d) {
   auto* type = reinterpret_cast<PyTypeObject*>(tree_type.type);
   py::object obj = py::reinterpret_steal<py::object>(type->tp_alloc(type, 0));
   if (!obj) throw py::error_already_set();
-  Py_INCREF(tree_type.source);
+  PyObject* source = d.lead_kind >= 0 && d.lead_kind < kMaxSourceKinds ? tree_type.by_kind[d.lead_kind] : tree_type.source;
+  Py_INCREF(source);
   PyObject* values[6] = {to_array(d.token_ids, tree_type.empty_i32), to_array(d.parents, tree_type.empty_i32),
-                         to_array(d.probs, tree_type.empty_f32), PyFloat_FromDouble(d.score), tree_type.source,
+                         to_array(d.probs, tree_type.empty_f32), PyFloat_FromDouble(d.score), source,
                          PyLong_FromUnsignedLong(d.match_len)};
   int rc = 0;
   for (int i = 0; i < 6; ++i) {
@@ -239,9 +241,16 @@ void bind_drafter(py::module_& m) {
         tree_type.type = type.release().ptr();
         tree_type.empty_i32 = empty_i32.release().ptr();
         tree_type.empty_f32 = empty_f32.release().ptr();
+        const std::string base = source;
         tree_type.source = source.release().ptr();
         const char* names[6] = {"token_ids", "parents", "probs", "score", "source", "match_len"};
         for (int i = 0; i < 6; ++i) tree_type.names[i] = PyUnicode_InternFromString(names[i]);
+        // Where a draft's first node came from, for the drafter mix: the request itself, the tenant's
+        // past responses, its corpus, its past prompts (canonical twins and skip cursors count as theirs).
+        const char* where[kMaxSourceKinds] = {"context", "context", "history", "history", "corpus", "corpus",
+                                              "context", "history", "prompts", "prompts"};
+        for (int k = 0; k < kMaxSourceKinds; ++k)
+          tree_type.by_kind[k] = PyUnicode_InternFromString((base + ":" + where[k]).c_str());
       },
       "Internal: called once by suffix_index.drafting.");
 

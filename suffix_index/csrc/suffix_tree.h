@@ -122,6 +122,7 @@ struct DraftOut {
   std::vector<float> probs;
   double score = 0.0;     // sum of probs = expected number of accepted tokens
   uint32_t match_len = 0; // context tokens matched
+  int32_t lead_kind = -1; // multi-source drafting: source kind of the first (most likely) node, -1 if none
 };
 
 struct SpecParams {

@@ -269,3 +269,14 @@ def test_per_tenant_settings_apply_to_that_tenant_only() -> None:
     assert p.history("small").config.lead_in == 0 and p.history("other").config.lead_in == 16
     p.set_tenant_config("small", None)
     assert p.settings("small")[0] is p.config
+
+
+def test_source_names_where_the_first_node_came_from() -> None:
+    p = RepriseProposer()
+    answer = np.arange(100, 160, dtype=np.int32)
+    run_request(p, "t", "trial-0", ids(1, 2, 3), answer)
+    s = p.begin("t", "trial-1", ids(1, 2, 3))
+    assert s.propose(8).source == "reprise:history"  # the first trial's answer
+    s = p.begin("t", "loop", ids(5, 6, 7, 5, 6, 7, 5, 6))
+    assert s.propose(8).source == "reprise:context"  # the request repeats itself
+    assert p.begin("u", "new", ids(1)).propose(8).source == "reprise"  # nothing drafted

@@ -156,6 +156,7 @@ def test_agent_loop_drafts_from_its_own_earlier_turns(running) -> None:
     assert stats.num_requests == 4 and stats.num_steps > 0
     assert stats.num_drafted_steps > 0 and stats.num_accepted_tokens >= 48  # most of trial 2 came from drafts
     assert stats.tau > 1.0 and stats.acceptance_by_position and stats.drafter_steps
+    assert stats.drafter_steps.get("reprise:history", 0) > 0  # the mix says where drafts came from
     body = urllib.request.urlopen(running.http + "/metrics", timeout=10).read().decode()
     accepted = [line for line in body.splitlines() if line.startswith("reprise_spec_decode_num_accepted_tokens_total")]
     assert accepted and float(accepted[0].split()[-1]) >= stats.num_accepted_tokens
