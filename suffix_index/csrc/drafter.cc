@@ -162,7 +162,8 @@ class Builder {
       // emit that child at once instead of queueing it.
       for (;;) {
         const int32_t index = (int32_t)out.token_ids.size();
-        if (index == 0) out.lead_kind = it.kind;
+        if (index == 0 && it.begin < it.end)  // the source of its longest-matching cursor
+          out.lead_kind = sources_[pool_[it.begin].source & ~kSkipFlag].kind;
         out.token_ids.push_back(it.token);
         out.parents.push_back(it.parent);
         // DraftTree contract: probability given the parent was accepted; score sums path probabilities.
@@ -304,13 +305,8 @@ class Builder {
     for (size_t i = 0; i < kids_.size();) {
       size_t j = i;
       double best = 0;
-      uint8_t kind = 0;
-      for (; j < kids_.size() && kids_[j].token == kids_[i].token; ++j)
-        if (kids_[j].estimate > best) {
-          best = kids_[j].estimate;
-          kind = kids_[j].feature.kind;
-        }
-      groups_.push_back(Group{prob * best, (uint32_t)i, (uint32_t)j, kind});
+      while (j < kids_.size() && kids_[j].token == kids_[i].token) best = std::max(best, kids_[j++].estimate);
+      groups_.push_back(Group{prob * best, (uint32_t)i, (uint32_t)j});
       i = j;
     }
     const size_t remaining = params_.budget - emitted_;
@@ -335,7 +331,7 @@ class Builder {
         }
         if (!redundant) pool_.push_back(c);
       }
-      heap_.push_back(Item{g.prob, order_++, parent, kids_[g.begin].token, first, (uint32_t)pool_.size(), g.kind});
+      heap_.push_back(Item{g.prob, order_++, parent, kids_[g.begin].token, first, (uint32_t)pool_.size()});
       std::push_heap(heap_.begin(), heap_.end(), Worse());
     }
   }

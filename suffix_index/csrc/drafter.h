@@ -142,12 +142,10 @@ struct DraftWorkspace {
     int32_t parent;
     Tok token;
     uint32_t begin, end;  // the node's cursors in pool
-    uint8_t kind;         // source kind of the cursor behind its estimate
   };
   struct Group {  // candidates predicting one token
     double prob;
     uint32_t begin, end;  // range in kids
-    uint8_t kind;         // source kind of the best estimate
   };
   std::vector<Cursor> pool;
   std::vector<Candidate> kids;
