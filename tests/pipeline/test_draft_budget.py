@@ -130,21 +130,11 @@ def test_the_engine_tells_the_budget_its_batch_size() -> None:
             seen.append(batch_size)
             return super().choose(tree, max_nodes, scale, batch_size)
 
-    class Nothing:
-        def begin(self, tenant, session_id, prompt_ids, request_id=""):
-            return self
-
-        def propose(self, budget):
-            return DraftTree.empty()
-
-        def commit(self, token_ids):
-            pass
-
-        def finish(self, record=True):
-            pass
+    from retrieval.registry import make_proposer
 
     model = tiny_model("llama", vocab_size=64, seed=1)
-    engine = Engine(ModelRunner(model, num_slots=3, max_len=64), Nothing(), None, EngineConfig(budget=Spy()))
+    engine = Engine(ModelRunner(model, num_slots=3, max_len=64), make_proposer("prompt_lookup"), None,
+                    EngineConfig(budget=Spy()))
     from reprise.request import GenerationRequest, StoppingParams
     from verifier.sampling import SamplingParams
 
