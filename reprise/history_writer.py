@@ -19,7 +19,42 @@ from typing import Any
 import numpy as np
 
 log = logging.getLogger(__name__)
-_STOP = object()
+STOP = object()  # queued by close(): the writer thread ends after what came before it
+_STOP = STOP
+
+
+def drain(q: queue.Queue[Any], item: Any, max_batch: int) -> tuple[list[Any], list[threading.Event], bool]:
+    """``item`` and what else is queued, up to ``max_batch`` records: (records, flush events waiting
+    for them, whether the stop marker came)."""
+    batch: list[Any] = []
+    events: list[threading.Event] = []
+    stop = False
+    while True:
+        if item is STOP:
+            stop = True
+        elif isinstance(item, threading.Event):
+            events.append(item)
+        else:
+            batch.append(item)
+        if len(batch) >= max_batch:
+            return batch, events, stop
+        try:
+            item = q.get_nowait()
+        except queue.Empty:
+            return batch, events, stop
+
+
+def trajectories_by_tenant(batch: list[Any]) -> dict[str, list[Any]]:
+    """Finished requests (``reprise.request.HistoryRecord``) as the store's trajectories, by tenant:
+    prompt then output tokens, the prompt's length, stamped now."""
+    from privacy.records import Trajectory
+
+    by_tenant: dict[str, list[Any]] = defaultdict(list)
+    now = time.time()
+    for r in batch:
+        ids = np.asarray(list(r.prompt_ids) + list(r.output_ids), dtype=np.int32)
+        by_tenant[r.tenant].append(Trajectory(r.session_id, ids, "", len(r.prompt_ids), 0.0, now))
+    return by_tenant
 
 
 class HistoryWriter:
@@ -57,21 +92,7 @@ class HistoryWriter:
 
     def _run(self) -> None:
         while True:
-            item = self._queue.get()
-            batch, events, stop = [], [], False
-            while True:
-                if item is _STOP:
-                    stop = True
-                elif isinstance(item, threading.Event):
-                    events.append(item)
-                else:
-                    batch.append(item)
-                if len(batch) >= self._max_batch:
-                    break
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    break
+            batch, events, stop = drain(self._queue, self._queue.get(), self._max_batch)
             if batch:
                 self._write(batch)
             for event in events:
@@ -81,15 +102,9 @@ class HistoryWriter:
 
     def _write(self, batch: list[Any]) -> None:
         from privacy.errors import UnknownTenantError
-        from privacy.records import Trajectory
         from privacy.tenants import TenantId
 
-        by_tenant: dict[str, list[Any]] = defaultdict(list)
-        now = time.time()
-        for r in batch:
-            ids = np.asarray(list(r.prompt_ids) + list(r.output_ids), dtype=np.int32)
-            by_tenant[r.tenant].append(Trajectory(r.session_id, ids, "", len(r.prompt_ids), 0.0, now))
-        for tenant, trajectories in by_tenant.items():
+        for tenant, trajectories in trajectories_by_tenant(batch).items():
             try:
                 self._store.append_trajectories(TenantId(tenant), trajectories)
                 self.num_written += len(trajectories)

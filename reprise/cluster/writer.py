@@ -18,13 +18,12 @@ import logging
 import queue
 import threading
 import time
-from collections import defaultdict
 from typing import Any
 
-import numpy as np
+from reprise.history_writer import STOP, drain, trajectories_by_tenant
 
 log = logging.getLogger(__name__)
-_STOP = object()
+_STOP = STOP  # the shared stop marker: drain() recognises it
 
 
 class ReplicaWriter:
@@ -93,20 +92,7 @@ class ReplicaWriter:
                 if self._closing.is_set():  # closed without room for the stop marker
                     return
                 continue
-            batch, events, stop = [], [], False
-            while True:
-                if item is _STOP:
-                    stop = True
-                elif isinstance(item, threading.Event):
-                    events.append(item)
-                else:
-                    batch.append(item)
-                if len(batch) >= self._max_batch:
-                    break
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    break
+            batch, events, stop = drain(self._queue, item, self._max_batch)
             if batch:
                 self._write(batch)
             for event in events:
@@ -115,14 +101,7 @@ class ReplicaWriter:
                 return
 
     def _write(self, batch: list[Any]) -> None:
-        from privacy.records import Trajectory
-
-        by_tenant: dict[str, list[Any]] = defaultdict(list)
-        now = time.time()
-        for r in batch:
-            ids = np.asarray(list(r.prompt_ids) + list(r.output_ids), dtype=np.int32)
-            by_tenant[r.tenant].append(Trajectory(r.session_id, ids, "", len(r.prompt_ids), 0.0, now))
-        for tenant, trajectories in by_tenant.items():
+        for tenant, trajectories in trajectories_by_tenant(batch).items():
             self._append(tenant, trajectories)
 
     def _append(self, tenant: str, trajectories: list[Any]) -> None:
