@@ -10,12 +10,15 @@
 #include <string>
 
 #include "index.h"
+#include "py_records.h"
 
 namespace py = pybind11;
 
 static bool PyArray_Check_(PyObject* obj) { return py::detail::npy_api::get().PyArray_Check_(obj); }
 static_assert(sizeof(int) == sizeof(int32_t), "NPY_INT is int32 here");
 using reprise::DraftOut;
+using reprise::new_array;
+using reprise::new_record;
 using reprise::SpecParams;
 using reprise::SuffixIndex;
 using reprise::Tok;
@@ -71,32 +74,12 @@ Tokens tokens_of(py::handle obj, const char* name) {
   return t;
 }
 
-template <typename T>
-PyObject* new_array(const std::vector<T>& v, PyObject* empty) {
-  if (v.empty()) {
-    Py_INCREF(empty);
-    return empty;
-  }
-  py::array_t<T> a(v.size());
-  std::memcpy(a.mutable_data(), v.data(), v.size() * sizeof(T));
-  return a.release().ptr();
-}
-
 // A Draft instance without running the dataclass __init__ (frozen: object.__setattr__ semantics).
 py::object make_draft(const DraftOut& d) {
   if (!reg.draft_type) throw std::logic_error("suffix_index._native used before suffix_index.index registered Draft");
-  PyTypeObject* type = reinterpret_cast<PyTypeObject*>(reg.draft_type);
-  py::object obj = py::reinterpret_steal<py::object>(type->tp_alloc(type, 0));
-  if (!obj) throw py::error_already_set();
   PyObject* values[5] = {new_array(d.token_ids, reg.empty_i32), new_array(d.parents, reg.empty_i32),
                          new_array(d.probs, reg.empty_f32), PyFloat_FromDouble(d.score), PyLong_FromUnsignedLong(d.match_len)};
-  int rc = 0;
-  for (int i = 0; i < 5; ++i) {
-    if (rc == 0 && values[i]) rc = PyObject_GenericSetAttr(obj.ptr(), reg.names[i], values[i]);
-    Py_XDECREF(values[i]);
-  }
-  if (rc != 0) throw py::error_already_set();
-  return obj;
+  return new_record(reg.draft_type, reg.names, values, 5);
 }
 
 void check_id(int64_t id) {

@@ -14,6 +14,7 @@
 
 #include "drafter.h"
 #include "index.h"
+#include "py_records.h"
 
 namespace py = pybind11;
 
@@ -34,34 +35,14 @@ struct TreeType {
 };
 TreeType tree_type;
 
-template <typename T>
-PyObject* to_array(const std::vector<T>& v, PyObject* empty) {
-  if (v.empty()) {
-    Py_INCREF(empty);
-    return empty;
-  }
-  py::array_t<T> a(v.size());
-  std::memcpy(a.mutable_data(), v.data(), v.size() * sizeof(T));
-  return a.release().ptr();
-}
-
 py::object make_tree(const DraftOut& d) {
   if (!tree_type.type) throw std::logic_error("suffix_index drafting used before retrieval registered DraftTree");
-  auto* type = reinterpret_cast<PyTypeObject*>(tree_type.type);
-  py::object obj = py::reinterpret_steal<py::object>(type->tp_alloc(type, 0));
-  if (!obj) throw py::error_already_set();
   PyObject* source = d.lead_kind >= 0 && d.lead_kind < kMaxSourceKinds ? tree_type.by_kind[d.lead_kind] : tree_type.source;
   Py_INCREF(source);
-  PyObject* values[6] = {to_array(d.token_ids, tree_type.empty_i32), to_array(d.parents, tree_type.empty_i32),
-                         to_array(d.probs, tree_type.empty_f32), PyFloat_FromDouble(d.score), source,
+  PyObject* values[6] = {new_array(d.token_ids, tree_type.empty_i32), new_array(d.parents, tree_type.empty_i32),
+                         new_array(d.probs, tree_type.empty_f32), PyFloat_FromDouble(d.score), source,
                          PyLong_FromUnsignedLong(d.match_len)};
-  int rc = 0;
-  for (int i = 0; i < 6; ++i) {
-    if (rc == 0 && values[i]) rc = PyObject_GenericSetAttr(obj.ptr(), tree_type.names[i], values[i]);
-    Py_XDECREF(values[i]);
-  }
-  if (rc != 0) throw py::error_already_set();
-  return obj;
+  return new_record(tree_type.type, tree_type.names, values, 6);
 }
 
 void check_tokens(const I32Array& a, const char* name) {

@@ -1,0 +1,40 @@
+// Building the package's frozen record types (suffix_index.Draft, retrieval's DraftTree) from native
+// results without running their dataclass __init__: shared by both binding files.
+#pragma once
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <cstring>
+#include <vector>
+
+namespace reprise {
+
+// A new 1-D array holding `v`, or a new reference to the shared read-only `empty` one.
+template <typename T>
+PyObject* new_array(const std::vector<T>& v, PyObject* empty) {
+  if (v.empty()) {
+    Py_INCREF(empty);
+    return empty;
+  }
+  pybind11::array_t<T> a(v.size());
+  std::memcpy(a.mutable_data(), v.data(), v.size() * sizeof(T));
+  return a.release().ptr();
+}
+
+// An instance of `type` with attribute names[i] = values[i] (object.__setattr__ semantics, so frozen
+// dataclasses work); steals the references in `values`, even on error.
+inline pybind11::object new_record(PyObject* type_obj, PyObject* const* names, PyObject** values, int n) {
+  auto* type = reinterpret_cast<PyTypeObject*>(type_obj);
+  pybind11::object obj = pybind11::reinterpret_steal<pybind11::object>(type->tp_alloc(type, 0));
+  int rc = obj ? 0 : -1;
+  for (int i = 0; i < n; ++i) {
+    if (rc == 0 && values[i]) rc = PyObject_GenericSetAttr(obj.ptr(), names[i], values[i]);
+    if (rc == 0 && !values[i]) rc = -1;  // a failed allocation left its Python error set
+    Py_XDECREF(values[i]);
+  }
+  if (rc != 0) throw pybind11::error_already_set();
+  return obj;
+}
+
+}  // namespace reprise
