@@ -22,7 +22,6 @@ use and exits (pass them to ``reprise train-drafter --exclude-sessions`` to keep
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 import time
@@ -202,6 +201,7 @@ def make_proposers(head: Any, drafters: list[str], threshold: float, mode: str,
 
 
 def run_trace(lm, head, calls, drafters: list[str], thresholds: list[float], args) -> dict[str, Any]:
+    from reprise.hybrid_tune import estimated_speedup, label
     from reprise.model_replay import decode_reference, simulate
     from verifier.models import reprise_home
 
@@ -225,26 +225,17 @@ def run_trace(lm, head, calls, drafters: list[str], thresholds: list[float], arg
         for t in thresholds:
             proposer = make_proposers(head, ["hybrid"], t, args.mode, lm.tokenizer)["hybrid"]
             r = simulate(proposer, refs, budget=args.budget, max_new_tokens=args.max_new_tokens).to_dict()
-            r["estimated_speedup"] = round(_speedup(r, args.a, args.b), 4)
-            sweep[_label(t)] = r
-        best = max(thresholds, key=lambda t: (sweep[_label(t)]["estimated_speedup"], -t))
+            r["estimated_speedup"] = round(estimated_speedup(r, args.a, args.b), 4)
+            sweep[label(t)] = r
+        best = max(thresholds, key=lambda t: (sweep[label(t)]["estimated_speedup"], t))  # as `reprise tune --hybrid`
         out["hybrid_sweep"] = sweep
         out["hybrid_threshold"] = best
-        out["replay"]["hybrid"] = sweep[_label(best)]
+        out["replay"]["hybrid"] = sweep[label(best)]
     for r in out["replay"].values():
-        r.setdefault("estimated_speedup", round(_speedup(r, args.a, args.b), 4))
+        r.setdefault("estimated_speedup", round(estimated_speedup(r, args.a, args.b), 4))
     if not args.skip_e2e:
         out["end_to_end"] = end_to_end(lm, head, refs, drafters, best if best is not None else 0.0, args)
     return out
-
-
-def _label(t: float) -> str:
-    return "inf" if math.isinf(t) else f"{t:g}"
-
-
-def _speedup(r: dict[str, Any], a: float, b: float) -> float:
-    """tau per unit of step cost: a + b x draft tokens + the drafter's own CPU time per step."""
-    return r["tau"] * a / (a + b * r["drafted_per_step"] + r["propose_ms_per_step"])
 
 
 def end_to_end(lm, head, refs, drafters: list[str], threshold: float, args) -> dict[str, Any]:
