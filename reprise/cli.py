@@ -25,6 +25,17 @@ COMMAND_MODULES = (
 )
 
 
+def positive_int(text: str) -> int:
+    """argparse type of counts and sizes: an integer >= 1, else a usage error naming the value."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
 class CliError(Exception):
     """An error to report on stderr with a non-zero exit code and no traceback."""
 

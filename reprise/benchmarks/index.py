@@ -18,20 +18,10 @@ import sys
 import time
 from pathlib import Path
 
+from reprise.cli import positive_int
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_TRACE = REPO_ROOT.parent / "shared" / "traces" / "swe_gemini.jsonl.gz"
-
-
-def _positive_int(text: str) -> int:
-    import argparse
-
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
-    return v
 
 
 def _key_lengths(text: str) -> tuple[int, ...]:
@@ -50,10 +40,10 @@ def _key_lengths(text: str) -> tuple[int, ...]:
 def add_arguments(parser) -> None:
     parser.add_argument("--trace", type=Path, default=DEFAULT_TRACE, help="trace file (default: %(default)s)")
     parser.add_argument(
-        "--max-calls", type=_positive_int, default=3000, help="index the first N calls (default: %(default)s)"
+        "--max-calls", type=positive_int, default=3000, help="index the first N calls (default: %(default)s)"
     )
     parser.add_argument(
-        "--depth", type=_positive_int, default=64, help="suffix trie max_depth (default: %(default)s)"
+        "--depth", type=positive_int, default=64, help="suffix trie max_depth (default: %(default)s)"
     )
     parser.add_argument(
         "--key-lengths",
@@ -62,10 +52,10 @@ def add_arguments(parser) -> None:
         help="exact-key lengths, comma-separated, or 'none' (default: the index's, 4,8,16 below --depth)",
     )
     parser.add_argument(
-        "--queries", type=_positive_int, default=20000, help="speculate calls to time (default: %(default)s)"
+        "--queries", type=positive_int, default=20000, help="speculate calls to time (default: %(default)s)"
     )
     parser.add_argument(
-        "--max-tokens", type=_positive_int, default=32, help="draft budget per call (default: %(default)s)"
+        "--max-tokens", type=positive_int, default=32, help="draft budget per call (default: %(default)s)"
     )
     parser.add_argument(
         "--seed", type=int, default=0, help="seed for the query contexts (default: %(default)s)"

@@ -23,22 +23,14 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
+from reprise.cli import positive_int
+
 ORACLE = "oracle"
 _SHOWN_POSITIONS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
 def _budget(text: str) -> int:
-    value = _positive_int(text)
+    value = positive_int(text)
     if value > 1024:
         raise argparse.ArgumentTypeError(f"budget must be at most 1024, got {value}")
     return value
@@ -47,7 +39,7 @@ def _budget(text: str) -> int:
 def add_trace_arguments(parser: argparse.ArgumentParser, default_max_calls: int | None = None) -> None:
     """Arguments `replay` and `tune` share."""
     parser.add_argument("traces", nargs="+", metavar="TRACE", help="trace files (.jsonl or .jsonl.gz)")
-    parser.add_argument("--max-calls", type=_positive_int, default=default_max_calls, metavar="N",
+    parser.add_argument("--max-calls", type=positive_int, default=default_max_calls, metavar="N",
                         help="replay only the first N calls of each file (default: "
                         f"{default_max_calls if default_max_calls else 'all'})")
     parser.add_argument("--tokenizer", default="cl100k_base", metavar="NAME",

