@@ -141,6 +141,55 @@ def best_result(results: Sequence[TuneResult]) -> TuneResult:
     return max(enumerate(results), key=lambda ir: (ir[1].estimated_speedup, -ir[0]))[1]
 
 
+@dataclass(frozen=True, slots=True)
+class _ReplayOptions:
+    """What every setting of a sweep replays alike (picklable, for worker processes)."""
+
+    max_calls: int | None
+    skip_bad_lines: bool
+    trace_tenant: str | None
+    drafter: str
+
+
+def _replay_setting(
+    traces: Sequence[str | Path],
+    config: DraftingConfig,
+    make_proposer: Callable[[DraftingConfig], Proposer],
+    tokenizer: CanonicalTokenizer,
+    options: _ReplayOptions,
+    on_file: Callable[[Path], None] | None = None,
+    on_call: Callable[[Call, int], None] | None = None,
+) -> list[ReplayReport]:
+    """One setting: every trace replayed through a fresh proposer."""
+    reports = []
+    for path in traces:
+        if on_file is not None:
+            on_file(Path(path))
+        stats = TraceStats()
+        calls: Iterable[Call] = read_calls(path, skip_bad_lines=options.skip_bad_lines, stats=stats)
+        if options.trace_tenant is not None:
+            calls = (c for c in calls if c.tenant == options.trace_tenant)
+        if options.max_calls is not None:
+            calls = itertools.islice(calls, options.max_calls)
+        budget = getattr(config, "max_draft_tokens", DEFAULT_BUDGET)
+        reports.append(replay_calls(calls, make_proposer(config), tokenizer, budget=budget,
+                                    drafter=options.drafter, path=str(path), stats=stats, on_call=on_call))
+    return reports
+
+
+_worker_tokenizers: dict[str, CanonicalTokenizer] = {}
+
+
+def _replay_setting_in_worker(traces: list[str | Path], config: DraftingConfig,
+                              make_proposer: Callable[[DraftingConfig], Proposer], tokenizer_name: str,
+                              options: _ReplayOptions) -> list[ReplayReport]:
+    """``_replay_setting`` in a worker process; its tokenizer (and cache) is kept for the next setting."""
+    tokenizer = _worker_tokenizers.get(tokenizer_name)
+    if tokenizer is None:
+        tokenizer = _worker_tokenizers[tokenizer_name] = CanonicalTokenizer(tokenizer_name)
+    return _replay_setting(traces, config, make_proposer, tokenizer, options)
+
+
 def sweep(
     traces: Sequence[str | Path],
     settings: Sequence[DraftingConfig],
@@ -153,44 +202,83 @@ def sweep(
     skip_bad_lines: bool = False,
     trace_tenant: str | None = None,
     drafter: str = "",
+    jobs: int = 1,
     on_setting: Callable[[int, DraftingConfig, Path], None] | None = None,
     on_call: Callable[[Call, int], None] | None = None,
-    on_result: Callable[[TuneResult], None] | None = None,
+    on_result: Callable[[int, TuneResult], None] | None = None,
 ) -> list[TuneResult]:
     """Replay every trace under every setting (a fresh proposer per file and setting).
 
     ``trace_tenant`` keeps only that trace tenant's calls (``max_calls`` then counts those).
-    ``on_result`` is called after each setting, so a caller can save partial results.
+    ``on_result(i, result)`` is called after each setting (i: its index in ``settings``), so a caller
+    can save partial results.
+
+    ``jobs`` > 1 replays that many settings at once in worker processes (each holds its own indexes:
+    memory grows with ``jobs``); ``make_proposer`` must then be picklable (a module-level function or a
+    ``functools.partial`` of one), results still come back in ``settings`` order, ``on_result`` is
+    called as settings finish, and ``on_setting``/``on_call`` are not called.
     """
     estimated_speedup(1.0, 0.0, a, b)  # validate the cost model before the long part
+    if jobs < 1:
+        raise ValueError(f"jobs must be >= 1, got {jobs}")
     grid_fields = _varied_fields(settings)
-    results: list[TuneResult] = []
-    for i, config in enumerate(settings):
-        reports = []
-        for path in traces:
-            if on_setting is not None:
-                on_setting(i, config, Path(path))
-            stats = TraceStats()
-            calls: Iterable[Call] = read_calls(path, skip_bad_lines=skip_bad_lines, stats=stats)
-            if trace_tenant is not None:
-                calls = (c for c in calls if c.tenant == trace_tenant)
-            if max_calls is not None:
-                calls = itertools.islice(calls, max_calls)
-            budget = getattr(config, "max_draft_tokens", DEFAULT_BUDGET)
-            reports.append(replay_calls(calls, make_proposer(config), tokenizer, budget=budget,
-                                        drafter=drafter, path=str(path), stats=stats, on_call=on_call))
+    options = _ReplayOptions(max_calls, skip_bad_lines, trace_tenant, drafter)
+
+    def result_of(config: DraftingConfig, reports: Sequence[ReplayReport]) -> TuneResult:
         pooled = pool_reports(reports)
-        result = TuneResult(
+        return TuneResult(
             config=config,
             varied={f: getattr(config, f) for f in grid_fields},
             files=tuple(reports),
             pooled=pooled,
             estimated_speedup=estimated_speedup(pooled.tau, pooled.draft_tokens_per_step, a, b),
         )
-        results.append(result)
-        if on_result is not None:
-            on_result(result)
-    return results
+
+    if jobs == 1 or len(settings) <= 1:
+        results: list[TuneResult] = []
+        for i, config in enumerate(settings):
+            on_file = None if on_setting is None else (lambda path, i=i, config=config: on_setting(i, config, path))
+            reports = _replay_setting(traces, config, make_proposer, tokenizer, options, on_file, on_call)
+            results.append(result_of(config, reports))
+            if on_result is not None:
+                on_result(i, results[-1])
+        return results
+    return _sweep_in_workers(traces, settings, make_proposer, tokenizer.name, options, min(jobs, len(settings)),
+                             result_of, on_result)
+
+
+def _sweep_in_workers(
+    traces: Sequence[str | Path],
+    settings: Sequence[DraftingConfig],
+    make_proposer: Callable[[DraftingConfig], Proposer],
+    tokenizer_name: str,
+    options: _ReplayOptions,
+    jobs: int,
+    result_of: Callable[[DraftingConfig, Sequence[ReplayReport]], TuneResult],
+    on_result: Callable[[int, TuneResult], None] | None,
+) -> list[TuneResult]:
+    import concurrent.futures
+    import multiprocessing
+
+    # spawn, not fork: the parent may hold threads (a progress bar's monitor, BLAS pools) whose locks a
+    # forked child would inherit held.
+    context = multiprocessing.get_context("spawn")
+    done: dict[int, TuneResult] = {}
+    with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+        futures = {
+            pool.submit(_replay_setting_in_worker, list(traces), config, make_proposer, tokenizer_name, options): i
+            for i, config in enumerate(settings)
+        }
+        try:
+            for future in concurrent.futures.as_completed(futures):
+                i = futures[future]
+                done[i] = result_of(settings[i], future.result())
+                if on_result is not None:
+                    on_result(i, done[i])
+        except BaseException:
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+    return [done[i] for i in range(len(settings))]
 
 
 def _varied_fields(settings: Sequence[DraftingConfig]) -> list[str]:

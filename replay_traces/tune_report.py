@@ -51,6 +51,12 @@ def write_json(path: Path, payload: Mapping[str, Any]) -> None:
     _atomic_write(path, (json.dumps(payload, indent=2) + "\n").encode("utf-8"))
 
 
+def _short(label: str, width: int = 60) -> str:
+    """A legend label cut to ``width`` characters (one setting varies every field: a very long label
+    would squeeze the plot to nothing); the table has it whole."""
+    return label if len(label) <= width else label[: width - 1] + "\u2026"
+
+
 def render_png(results: Sequence[TuneResult], best: TuneResult, title: str) -> bytes:
     """The sweep as a PNG (matplotlib, Agg backend): tau, estimated speedup, acceptance by position."""
     import matplotlib
@@ -79,7 +85,7 @@ def render_png(results: Sequence[TuneResult], best: TuneResult, title: str) -> b
     for i in ranked:
         curve = results[i].pooled.acceptance_by_position
         ax.plot(range(1, len(curve) + 1), curve, marker=".", linewidth=2.2 if results[i] is best else 1.0,
-                label=f"#{i + 1} {setting_label(results[i].varied)}")
+                label=_short(f"#{i + 1} {setting_label(results[i].varied)}"))
     ax.set_xlabel("draft position k")
     ax.set_ylabel("P(accept >= k | draft)")
     ax.set_ylim(0, 1)

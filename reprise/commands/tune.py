@@ -16,11 +16,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime as _dt
+import functools
 import json
 import sys
 from pathlib import Path
 
 from replay_traces.tune import DEFAULT_A, DEFAULT_B, DEFAULT_GRID
+from reprise.cli import positive_int
 from reprise.commands.replay import add_trace_arguments
 
 DEFAULT_MAX_CALLS = 1000
@@ -59,6 +61,9 @@ def add_parser(sub) -> None:
     parser.add_argument("--data-dir", type=Path, default=None, metavar="DIR",
                         help="data directory (default: $REPRISE_HOME, else ~/.reprise)")
     parser.add_argument("--no-save", action="store_true", help="do not write the tenant's configuration")
+    parser.add_argument("--jobs", type=positive_int, default=1, metavar="N",
+                        help="replay N settings at once in worker processes (default: 1); each worker holds "
+                        "its own indexes, so memory grows with N")
     hybrid = parser.add_argument_group(
         "hybrid threshold (--hybrid)",
         "After the sweep, the target model decodes a few calls of each trace and the hybrid drafter (the best "
@@ -123,19 +128,26 @@ def run(args: argparse.Namespace) -> int:
     }
 
     progress = Progress(enabled=not args.json)
-    partial: list = []
+
+    jobs = min(args.jobs, len(settings))
+    partial: dict[int, dict] = {}
 
     def on_setting(i, config, path) -> None:
         progress.start(f"setting {i + 1}/{len(settings)} {path.name}", args.max_calls)
 
-    def on_result(result) -> None:  # keep what is done so far if a later setting fails
-        partial.append(result.to_dict())
-        write_json(out_dir / "tune.json", {**details, "complete": False, "settings": partial})
+    def on_result(i, result) -> None:  # keep what is done so far if a later setting fails
+        partial[i] = result.to_dict()
+        write_json(out_dir / "tune.json",
+                   {**details, "complete": False, "settings": [partial[k] for k in sorted(partial)]})
+        if jobs > 1:
+            progress.on_call(None, 0)
 
+    if jobs > 1:  # workers report whole settings, not calls
+        progress.start(f"settings ({jobs} workers)", len(settings))
     try:
-        results = sweep(paths, settings, lambda c: make_proposer(drafter, c), tokenizer, a=args.a, b=args.b,
+        results = sweep(paths, settings, functools.partial(make_proposer, drafter), tokenizer, a=args.a, b=args.b,
                         max_calls=args.max_calls, skip_bad_lines=args.skip_bad_lines,
-                        trace_tenant=args.trace_tenant, drafter=drafter, on_setting=on_setting,
+                        trace_tenant=args.trace_tenant, drafter=drafter, jobs=jobs, on_setting=on_setting,
                         on_call=progress.on_call, on_result=on_result)
     except (ValueError, OSError, EOFError) as exc:
         raise CliError(str(exc)) from None

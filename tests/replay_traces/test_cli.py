@@ -80,6 +80,7 @@ def test_default_drafter_comes_from_the_registry(trace, capsys):
         (["tune", "{trace}", "--tenant", "acme", "--grid", "max_draft_tokens=x"], "not a valid int"),
         (["tune", "{trace}", "--tenant", "acme", "--a", "0"], "--a must be > 0"),
         (["tune", "{trace}", "--tenant", "acme", "--trace-tenant", "nobody"], "no calls to replay"),
+        (["tune", "{bad}", "--tenant", "acme", "--jobs", "2", "--grid", "levels=1,2"], r"bad\.jsonl:2: invalid JSON"),
     ],
 )
 def test_clean_errors(tmp_path, trace, capsys, argv, message):
@@ -138,6 +139,36 @@ def test_tune_json_and_no_save(tmp_path, trace, capsys):
     assert data["saved_to"] is None and load_drafting_config("acme", data_dir) is None
     assert data["settings"][0]["files"][0]["calls"] == 1  # only the "other" tenant's call
     assert (data_dir / "tenants" / "acme" / "tune" / "tune.html").is_file()
+
+
+def test_tune_jobs_must_be_positive(trace, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["tune", str(trace), "--tenant", "acme", "--jobs", "0"])
+    assert exc.value.code == 2
+    assert "--jobs: expected a positive integer, got 0" in capsys.readouterr().err
+
+
+def test_tune_jobs_gives_the_same_results_as_one_process(tmp_path, trace, capsys):
+    def tune(jobs: int) -> dict:
+        out = tmp_path / f"jobs{jobs}"
+        argv = ["tune", str(trace), "--tenant", "acme", "--data-dir", str(tmp_path / "data"), "--out", str(out),
+                "--grid", "levels=1,2", "--grid", "max_draft_tokens=4,16", "--no-save", "--json",
+                "--jobs", str(jobs)]
+        assert main(argv) == 0
+        return json.loads(capsys.readouterr().out)
+
+    timing = {"speculate_us_p50", "speculate_us_p99", "wall_s"}
+
+    def figures(result: dict) -> list:
+        return [({k: v for k, v in s.items() if k not in timing and k != "files"},
+                 [{k: v for k, v in f.items() if k not in timing} for f in s["files"]]) for s in result["settings"]]
+
+    one, two = tune(1), tune(2)
+    assert len(two["settings"]) == 4
+    assert [s["varied"] for s in two["settings"]] == [s["varied"] for s in one["settings"]]  # grid order kept
+    assert figures(two) == figures(one)
+    assert two["best"]["varied"] == one["best"]["varied"]
+    assert json.loads((tmp_path / "jobs2" / "tune.json").read_text())["complete"] is True
 
 
 def test_progress_bar_only_on_a_terminal(trace, capsys, monkeypatch):
