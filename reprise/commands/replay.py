@@ -102,13 +102,13 @@ class Progress:
         self.enabled = enabled and sys.stderr.isatty()
         self._bar = None
 
-    def start(self, desc: str, total: int | None) -> None:
+    def start(self, desc: str, total: int | None, unit: str = "call") -> None:
         if not self.enabled:
             return
         from tqdm import tqdm
 
         self.close()
-        self._bar = tqdm(total=total, desc=desc, unit="call", file=sys.stderr, leave=False, dynamic_ncols=True)
+        self._bar = tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, leave=False, dynamic_ncols=True)
 
     def on_call(self, call, num_tokens: int) -> None:
         if self._bar is not None:

@@ -19,6 +19,7 @@ import datetime as _dt
 import functools
 import json
 import sys
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 from replay_traces.tune import DEFAULT_A, DEFAULT_B, DEFAULT_GRID
@@ -143,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
             progress.on_call(None, 0)
 
     if jobs > 1:  # workers report whole settings, not calls
-        progress.start(f"settings ({jobs} workers)", len(settings))
+        progress.start(f"settings ({jobs} workers)", len(settings), unit="setting")
     try:
         results = sweep(paths, settings, functools.partial(make_proposer, drafter), tokenizer, a=args.a, b=args.b,
                         max_calls=args.max_calls, skip_bad_lines=args.skip_bad_lines,
@@ -151,6 +152,9 @@ def run(args: argparse.Namespace) -> int:
                         on_call=progress.on_call, on_result=on_result)
     except (ValueError, OSError, EOFError) as exc:
         raise CliError(str(exc)) from None
+    except BrokenProcessPool:
+        raise CliError(f"a tune worker process died (killed, or out of memory: try fewer than --jobs {jobs}); "
+                       f"the finished settings are in {out_dir / 'tune.json'}", exit_code=1) from None
     finally:
         progress.close()
     if sum(r.pooled.tokens for r in results) == 0:

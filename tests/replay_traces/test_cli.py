@@ -171,6 +171,22 @@ def test_tune_jobs_gives_the_same_results_as_one_process(tmp_path, trace, capsys
     assert json.loads((tmp_path / "jobs2" / "tune.json").read_text())["complete"] is True
 
 
+def test_tune_says_when_a_worker_died(tmp_path, trace, capsys, monkeypatch):
+    from concurrent.futures.process import BrokenProcessPool
+
+    import replay_traces.tune
+
+    def dies(*args, **kwargs):
+        raise BrokenProcessPool("A process in the process pool was terminated abruptly")
+
+    monkeypatch.setattr(replay_traces.tune, "sweep", dies)
+    argv = ["tune", str(trace), "--tenant", "acme", "--data-dir", str(tmp_path / "data"), "--out", str(tmp_path / "o"),
+            "--grid", "levels=1,2", "--jobs", "2"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "a tune worker process died" in err and "fewer than --jobs 2" in err and "Traceback" not in err
+
+
 def test_progress_bar_only_on_a_terminal(trace, capsys, monkeypatch):
     import sys
 
