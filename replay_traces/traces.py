@@ -126,6 +126,9 @@ def _parse_line(obj: Any) -> tuple[str, str, list[Message], list[int]]:
     return tenant, session, messages, calls
 
 
+_BOM = b"\xef\xbb\xbf"
+
+
 def iter_calls(
     path: str | Path, *, skip_bad_lines: bool = False, stats: TraceStats | None = None
 ) -> Iterator[Call]:
@@ -133,8 +136,8 @@ def iter_calls(
 
     A bad line (invalid JSON or UTF-8, a missing or mistyped field, a ``calls`` index out of range or
     not an assistant message) raises ``TraceError`` (a ``ValueError``) reading ``file:line: what is
-    wrong``; with ``skip_bad_lines`` it is skipped and counted in ``stats`` instead. Blank lines are
-    ignored. A missing file raises ``FileNotFoundError``.
+    wrong``; with ``skip_bad_lines`` it is skipped and counted in ``stats`` instead. Blank lines and a
+    UTF-8 byte-order mark at the start of the file are ignored. A missing file raises ``FileNotFoundError``.
     """
     path = Path(path)
     stats = stats if stats is not None else TraceStats()
@@ -155,6 +158,8 @@ def iter_calls(
                 stats.record_error(message)
                 break
             line_no += 1
+            if line_no == 1 and raw.startswith(_BOM):  # written by tools that mark UTF-8 files
+                raw = raw[len(_BOM):]
             if not raw.strip():
                 continue
             stats.lines += 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import json
 
 import pytest
 from replay_helpers import conversation, write_trace
@@ -60,6 +61,21 @@ def test_blank_lines_are_ignored(tmp_path):
     path = write_trace(tmp_path / "t.jsonl", ["", _line(), "   ", _line()])
     calls = list(iter_calls(path))
     assert [c.line_no for c in calls] == [2, 2, 4, 4]
+
+
+def test_a_byte_order_mark_and_crlf_line_ends_are_read(tmp_path):
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps(_line()).encode() + b"\r\n\r\n" + json.dumps(_line()).encode() + b"\r\n")
+    calls = list(iter_calls(path))
+    assert [c.line_no for c in calls] == [1, 1, 3, 3]
+    assert calls[0].response == "hello" and calls[0].messages[0].content == "be brief"
+
+
+def test_a_byte_order_mark_later_in_the_file_is_a_bad_line(tmp_path):
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(json.dumps(_line()).encode() + b"\n\xef\xbb\xbf" + json.dumps(_line()).encode() + b"\n")
+    with pytest.raises(TraceError, match=r"bom\.jsonl:2: invalid JSON"):
+        list(iter_calls(path))
 
 
 BAD_LINES = [
