@@ -135,6 +135,8 @@ def _prompts(n: int, seed: int = 0) -> list[str]:
 
 def _round(replicas: list[Any], keys: list[str], prompts: list[str], args: argparse.Namespace,
            during: Any = None) -> tuple[dict[str, Any], Any]:
+    from reprise.benchmarks.serve import tally_records
+
     job = {"targets": [r.target for r in replicas], "keys": keys, "prompts": prompts, "requests": args.requests,
            "concurrency": args.concurrency, "max_new_tokens": args.max_new_tokens}
     cpu0 = [r.cpu_seconds() for r in replicas]
@@ -142,12 +144,7 @@ def _round(replicas: list[Any], keys: list[str], prompts: list[str], args: argpa
     extra = during(proc) if during is not None else None
     out = _client_result(proc)
     cpu = [r.cpu_seconds() - c for r, c in zip(replicas, cpu0)]
-    ok = [r for r in out["records"] if r["error"] is None]
-    errors: dict[str, int] = {}
-    for r in out["records"]:
-        if r["error"] is not None:
-            errors[r["error"]] = errors.get(r["error"], 0) + 1
-    tokens = sum(r["tokens"] for r in ok)
+    ok, errors, tokens = tally_records(out["records"])
     latency = [r["latency"] for r in ok]
     service_cpu = sum(cpu)
     return {"replicas": len(replicas), "requests": len(out["records"]), "tokens": tokens, "wall_s": out["wall_s"],

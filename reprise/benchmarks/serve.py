@@ -257,14 +257,19 @@ def _run_client(job: dict[str, Any]) -> dict[str, Any]:
     return json.loads(proc.stdout)
 
 
-def _figures(args: argparse.Namespace, out: dict[str, Any], totals: dict[str, float], engine_busy: float,
-             stats: list[Any], prompts: list[list[int]]) -> dict[str, Any]:
-    ok = [r for r in out["records"] if r["error"] is None]
+def tally_records(records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, int], int]:
+    """The load client's per-request records: the successful ones, failures by error, tokens received."""
+    ok = [r for r in records if r["error"] is None]
     errors: dict[str, int] = {}
-    for r in out["records"]:
+    for r in records:
         if r["error"] is not None:
             errors[r["error"]] = errors.get(r["error"], 0) + 1
-    tokens = sum(r["tokens"] for r in ok)
+    return ok, errors, sum(r["tokens"] for r in ok)
+
+
+def _figures(args: argparse.Namespace, out: dict[str, Any], totals: dict[str, float], engine_busy: float,
+             stats: list[Any], prompts: list[list[int]]) -> dict[str, Any]:
+    ok, errors, tokens = tally_records(out["records"])
     wall = out["wall_s"]
     model_cpu = totals["forward_cpu"] + totals["prefill_cpu"]
     steps = int(totals["forward_calls"])
