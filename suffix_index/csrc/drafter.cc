@@ -173,13 +173,7 @@ class Builder {
         out.score += it.prob;
         ++emitted_;
         if (emitted_ >= params_.budget) break;
-        const size_t queued = heap_.size();
-        expand(it.begin, it.end, index, it.prob, nullptr);
-        // One child pushed, and it is the best queued item (the heap's top): take it at once.
-        if (heap_.size() != queued + 1 || heap_.front().parent != index) break;
-        std::pop_heap(heap_.begin(), heap_.end(), Worse());
-        it = heap_.back();
-        heap_.pop_back();
+        if (!expand(it.begin, it.end, index, it.prob, nullptr, &it)) break;
       }
     }
     return out;
@@ -288,7 +282,10 @@ class Builder {
   // estimate the best of the cursors predicting it. A child keeps one cursor per source (the longest
   // match: it subsumes shorter ones), and no canonical cursor whose real twin matches as far; only the
   // `remaining` best children can still be drafted, so no others are queued.
-  void expand(uint32_t begin, uint32_t end, int32_t parent, double prob, std::vector<RootObservation>* obs) {
+  // With `next`: when the node has one child and it beats everything queued (a copy running on), that
+  // child is returned in *next (true) instead of being queued, as popping it at once would.
+  bool expand(uint32_t begin, uint32_t end, int32_t parent, double prob, std::vector<RootObservation>* obs,
+              Item* next = nullptr) {
     kids_.clear();
     for (uint32_t i = begin; i < end; ++i) candidates(pool_[i]);
     if (obs)
@@ -296,11 +293,14 @@ class Builder {
         obs->push_back(RootObservation{k.feature, k.token, sources_[k.next.source & ~kSkipFlag].canonical});
     kids_.erase(std::remove_if(kids_.begin(), kids_.end(), [](const Candidate& k) { return k.token >= kClassBase; }),
                 kids_.end());
-    if (kids_.empty()) return;
-    if (kids_.size() > 1)
-      std::sort(kids_.begin(), kids_.end(), [](const Candidate& a, const Candidate& b) {
-        return a.token != b.token ? a.token < b.token : a.next.match > b.next.match;
-      });
+    if (kids_.empty()) return false;
+    const auto by_token = [](const Candidate& a, const Candidate& b) {
+      return a.token != b.token ? a.token < b.token : a.next.match > b.next.match;
+    };
+    // Often already in order (one token from cursors taken longest match first): then the sort, which
+    // promises no order among equal candidates anyway, is skipped.
+    if (kids_.size() > 1 && !std::is_sorted(kids_.begin(), kids_.end(), by_token))
+      std::sort(kids_.begin(), kids_.end(), by_token);
     groups_.clear();
     for (size_t i = 0; i < kids_.size();) {
       size_t j = i;
@@ -331,9 +331,16 @@ class Builder {
         }
         if (!redundant) pool_.push_back(c);
       }
-      heap_.push_back(Item{g.prob, order_++, parent, kids_[g.begin].token, first, (uint32_t)pool_.size()});
+      const Item item{g.prob, order_++, parent, kids_[g.begin].token, first, (uint32_t)pool_.size()};
+      // Pushed last, it would be popped first only if it beats the top outright (ties go to older items).
+      if (next && groups_.size() == 1 && (heap_.empty() || item.prob > heap_.front().prob)) {
+        *next = item;
+        return true;
+      }
+      heap_.push_back(item);
       std::push_heap(heap_.begin(), heap_.end(), Worse());
     }
+    return false;
   }
 
   const std::vector<DraftSource>& sources_;
