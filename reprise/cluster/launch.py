@@ -82,6 +82,16 @@ def free_port(with_bus: bool = False) -> int:
         return p
 
 
+def _terminate(proc: subprocess.Popen, grace_s: float) -> None:
+    """SIGTERM, and SIGKILL if the process has not exited within ``grace_s`` seconds."""
+    proc.terminate()
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+
+
 class RedisProcess:
     """A redis-server of our own on a free loopback port; ``appendfsync`` None turns persistence off."""
 
@@ -127,12 +137,7 @@ class RedisProcess:
 
     def stop(self) -> None:
         if self.proc is not None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+            _terminate(self.proc, grace_s=10)
             self.proc = None
 
 
@@ -190,12 +195,7 @@ class ReplicaProcess:
 
     def stop(self) -> None:
         if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+            _terminate(self.proc, grace_s=20)
 
 
 def start_replicas(n: int, workdir: Path, redis_url: str, env: dict[str, str], **kwargs: Any) -> list[ReplicaProcess]:
