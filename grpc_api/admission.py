@@ -122,9 +122,11 @@ class _End:
 class ThreadPump:
     """Run ``fn(pump, *args)`` in an executor; ``pump.put(item)`` from that thread reaches ``get()``."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop | None = None,
+                 on_end: Callable[[], None] | None = None) -> None:
         self.loop = loop or asyncio.get_running_loop()
         self.queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._on_end = on_end
 
     def put(self, item: Any) -> None:
         """Thread-safe; dropped silently once the loop is closed (nobody is listening)."""
@@ -146,10 +148,16 @@ class ThreadPump:
         return executor.submit(job)
 
     async def items(self):
-        """Emitted items, in order; then returns (the function's result in ``self.result``) or raises."""
+        """Emitted items, in order; then returns (the function's result in ``self.result``) or raises.
+
+        ``on_end`` runs first: the function has returned by then, so what it held can be let go before
+        the caller answers its client.
+        """
         while True:
             item = await self.queue.get()
             if isinstance(item, _End):
+                if self._on_end is not None:
+                    self._on_end()
                 if item.error is not None:
                     raise item.error
                 self.result = item.result

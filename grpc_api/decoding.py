@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import math
 import time
 import uuid
@@ -236,9 +237,10 @@ class DecodingServicer(decoding_pb2_grpc.DecodingServiceServicer):
         request_id, prompt, params, explicit, chunk_size = self._prepare(request)
         active = self._admission.admit(principal.id, request_id)
         loop = asyncio.get_running_loop()
-        pump = ThreadPump(loop)
+        release = functools.partial(self._admission.release, active)
+        pump = ThreadPump(loop, on_end=release)  # freed before the answer goes out, so a client's next call fits
         future = pump.start(self._executor, self._run, pump, active, request.session_id, prompt, params, explicit)
-        future.add_done_callback(lambda _: _call_soon(loop, self._admission.release, active))
+        future.add_done_callback(lambda _: _call_soon(loop, release))  # a worker left running by a cancelled call
         chunker = Chunker(chunk_size)
         first: float | None = None
         last = arrival

@@ -202,6 +202,26 @@ def test_per_tenant_concurrency_limit_has_retry_info(fakes, tenant) -> None:
         st.stop(0)
 
 
+def test_a_finished_request_frees_its_slot_before_the_answer(fakes, tenant) -> None:
+    # An agent calls again as soon as it has its answer; with one slot per tenant that call must fit.
+    decode, admin, auth = fakes
+    st = ServerThread(decode, admin, auth, Settings(max_requests_per_tenant=1))
+    active = lambda: st.on_loop(lambda: st.server.admission.num_active)
+    try:
+        with RepriseClient(st.target, tenant) as client:
+            for _ in range(20):
+                assert client.generate(tokens=[1], max_new_tokens=2).completion_tokens == 2
+                assert active() == 0
+                stream = client.generate_stream(tokens=[1], max_new_tokens=2)
+                assert len([t for chunk in stream for t in chunk.token_ids]) == 2
+                assert stream.completion is not None and active() == 0
+            with pytest.raises(RepriseError):
+                client.generate(tokens=[1] * 600)  # refused in the worker: the slot is freed all the same
+            assert active() == 0
+    finally:
+        st.stop(0)
+
+
 def test_cancel_and_deadline_free_resources_at_once(fakes, tenant) -> None:
     decode, admin, auth = fakes
     decode.step_seconds = 0.05
