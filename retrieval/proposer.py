@@ -26,7 +26,7 @@ from retrieval.config import DraftingConfig
 from retrieval.draft_tree import DraftTree
 from retrieval.policy import AcceptanceMonitor
 from retrieval.tenant_history import HistoryStats, TenantHistory, Trajectory
-from retrieval.vocabulary import identity_classes, number_classes
+from retrieval.vocabulary import identity_classes, no_categories, number_classes, token_categories
 from suffix_index import as_tokens
 from suffix_index.drafting import DrafterParams, DraftingSession, register_tree_type
 
@@ -114,6 +114,7 @@ class RepriseProposer:
         self._params = _params(self.config)
         self._tenant_settings: dict[str, tuple[DraftingConfig, DrafterParams]] = {}
         self._classes = identity_classes()
+        self._categories = no_categories()
         self._tenants: dict[str, TenantHistory] = {}
         self._parked: OrderedDict[tuple[str, str], DraftingSession] = OrderedDict()
         self._parked_bytes = 0
@@ -123,12 +124,14 @@ class RepriseProposer:
     # ---- vocabulary ----
 
     def set_vocabulary(self, decode: Callable[[int], str], vocab_size: int) -> None:
-        """Enable canonical matching: number tokens of this vocabulary become class ids.
+        """Enable canonical matching (number tokens of this vocabulary become class ids) and the fallback's
+        token categories.
 
         Call before the first request; tenants created earlier keep drafting without canonical indexes.
         """
         if self.config.canonical:
             self._classes = number_classes(decode, vocab_size)
+        self._categories = token_categories(decode, vocab_size)
 
     # ---- per-tenant settings ----
 
@@ -165,7 +168,7 @@ class RepriseProposer:
         if native is None:
             config, params = self.settings(tenant)
             native = DraftingSession(config.max_depth, history.calibration, self._classes, params,
-                                     config.use_context)
+                                     config.use_context, history.fallback, self._categories)
             for index, kind, canonical in history.sources():
                 native.add_source(index, kind, canonical)
         native.rebase(prompt, _REBASE_OVERLAP)

@@ -1,4 +1,4 @@
-"""One tenant's drafting state: its history and corpus indexes and its calibration.
+"""One tenant's drafting state: its history and corpus indexes, its calibration and its fallback table.
 
 History holds the tenant's past responses, each preceded by the last ``lead_in`` tokens of its prompt
 (so the start of a response can be matched: in a chat template the prompt ends with the assistant
@@ -17,6 +17,7 @@ import threading
 import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
@@ -31,6 +32,7 @@ from suffix_index.drafting import (
     KIND_PROMPTS,
     KIND_PROMPTS_CANONICAL,
     Calibration,
+    FallbackTable,
     native_index,
 )
 
@@ -54,6 +56,7 @@ class HistoryStats:
     num_corpus_tokens: int
     memory_bytes: int
     calibration_observations: int
+    fallback_observations: int = 0
 
 
 class TenantHistory:
@@ -77,6 +80,7 @@ class TenantHistory:
         self.prompts_canon = SuffixIndex(max_depth=depth, max_bytes=budget) if use_prompts and self._canonical else None
         self._prompt_seen: dict[str, tuple[int, int]] = {}  # session -> (sequence id, prompt tokens indexed)
         self.calibration = Calibration(config.prior_strength)
+        self.fallback = FallbackTable() if config.fallback else None
         self.monitor = AcceptanceMonitor(MonitorConfig(threshold=config.collapse_threshold))
         self._lock = threading.Lock()
         self._next_seq = 0
@@ -179,21 +183,24 @@ class TenantHistory:
     # ---- snapshots ----
 
     _MAGIC = b"RPTH"
-    _VERSION = 2
+    _VERSION = 3
+    _READS: ClassVar[dict[int, int]] = {2: 7, 3: 8}  # version -> its parts (3 added the fallback table)
 
     def snapshot(self) -> bytes:
         """Everything this tenant's drafting has learned, as bytes (``restore`` reads them back exactly).
 
         Layout: magic, version, next sequence id, document count, then length-prefixed parts (history,
         its canonical twin, corpus, its canonical twin, past prompts, their canonical twin — empty when
-        absent — and the calibration table),
-        then a CRC-32 of all that precedes it. The privacy layer seals these bytes before storing them.
+        absent — the calibration table and the fallback table, empty when off), then a CRC-32 of all that
+        precedes it. The privacy layer seals these bytes before storing them. Version 2 snapshots (no
+        fallback table) are read too.
         """
         with self._lock:
             parts = [ix.serialize() if ix is not None else b"" for ix in
                      (self.history, self.history_canon, self.corpus, self.corpus_canon, self.prompts,
                       self.prompts_canon)]
             parts.append(self.calibration.table().astype("<f4").tobytes())
+            parts.append(self.fallback.table().astype("<i8").tobytes() if self.fallback is not None else b"")
             head = self._MAGIC + struct.pack("<IQQ", self._VERSION, self._next_seq, self._num_documents)
         body = head + b"".join(struct.pack("<Q", len(p)) + p for p in parts)
         return body + struct.pack("<I", zlib.crc32(body))
@@ -209,10 +216,10 @@ class TenantHistory:
         if zlib.crc32(data[:-4]) != crc:
             raise ValueError("tenant history snapshot is corrupt (checksum mismatch)")
         version, next_seq, num_docs = struct.unpack("<IQQ", data[4:24])
-        if version != self._VERSION:
+        if version not in self._READS:
             raise ValueError(f"tenant history snapshot version {version} is not supported (expected {self._VERSION})")
         parts, pos, end = [], 24, len(data) - 4
-        for _ in range(7):
+        for _ in range(self._READS[version]):
             if pos + 8 > end:
                 raise ValueError("tenant history snapshot is truncated")
             (n,) = struct.unpack("<Q", data[pos:pos + 8])
@@ -232,6 +239,9 @@ class TenantHistory:
         table = np.frombuffer(parts[6], dtype="<f4").astype(np.float32)
         calibration = Calibration(self._config.prior_strength)
         calibration.set_table(table)
+        fallback = FallbackTable() if self._config.fallback else None
+        if fallback is not None and len(parts) > 7 and parts[7]:
+            fallback.set_table(np.frombuffer(parts[7], dtype="<i8").astype(np.int64))
         with self._lock:
             self.history, self.history_canon, self.corpus, self.corpus_canon = history, indexes[1], corpus, indexes[3]
             if self._config.use_prompts:  # else this configuration does not draft from past prompts
@@ -240,6 +250,7 @@ class TenantHistory:
             self._prompt_seen = {}
             self._canonical = indexes[1] is not None
             self.calibration = calibration
+            self.fallback = fallback
             self.monitor = AcceptanceMonitor(MonitorConfig(threshold=self._config.collapse_threshold))
             self._next_seq = next_seq
             self._num_documents = num_docs
@@ -254,4 +265,5 @@ class TenantHistory:
             num_corpus_tokens=self.corpus.num_tokens,
             memory_bytes=sum(ix.memory_bytes() for ix in indexes),
             calibration_observations=self.calibration.num_observations,
+            fallback_observations=self.fallback.num_observations if self.fallback is not None else 0,
         )

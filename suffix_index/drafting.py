@@ -4,7 +4,9 @@
 number tokens replaced by class ids) and its context; it drafts from them together with the tenant's
 shared indexes (``add_source``) into one best-first tree whose node probabilities come from a
 ``Calibration`` table that learns, per tenant, how often a candidate with given features (source kind,
-match length, count share, newest occurrence, occurrence count) is right. See the header comment in
+match length, count share, newest occurrence, occurrence count) is right; the budget the indexes leave
+unused goes to a ``FallbackTable``'s guesses (the tenant's most frequent next tokens where its indexes'
+first guesses missed, by a category of the context's last token). See the header comment in
 ``csrc/drafter.h`` for the design and what it was measured against.
 
 Threading: a session is used by one thread at a time; many sessions may draft concurrently from the
@@ -21,6 +23,9 @@ from suffix_index import _native
 Calibration = _native.Calibration
 DrafterParams = _native.DrafterParams
 DraftingSession = _native.DraftingSession
+FallbackTable = _native.FallbackTable
+#: Fallback categories are below this.
+FALLBACK_CATEGORIES: int = _native.FALLBACK_CATEGORIES
 
 #: Source kinds (calibration rows). The session's own indexes use the first two.
 KIND_LOCAL: int = _native.KIND_LOCAL

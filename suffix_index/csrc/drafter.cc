@@ -2,7 +2,10 @@
 #include "drafter.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <queue>
+#include <stdexcept>
+#include <string>
 
 namespace reprise {
 
@@ -67,6 +70,92 @@ uint8_t Calibration::match_bucket(uint32_t m) {
 }
 uint8_t Calibration::share_bucket(double s) { return s >= 0.999 ? 0 : s >= 0.75 ? 1 : s >= 0.5 ? 2 : s >= 0.25 ? 3 : 4; }
 uint8_t Calibration::count_bucket(double c) { return c <= 1 ? 0 : c <= 3 ? 1 : c <= 10 ? 2 : 3; }
+
+// ---- fallback ----
+
+void FallbackTable::observe(uint8_t category, Tok next, bool missed) {
+  if (category >= kCategories) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  Category& c = cats_[category];
+  ++c.steps;
+  if (!missed) return;
+  ++c.misses;
+  std::vector<Entry>& e = c.entries;
+  size_t i = 0;
+  while (i < e.size() && e[i].token != next) ++i;
+  if (i < e.size()) {
+    ++e[i].count;
+  } else if (e.size() < kCapacity) {
+    e.push_back(Entry{next, 1});
+  } else {  // space-saving: the least counted token gives up its counter (and keeps its count)
+    i = e.size() - 1;
+    e[i].token = next;
+    ++e[i].count;
+  }
+  for (; i > 0 && e[i - 1].count < e[i].count; --i) std::swap(e[i - 1], e[i]);
+}
+
+void FallbackTable::top(uint8_t category, uint32_t k, const Tok* skip, size_t num_skip, double floor,
+                        std::vector<std::pair<Tok, double>>* out) const {
+  if (category >= kCategories || k == 0) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  const Category& c = cats_[category];
+  const double misses = (double)c.misses + kPriorSteps;
+  for (const Entry& e : c.entries) {
+    const double p = e.count / misses;
+    if (p < floor) break;
+    if (std::find(skip, skip + num_skip, e.token) != skip + num_skip) continue;
+    out->emplace_back(e.token, p);
+    if (--k == 0) break;
+  }
+}
+
+uint64_t FallbackTable::num_observations() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  uint64_t n = 0;
+  for (const Category& c : cats_) n += c.steps;
+  return n;
+}
+
+std::vector<int64_t> FallbackTable::table() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<int64_t> t;
+  for (const Category& c : cats_) {
+    t.push_back((int64_t)c.steps);
+    t.push_back((int64_t)c.misses);
+    t.push_back((int64_t)c.entries.size());
+    for (const Entry& e : c.entries) {
+      t.push_back(e.token);
+      t.push_back(e.count);
+    }
+  }
+  return t;
+}
+
+void FallbackTable::set_table(const std::vector<int64_t>& t) {
+  std::vector<Category> cats(kCategories);
+  size_t pos = 0;
+  for (Category& c : cats) {
+    if (pos + 3 > t.size()) throw std::invalid_argument("fallback table is truncated");
+    const int64_t steps = t[pos], misses = t[pos + 1], n = t[pos + 2];
+    pos += 3;
+    if (misses < 0 || steps < misses || n < 0 || n > (int64_t)kCapacity)
+      throw std::invalid_argument("fallback table is malformed");
+    if (pos + 2 * (size_t)n > t.size()) throw std::invalid_argument("fallback table is truncated");
+    c.steps = (uint64_t)steps;
+    c.misses = (uint64_t)misses;
+    for (int64_t i = 0; i < n; ++i, pos += 2) {
+      const int64_t token = t[pos], count = t[pos + 1];
+      if (token < 0 || token >= kClassBase || count < 1 || count > UINT32_MAX ||
+          (!c.entries.empty() && count > c.entries.back().count))
+        throw std::invalid_argument("fallback table entry " + std::to_string(i) + " is not a ranked count");
+      c.entries.push_back(Entry{(Tok)token, (uint32_t)count});
+    }
+  }
+  if (pos != t.size()) throw std::invalid_argument("fallback table has trailing values");
+  std::lock_guard<std::mutex> lock(mutex_);
+  cats_ = std::move(cats);
+}
 
 // ---- drafting ----
 

@@ -36,6 +36,8 @@ namespace reprise {
 constexpr Tok kClassBase = 1 << 30;  // canonical class ids are >= this; real token ids are below
 constexpr int kMaxSourceKinds = 10;
 // Calibration rows of the sources (the proposer uses these; any row < kMaxSourceKinds works).
+// DraftOut::lead_kind of a draft whose first node is a fallback guess (FallbackTable), not a source's.
+constexpr int32_t kLeadFallback = kMaxSourceKinds;
 constexpr uint8_t kKindLocal = 0, kKindLocalCanonical = 1, kKindHistory = 2, kKindHistoryCanonical = 3,
                   kKindCorpus = 4, kKindCorpusCanonical = 5, kKindLocalSkip = 6, kKindSharedSkip = 7,
                   kKindPrompts = 8, kKindPromptsCanonical = 9;
@@ -80,6 +82,47 @@ class Calibration {
   std::vector<float> hits_, trials_;
   std::mutex mutex_;
   std::atomic<uint64_t> observations_{0};
+};
+
+// What a tenant's context was followed by where its indexes' first guesses (a draft's roots) missed,
+// by a category of the context's last token (the caller's: leading space or newline, letters, digits,
+// punctuation, ...). Its most frequent tokens join a draft as further roots, competing with the
+// indexes' nodes by probability: after a word the tenant's history never continued (14% of steps in
+// chat answers, 3-5% in agent traces) the next token is still often " of", "," or " the", and such a
+// guess is often worth more than the indexes' least likely nodes. Per category, space-saving counters
+// (Metwally et al. 2005): at most kCapacity tokens, the frequent ones counted exactly. Shared by the
+// tenant's sessions; every method takes the mutex.
+class FallbackTable {
+ public:
+  static constexpr uint32_t kCategories = 32, kCapacity = 256;
+  static constexpr double kPriorSteps = 8.0;
+
+  FallbackTable() : cats_(kCategories) {}
+  // One drafted step of `category`: `next` followed, and the draft's roots had it or not.
+  void observe(uint8_t category, Tok next, bool missed);
+  // Up to `k` tokens of `category`, most frequent first, none of them in skip[0, num_skip), each with
+  // its probability of following when the roots missed: count / (misses + 8), the 8 keeping the first
+  // few observations from promising much; none below `floor`.
+  void top(uint8_t category, uint32_t k, const Tok* skip, size_t num_skip, double floor,
+           std::vector<std::pair<Tok, double>>* out) const;
+  uint64_t num_observations() const;
+  // Flat table for snapshots: per category its steps, misses and number of tokens, then (token, count)
+  // pairs.
+  std::vector<int64_t> table() const;
+  void set_table(const std::vector<int64_t>& t);
+
+ private:
+  struct Entry {
+    Tok token;
+    uint32_t count;
+  };
+  struct Category {
+    std::vector<Entry> entries;  // by count, descending
+    uint64_t steps = 0;
+    uint64_t misses = 0;
+  };
+  std::vector<Category> cats_;
+  mutable std::mutex mutex_;
 };
 
 struct DraftSource {

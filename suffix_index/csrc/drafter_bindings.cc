@@ -22,6 +22,7 @@ namespace reprise {
 namespace {
 
 using I32Array = py::array_t<int32_t, py::array::c_style>;
+using U8Array = py::array_t<uint8_t, py::array::c_style>;
 
 // The DraftTree type of retrieval/draft_tree.py, set once at import, so that propose() builds the
 // frozen record without running its __init__ (every field below is validated here instead).
@@ -31,13 +32,13 @@ struct TreeType {
   PyObject* empty_i32 = nullptr;
   PyObject* empty_f32 = nullptr;
   PyObject* source = nullptr;
-  PyObject* by_kind[kMaxSourceKinds] = {};  // "<source>:<where the first node came from>"
+  PyObject* by_kind[kMaxSourceKinds + 1] = {};  // "<source>:<where the first node came from>"
 };
 TreeType tree_type;
 
 py::object make_tree(const DraftOut& d) {
   if (!tree_type.type) throw std::logic_error("suffix_index drafting used before retrieval registered DraftTree");
-  PyObject* source = d.lead_kind >= 0 && d.lead_kind < kMaxSourceKinds ? tree_type.by_kind[d.lead_kind] : tree_type.source;
+  PyObject* source = d.lead_kind >= 0 && d.lead_kind <= kLeadFallback ? tree_type.by_kind[d.lead_kind] : tree_type.source;
   Py_INCREF(source);
   PyObject* values[6] = {new_array(d.token_ids, tree_type.empty_i32), new_array(d.parents, tree_type.empty_i32),
                          new_array(d.probs, tree_type.empty_f32), PyFloat_FromDouble(d.score), source,
@@ -54,6 +55,13 @@ void check_tokens(const I32Array& a, const char* name) {
                             " is outside [0, 2**30)");
 }
 
+uint8_t checked_category(int category) {
+  if (category < 0 || category >= (int)FallbackTable::kCategories)
+    throw py::value_error("category must be in [0, " + std::to_string(FallbackTable::kCategories) + "), got " +
+                          std::to_string(category));
+  return (uint8_t)category;
+}
+
 struct SharedSource {
   py::object owner;  // keeps the SuffixIndex alive
   const SuffixIndex* index;
@@ -64,15 +72,20 @@ struct SharedSource {
 class DraftingSession {
  public:
   DraftingSession(uint32_t max_depth, py::object calibration, I32Array classes, const DrafterParams& params,
-                  bool use_context)
+                  bool use_context, py::object fallback, U8Array categories)
       : use_context_(use_context),
         calibration_owner_(calibration),
         calibration_(calibration.cast<Calibration*>()),
+        fallback_owner_(fallback),
+        fallback_(fallback.is_none() ? nullptr : fallback.cast<FallbackTable*>()),
         classes_(std::move(classes)),
+        categories_(std::move(categories)),
         params_(params),
         local_(max_depth, 0, {}),
         local_canon_(max_depth, 0, {}) {
     if (classes_.ndim() != 1) throw py::value_error("token classes must be a 1-D int32 array");
+    // (a category >= FallbackTable::kCategories means no guesses after that token)
+    if (categories_.ndim() != 1) throw py::value_error("token categories must be a 1-D uint8 array");
     canonical_ = classes_.shape(0) > 0;
     if (use_context_) {
       sources_.push_back(DraftSource{&local_.tree, kKindLocal, false, -1, kKindLocalSkip});
@@ -120,6 +133,7 @@ class DraftingSession {
     }
     observations_.clear();
     hints_.clear();
+    fill_category_ = -1;
     last_ids_.clear();
     last_parents_.clear();
     last_score_ = 0.0;
@@ -136,15 +150,20 @@ class DraftingSession {
       d = draft_multi(sources_, ctx_.data(), canonical_ ? ctx_canon_.data() : ctx_.data(), ctx_.size(), p,
                       *calibration_, &observations_, &hints_, &workspace_);
       for (const SharedSource& s : shared_) s.index->mutex.unlock_shared();
-      last_ids_ = d.token_ids;
-      last_parents_ = d.parents;
-      last_score_ = d.score;
+      num_index_nodes_ = d.token_ids.size();
+      index_score_ = d.score;
+      if (fallback_ && budget > 0 && !ctx_.empty()) add_guesses(&d, p);
+      last_ids_.assign(d.token_ids.begin(), d.token_ids.begin() + num_index_nodes_);  // what the monitor weighs
+      last_parents_.assign(d.parents.begin(), d.parents.begin() + num_index_nodes_);
+      last_score_ = index_score_;
     }
     return make_tree(d);
   }
 
   // Tokens the verifier committed: learn from the first, then extend the context and own indexes.
-  // Returns (expected, accepted): the last draft's score and how many of its tokens the commit took.
+  // Returns (expected, accepted): the last draft's score and how many of its tokens the commit took,
+  // counting the indexes' nodes only (the fallback's guesses are its table's to learn from: a tenant
+  // whose next words are new to it should not lose its copies to the monitor over them).
   std::pair<double, uint32_t> commit(const I32Array& tokens, bool learn_from_it) {
     check_tokens(tokens, "token_ids");
     const Tok* t = tokens.data();
@@ -161,6 +180,10 @@ class DraftingSession {
       ++accepted;
     }
     const double expected = last_score_;
+    if (learn_from_it && fill_category_ >= 0)
+      fallback_->observe((uint8_t)fill_category_, t[0],
+                         std::find(index_roots_.begin(), index_roots_.end(), t[0]) == index_roots_.end());
+    fill_category_ = -1;
     last_ids_.clear();
     last_parents_.clear();
     last_score_ = 0.0;
@@ -192,11 +215,68 @@ class DraftingSession {
   Tok canonical(Tok t) const {
     return (py::ssize_t)t < classes_.shape(0) ? classes_.data()[t] : t;
   }
+  uint8_t category(Tok t) const {
+    return (py::ssize_t)t < categories_.shape(0) ? categories_.data()[t] : 0;
+  }
+
+  // The fallback's guesses for this context's last token join the draft as further roots (never one
+  // the indexes drafted), each with its table probability times the chance that every root of the
+  // indexes is wrong; the draft keeps the `budget` most probable nodes of both (the indexes' in their
+  // best-first order, so every kept node's parent is kept). The next commit tells the table whether the
+  // indexes' roots had the token that followed. Sets num_index_nodes_ and index_score_.
+  void add_guesses(DraftOut* d, const DrafterParams& p) {
+    fill_category_ = category(ctx_.back());
+    index_roots_.clear();
+    path_.resize(d->token_ids.size());
+    double all_wrong = 1.0;
+    for (size_t i = 0; i < d->token_ids.size(); ++i) {
+      const int32_t parent = d->parents[i];
+      path_[i] = d->probs[i] * (parent < 0 ? 1.0 : path_[parent]);
+      if (parent < 0) {
+        index_roots_.push_back(d->token_ids[i]);
+        all_wrong *= 1.0 - path_[i];
+      }
+    }
+    guesses_.clear();
+    // A guess must beat the least likely index node when the indexes filled the budget.
+    const double floor = std::max(p.min_prob, path_.size() >= p.budget ? path_.back() : 0.0);
+    if (all_wrong > 0 && all_wrong >= floor)
+      fallback_->top((uint8_t)fill_category_, p.budget, index_roots_.data(), index_roots_.size(), floor / all_wrong,
+                     &guesses_);
+    size_t kept = 0, taken = 0;  // index nodes, guesses
+    while (kept + taken < p.budget) {
+      const double guess = taken < guesses_.size() ? guesses_[taken].second * all_wrong : 0.0;
+      if (kept < path_.size() && path_[kept] >= guess)
+        ++kept;
+      else if (guess >= p.min_prob && guess > 0)
+        ++taken;
+      else
+        break;
+    }
+    d->token_ids.resize(kept);
+    d->parents.resize(kept);
+    d->probs.resize(kept);
+    d->score = 0.0;
+    for (size_t i = 0; i < kept; ++i) d->score += path_[i];
+    num_index_nodes_ = kept;
+    index_score_ = d->score;
+    if (kept == 0 && taken > 0) d->lead_kind = kLeadFallback;
+    for (size_t g = 0; g < taken; ++g) {
+      const double prob = guesses_[g].second * all_wrong;
+      d->token_ids.push_back(guesses_[g].first);
+      d->parents.push_back(-1);
+      d->probs.push_back((float)prob);
+      d->score += prob;
+    }
+  }
 
   bool use_context_;  // draft from the request's own prompt and output too
   py::object calibration_owner_;
   Calibration* calibration_;
+  py::object fallback_owner_;
+  FallbackTable* fallback_;  // null: no fallback guesses
   I32Array classes_;
+  U8Array categories_;
   DrafterParams params_;
   SuffixIndex local_, local_canon_;
   bool canonical_ = false;
@@ -210,6 +290,12 @@ class DraftingSession {
   std::vector<Tok> last_ids_;  // the last draft, to count what the next commit accepted
   std::vector<int32_t> last_parents_;
   double last_score_ = 0.0;
+  int32_t fill_category_ = -1;  // the last draft's context category, while its commit is due (-1: none)
+  std::vector<Tok> index_roots_;  // the last draft's roots from the indexes
+  std::vector<std::pair<Tok, double>> guesses_;
+  std::vector<double> path_;      // path probabilities of the indexes' nodes
+  size_t num_index_nodes_ = 0;    // the last draft's nodes from the indexes (they come first)
+  double index_score_ = 0.0;      // their expected accepted tokens
 };
 
 }  // namespace
@@ -227,10 +313,11 @@ void bind_drafter(py::module_& m) {
         const char* names[6] = {"token_ids", "parents", "probs", "score", "source", "match_len"};
         for (int i = 0; i < 6; ++i) tree_type.names[i] = PyUnicode_InternFromString(names[i]);
         // Where a draft's first node came from, for the drafter mix: the request itself, the tenant's
-        // past responses, its corpus, its past prompts (canonical twins and skip cursors count as theirs).
-        const char* where[kMaxSourceKinds] = {"context", "context", "history", "history", "corpus", "corpus",
-                                              "context", "history", "prompts", "prompts"};
-        for (int k = 0; k < kMaxSourceKinds; ++k)
+        // past responses, its corpus, its past prompts (canonical twins and skip cursors count as theirs),
+        // the fallback's guesses.
+        const char* where[kLeadFallback + 1] = {"context", "context", "history", "history", "corpus", "corpus",
+                                                "context", "history", "prompts", "prompts", "fallback"};
+        for (int k = 0; k <= kLeadFallback; ++k)
           tree_type.by_kind[k] = PyUnicode_InternFromString((base + ":" + where[k]).c_str());
       },
       "Internal: called once by suffix_index.drafting.");
@@ -281,9 +368,33 @@ void bind_drafter(py::module_& m) {
         return c.estimate(f);
       });
 
+  py::class_<FallbackTable>(m, "FallbackTable")
+      .def(py::init<>())
+      .def_property_readonly("num_observations", &FallbackTable::num_observations)
+      .def("observe", [](FallbackTable& f, int category, Tok next, bool missed) {
+        f.observe(checked_category(category), next, missed);
+      }, py::arg("category"), py::arg("next"), py::arg("missed"))
+      .def("top", [](const FallbackTable& f, int category, uint32_t k) {
+        std::vector<std::pair<Tok, double>> out;
+        f.top(checked_category(category), k, nullptr, 0, 0.0, &out);
+        return out;
+      }, py::arg("category"), py::arg("k"))
+      .def("table", [](const FallbackTable& f) {
+        auto t = f.table();
+        py::array_t<int64_t> out((py::ssize_t)t.size());
+        std::memcpy(out.mutable_data(), t.data(), t.size() * sizeof(int64_t));
+        return out;
+      })
+      .def("set_table", [](FallbackTable& f, py::array_t<int64_t, py::array::c_style | py::array::forcecast> t) {
+        f.set_table(std::vector<int64_t>(t.data(), t.data() + t.size()));
+      });
+  m.attr("FALLBACK_CATEGORIES") = (int)FallbackTable::kCategories;
+
   py::class_<DraftingSession>(m, "DraftingSession")
-      .def(py::init<uint32_t, py::object, I32Array, const DrafterParams&, bool>(), py::arg("max_depth"),
-           py::arg("calibration"), py::arg("token_classes"), py::arg("params"), py::arg("use_context") = true)
+      .def(py::init<uint32_t, py::object, I32Array, const DrafterParams&, bool, py::object, U8Array>(),
+           py::arg("max_depth"), py::arg("calibration"), py::arg("token_classes"), py::arg("params"),
+           py::arg("use_context") = true, py::arg("fallback") = py::none(),
+           py::arg("token_categories") = U8Array(0))
       .def("add_source", &DraftingSession::add_source, py::arg("index"), py::arg("kind"), py::arg("canonical"))
       .def("rebase", &DraftingSession::rebase, py::arg("prompt"), py::arg("overlap"))
       .def("propose", &DraftingSession::propose, py::arg("budget"))
