@@ -321,6 +321,23 @@ class Builder {
     pool_.push_back(over);
   }
 
+  // Appends a candidate field by field: built as a temporary and copied in, it is read back as whole
+  // 16-byte words right after its narrower fields were stored, which stalls store forwarding on every
+  // candidate (perf put a tenth of a draft's time there).
+  void add_kid(Tok token, const DraftFeature& f, uint32_t source, ChildRef node, uint32_t depth, uint32_t pos,
+               uint32_t copied, uint32_t match) {
+    Candidate& k = kids_.emplace_back();
+    k.token = token;
+    k.estimate = cal_.estimate(f);
+    k.feature = f;
+    k.next.source = source;
+    k.next.node = node;
+    k.next.depth = depth;
+    k.next.pos = pos;
+    k.next.copied = copied;
+    k.next.match = match;
+  }
+
   void candidates(const Cursor& c) {
     const DraftSource& src = sources_[c.source & ~kSkipFlag];
     const SuffixTree& t = *src.tree;
@@ -331,14 +348,14 @@ class Builder {
       const Tok tok = t.arena()[pos];
       if (tok == kSentinel || c.copied >= params_.max_copy) return;
       const DraftFeature f{kind, mb, 0, 1, 0};
-      kids_.push_back(Candidate{tok, cal_.estimate(f), Cursor{c.source, kNil, 0, pos + 1, c.copied + 1, c.match + 1}, f});
+      add_kid(tok, f, c.source, kNil, 0, pos + 1, c.copied + 1, c.match + 1);
       return;
     }
     const Locus l{c.node, c.depth};
     const Tok inside = t.next_in_edge(l);
     if (inside != kSentinel) {  // every occurrence continues along the edge
       const DraftFeature f{kind, mb, 0, 1, Calibration::count_bucket(t.count_of(c.node))};
-      kids_.push_back(Candidate{inside, cal_.estimate(f), Cursor{c.source, c.node, c.depth + 1, 0, 0, c.match + 1}, f});
+      add_kid(inside, f, c.source, c.node, c.depth + 1, 0, 0, c.match + 1);
       return;
     }
     const uint32_t num = t.num_children(c.node);
@@ -350,7 +367,7 @@ class Builder {
       const DraftFeature f{kind, mb, Calibration::share_bucket(t.count_of(best) / total), 0,
                            Calibration::count_bucket(total)};
       const Tok tok = t.arena()[t.ref_of(best) + c.depth];
-      kids_.push_back(Candidate{tok, cal_.estimate(f), Cursor{c.source, best, c.depth + 1, 0, 0, c.match + 1}, f});
+      add_kid(tok, f, c.source, best, c.depth + 1, 0, 0, c.match + 1);
       return;
     }
     double total = 0;
@@ -363,7 +380,7 @@ class Builder {
     t.for_each_child(c.node, [&](Tok tok, ChildRef ch) {
       const double share = t.count_of(ch) / total;
       const DraftFeature f{kind, mb, Calibration::share_bucket(share), (uint8_t)(t.ref_of(ch) == newest), cb};
-      kids_.push_back(Candidate{tok, cal_.estimate(f), Cursor{c.source, ch, c.depth + 1, 0, 0, c.match + 1}, f});
+      add_kid(tok, f, c.source, ch, c.depth + 1, 0, 0, c.match + 1);
     });
   }
 
@@ -379,7 +396,12 @@ class Builder {
     for (uint32_t i = begin; i < end; ++i) candidates(pool_[i]);
     if (obs)
       for (const Candidate& k : kids_)
-        obs->push_back(RootObservation{k.feature, k.token, sources_[k.next.source & ~kSkipFlag].canonical});
+      {
+        RootObservation& o = obs->emplace_back();
+        o.feature = k.feature;
+        o.token = k.token;
+        o.canonical = sources_[k.next.source & ~kSkipFlag].canonical;
+      }
     kids_.erase(std::remove_if(kids_.begin(), kids_.end(), [](const Candidate& k) { return k.token >= kClassBase; }),
                 kids_.end());
     if (kids_.empty()) return false;
@@ -420,13 +442,16 @@ class Builder {
         }
         if (!redundant) pool_.push_back(c);
       }
-      const Item item{g.prob, order_++, parent, kids_[g.begin].token, first, (uint32_t)pool_.size()};
       // Pushed last, it would be popped first only if it beats the top outright (ties go to older items).
-      if (next && groups_.size() == 1 && (heap_.empty() || item.prob > heap_.front().prob)) {
-        *next = item;
-        return true;
-      }
-      heap_.push_back(item);
+      const bool at_once = next && groups_.size() == 1 && (heap_.empty() || g.prob > heap_.front().prob);
+      Item& item = at_once ? *next : heap_.emplace_back();  // filled in place (see add_kid)
+      item.prob = g.prob;
+      item.order = order_++;
+      item.parent = parent;
+      item.token = kids_[g.begin].token;
+      item.begin = first;
+      item.end = (uint32_t)pool_.size();
+      if (at_once) return true;
       std::push_heap(heap_.begin(), heap_.end(), Worse());
     }
     return false;
