@@ -11,7 +11,7 @@ before a class id, so structure after a number is drafted while the number itsel
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -29,14 +29,8 @@ def number_classes(decode: Callable[[int], str], vocab_size: int) -> np.ndarray:
 
     ``decode(token_id)`` returns the token's text; ids it cannot decode (raising) stay themselves.
     """
-    if not 0 < vocab_size < CLASS_BASE:
-        raise ValueError(f"vocab_size must be in [1, {CLASS_BASE}), got {vocab_size}")
     classes = np.arange(vocab_size, dtype=np.int32)
-    for token_id in range(vocab_size):
-        try:
-            text = decode(token_id)
-        except Exception:  # noqa: BLE001, S112 - special or unused ids (any decoder error): not numbers
-            continue
+    for token_id, text in _texts(decode, vocab_size):
         if _NUMBER.fullmatch(text):
             classes[token_id] = CLASS_SPACED_NUMBER if text.startswith(" ") else CLASS_NUMBER
     classes.flags.writeable = False
@@ -50,18 +44,25 @@ def token_categories(decode: Callable[[int], str], vocab_size: int) -> np.ndarra
     token that starts a word (after a space or a newline) or continues one, is letters, digits,
     whitespace or punctuation, ends a line. 0: ids ``decode`` cannot decode or that decode to nothing.
     """
-    if not 0 < vocab_size < CLASS_BASE:
-        raise ValueError(f"vocab_size must be in [1, {CLASS_BASE}), got {vocab_size}")
     categories = np.zeros(vocab_size, dtype=np.uint8)
-    for token_id in range(vocab_size):
-        try:
-            text = decode(token_id)
-        except Exception:  # noqa: BLE001, S112 - special or unused ids: category 0
-            continue
+    for token_id, text in _texts(decode, vocab_size):
         if text:
             categories[token_id] = _category(text)
     categories.flags.writeable = False
     return categories
+
+
+def _texts(decode: Callable[[int], str], vocab_size: int) -> Iterator[tuple[int, str]]:
+    """(id, text) of every id below ``vocab_size`` that ``decode`` decodes (special or unused ids, any
+    decoder error, are left out)."""
+    if not 0 < vocab_size < CLASS_BASE:
+        raise ValueError(f"vocab_size must be in [1, {CLASS_BASE}), got {vocab_size}")
+    for token_id in range(vocab_size):
+        try:
+            text = decode(token_id)
+        except Exception:  # noqa: BLE001, S112 - not decodable: left out
+            continue
+        yield token_id, text
 
 
 def _category(text: str) -> int:
