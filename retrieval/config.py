@@ -29,9 +29,10 @@ class DraftingConfig:
     ``skip_below``/``skip_min``: when a source matches fewer than ``skip_below`` tokens, it also matches
     the context without its last token (at least ``skip_min`` tokens) and drafts past a stand-in for it;
     ``wide_node``: trie nodes with more children offer only their most frequent child; ``fallback``: the
-    budget a draft leaves unused goes to the tenant's most frequent next tokens where its indexes' first
-    guesses missed, by the shape of the context's last token (``retrieval.vocabulary.token_categories``); ``history_max_bytes`` is each tenant's history index budget (oldest trajectories are evicted
-    first; 0: none); ``session_cache_bytes`` bounds the request indexes kept for a session's next call.
+    tenant's most frequent next tokens where its indexes' first guesses missed, by the shape of the
+    context's last token (``retrieval.vocabulary.token_categories``), compete with the indexes' nodes for
+    the budget; ``history_max_bytes`` is each tenant's history index budget (oldest trajectories are
+    evicted first; 0: none); ``session_cache_bytes`` bounds the request indexes kept for a session's next call.
 
     Hybrid proposer ("hybrid", reprise/hybrid.py): a retrieval draft whose score (expected accepted
     tokens) reaches ``hybrid_threshold`` is used alone; below it hidden-state reuse and the neural head

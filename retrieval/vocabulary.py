@@ -29,8 +29,9 @@ def number_classes(decode: Callable[[int], str], vocab_size: int) -> np.ndarray:
 
     ``decode(token_id)`` returns the token's text; ids it cannot decode (raising) stay themselves.
     """
+    texts = _texts(decode, vocab_size)
     classes = np.arange(vocab_size, dtype=np.int32)
-    for token_id, text in _texts(decode, vocab_size):
+    for token_id, text in texts:
         if _NUMBER.fullmatch(text):
             classes[token_id] = CLASS_SPACED_NUMBER if text.startswith(" ") else CLASS_NUMBER
     classes.flags.writeable = False
@@ -44,8 +45,9 @@ def token_categories(decode: Callable[[int], str], vocab_size: int) -> np.ndarra
     token that starts a word (after a space or a newline) or continues one, is letters, digits,
     whitespace or punctuation, ends a line. 0: ids ``decode`` cannot decode or that decode to nothing.
     """
+    texts = _texts(decode, vocab_size)
     categories = np.zeros(vocab_size, dtype=np.uint8)
-    for token_id, text in _texts(decode, vocab_size):
+    for token_id, text in texts:
         if text:
             categories[token_id] = _category(text)
     categories.flags.writeable = False
@@ -54,15 +56,19 @@ def token_categories(decode: Callable[[int], str], vocab_size: int) -> np.ndarra
 
 def _texts(decode: Callable[[int], str], vocab_size: int) -> Iterator[tuple[int, str]]:
     """(id, text) of every id below ``vocab_size`` that ``decode`` decodes (special or unused ids, any
-    decoder error, are left out)."""
+    decoder error, are left out); a bad ``vocab_size`` raises here, before anything is allocated."""
     if not 0 < vocab_size < CLASS_BASE:
         raise ValueError(f"vocab_size must be in [1, {CLASS_BASE}), got {vocab_size}")
-    for token_id in range(vocab_size):
-        try:
-            text = decode(token_id)
-        except Exception:  # noqa: BLE001, S112 - not decodable: left out
-            continue
-        yield token_id, text
+
+    def walk() -> Iterator[tuple[int, str]]:
+        for token_id in range(vocab_size):
+            try:
+                text = decode(token_id)
+            except Exception:  # noqa: BLE001, S112 - not decodable: left out
+                continue
+            yield token_id, text
+
+    return walk()
 
 
 def _category(text: str) -> int:
