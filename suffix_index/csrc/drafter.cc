@@ -394,14 +394,14 @@ class Builder {
               Item* next = nullptr) {
     kids_.clear();
     for (uint32_t i = begin; i < end; ++i) candidates(pool_[i]);
-    if (obs)
-      for (const Candidate& k : kids_)
-      {
-        RootObservation& o = obs->emplace_back();
+    if (obs) {
+      for (const Candidate& k : kids_) {
+        RootObservation& o = obs->emplace_back();  // in place (see add_kid)
         o.feature = k.feature;
         o.token = k.token;
         o.canonical = sources_[k.next.source & ~kSkipFlag].canonical;
       }
+    }
     kids_.erase(std::remove_if(kids_.begin(), kids_.end(), [](const Candidate& k) { return k.token >= kClassBase; }),
                 kids_.end());
     if (kids_.empty()) return false;

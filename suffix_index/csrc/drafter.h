@@ -36,11 +36,11 @@ namespace reprise {
 constexpr Tok kClassBase = 1 << 30;  // canonical class ids are >= this; real token ids are below
 constexpr int kMaxSourceKinds = 10;
 // Calibration rows of the sources (the proposer uses these; any row < kMaxSourceKinds works).
-// DraftOut::lead_kind of a draft whose first node is a fallback guess (FallbackTable), not a source's.
-constexpr int32_t kLeadFallback = kMaxSourceKinds;
 constexpr uint8_t kKindLocal = 0, kKindLocalCanonical = 1, kKindHistory = 2, kKindHistoryCanonical = 3,
                   kKindCorpus = 4, kKindCorpusCanonical = 5, kKindLocalSkip = 6, kKindSharedSkip = 7,
                   kKindPrompts = 8, kKindPromptsCanonical = 9;
+// DraftOut::lead_kind of a draft whose first node is a fallback guess (FallbackTable), not a source's.
+constexpr int32_t kLeadFallback = kMaxSourceKinds;
 
 // Feature cell of one candidate child.
 struct DraftFeature {
