@@ -352,10 +352,8 @@ void bind_drafter(py::module_& m) {
       .def_property_readonly("prior_strength", &Calibration::prior_strength)
       .def("table",
            [](const Calibration& c) {
-             auto t = c.table();
-             py::array_t<float> out((py::ssize_t)t.size());
-             std::memcpy(out.mutable_data(), t.data(), t.size() * sizeof(float));
-             return out;
+             const auto t = c.table();
+             return py::array_t<float>((py::ssize_t)t.size(), t.data());  // a copy
            })
       .def("set_table", [](Calibration& c, py::array_t<float, py::array::c_style | py::array::forcecast> t) {
         std::vector<float> v(t.data(), t.data() + t.size());
@@ -380,10 +378,8 @@ void bind_drafter(py::module_& m) {
         return out;
       }, py::arg("category"), py::arg("k"))
       .def("table", [](const FallbackTable& f) {
-        auto t = f.table();
-        py::array_t<int64_t> out((py::ssize_t)t.size());
-        std::memcpy(out.mutable_data(), t.data(), t.size() * sizeof(int64_t));
-        return out;
+        const auto t = f.table();
+        return py::array_t<int64_t>((py::ssize_t)t.size(), t.data());  // a copy
       })
       .def("set_table", [](FallbackTable& f, py::array_t<int64_t, py::array::c_style | py::array::forcecast> t) {
         f.set_table(std::vector<int64_t>(t.data(), t.data() + t.size()));

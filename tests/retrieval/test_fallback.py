@@ -20,7 +20,7 @@ from suffix_index.drafting import FALLBACK_CATEGORIES, FallbackTable
 PRIOR = 8  # FallbackTable's pseudo-misses
 
 
-def test_table_ranks_exactly_below_capacity_and_skips() -> None:
+def test_table_ranks_exactly_below_capacity_and_keeps_categories_apart() -> None:
     rng = np.random.default_rng(0)
     table = FallbackTable()
     counts: Counter[int] = Counter()
