@@ -165,6 +165,7 @@ using Cursor = DraftWorkspace::Cursor;
 using Candidate = DraftWorkspace::Candidate;
 using Item = DraftWorkspace::Item;
 using Group = DraftWorkspace::Group;
+using SortKey = DraftWorkspace::SortKey;
 
 // Cursors a draft node keeps per source (the longest matches): a second one, from a shorter match with
 // more occurrences, carries on where the longest match's occurrences end (measured: +1% tau).
@@ -219,7 +220,8 @@ uint32_t longest_more_frequent(const SuffixTree& t, const Tok* ctx, size_t n, ui
 class Builder {
  public:
   Builder(const std::vector<DraftSource>& sources, const DrafterParams& p, const Calibration& cal, DraftWorkspace* ws)
-      : sources_(sources), params_(p), cal_(cal), pool_(ws->pool), kids_(ws->kids), heap_(ws->heap),
+      : sources_(sources), params_(p), cal_(cal), pool_(ws->pool), kids_(ws->kids), sorted_(ws->sorted),
+        keys_(ws->keys), heap_(ws->heap),
         first_(ws->first_match), groups_(ws->groups), path_(ws->path) {
     pool_.clear();
     path_.clear();
@@ -234,7 +236,8 @@ class Builder {
     DraftOut out;
     for (uint32_t s = 0; s < sources_.size(); ++s) {
       const DraftSource& src = sources_[s];
-      if (src.twin >= 0 && first_[src.twin] >= params_.canonical_below) continue;  // the real match suffices
+      if (src.twin >= 0 && (first_[src.twin] >= params_.canonical_below || !number_within(ctx_canon, n, first_[src.twin] + 1)))
+        continue;  // the real match suffices, or the canonical one is the same strings
       MatchHint* hint = hints ? &(*hints)[s] : nullptr;
       seed(s, src.canonical ? ctx_canon : ctx, n, hint, &out);
     }
@@ -269,6 +272,15 @@ class Builder {
   }
 
  private:
+  // Whether a class id is among the last m tokens of the canonical context. When none is, a canonical
+  // source matches no further than its real twin (which missed at m tokens): its strings are the real
+  // ones, with the same occurrences.
+  static bool number_within(const Tok* ctx_canon, size_t n, size_t m) {
+    for (size_t i = n - std::min(n, m); i < n; ++i)
+      if (ctx_canon[i] >= kClassBase) return true;
+    return false;
+  }
+
   // Root cursors of one source: its longest match with a continuation, then shorter matches (at most
   // half as long each time) with more occurrences.
   void seed(uint32_t s, const Tok* ctx, size_t n, MatchHint* hint, DraftOut* out) {
@@ -392,6 +404,10 @@ class Builder {
   // child is returned in *next (true) instead of being queued, as popping it at once would.
   bool expand(uint32_t begin, uint32_t end, int32_t parent, double prob, std::vector<RootObservation>* obs,
               Item* next = nullptr) {
+    if (!obs) {
+      bool at_once = false;
+      if (expand_run(begin, end, parent, prob, next, &at_once)) return at_once;
+    }
     kids_.clear();
     for (uint32_t i = begin; i < end; ++i) candidates(pool_[i]);
     if (obs) {
@@ -409,15 +425,18 @@ class Builder {
       return a.token != b.token ? a.token < b.token : a.next.match > b.next.match;
     };
     // Often already in order (one token from cursors taken longest match first): then the sort, which
-    // promises no order among equal candidates anyway, is skipped.
-    if (kids_.size() > 1 && !std::is_sorted(kids_.begin(), kids_.end(), by_token))
-      std::sort(kids_.begin(), kids_.end(), by_token);
+    // promises no order among equal candidates anyway, is skipped. Otherwise 16-byte sort keys are
+    // sorted (moving 48-byte candidates cost a tenth of a draft) and the candidates gathered in order.
+    if (kids_.size() > 1 && !std::is_sorted(kids_.begin(), kids_.end(), by_token)) sort_kids();
     groups_.clear();
     for (size_t i = 0; i < kids_.size();) {
       size_t j = i;
       double best = 0;
       while (j < kids_.size() && kids_[j].token == kids_[i].token) best = std::max(best, kids_[j++].estimate);
-      groups_.push_back(Group{prob * best, (uint32_t)i, (uint32_t)j});
+      Group& g = groups_.emplace_back();  // in place (see add_kid)
+      g.prob = prob * best;
+      g.begin = (uint32_t)i;
+      g.end = (uint32_t)j;
       i = j;
     }
     const size_t remaining = params_.budget - emitted_;
@@ -431,16 +450,7 @@ class Builder {
       const uint32_t first = (uint32_t)pool_.size();
       for (uint32_t k = g.begin; k < g.end; ++k) {
         const Cursor& c = kids_[k].next;
-        bool redundant = false;
-        uint32_t same_source = 0;
-        for (uint32_t q = first; q < pool_.size() && !redundant; ++q) {
-          const Cursor& o = pool_[q];  // kept cursors come in decreasing match order
-          same_source += o.source == c.source;
-          redundant = same_source >= kCursorsPerSource ||
-                      (o.source == c.source && o.node == c.node && o.depth == c.depth && o.pos == c.pos) ||
-                      (sources_[c.source & ~kSkipFlag].twin == (int32_t)o.source && o.match >= c.match);
-        }
-        if (!redundant) pool_.push_back(c);
+        if (!redundant(c, first, (uint32_t)pool_.size())) pool_.push_back(c);
       }
       // Pushed last, it would be popped first only if it beats the top outright (ties go to older items).
       const bool at_once = next && groups_.size() == 1 && (heap_.empty() || g.prob > heap_.front().prob);
@@ -457,11 +467,104 @@ class Builder {
     return false;
   }
 
+  // kids_ by token, then by decreasing match (the order among candidates equal in both is the sort's).
+  void sort_kids() {
+    keys_.resize(kids_.size());
+    for (uint32_t i = 0; i < kids_.size(); ++i) {
+      keys_[i].key = (uint64_t)(uint32_t)kids_[i].token << 32 | (0xFFFFFFFFu - kids_[i].next.match);
+      keys_[i].index = i;
+    }
+    std::sort(keys_.begin(), keys_.end(), [](const SortKey& a, const SortKey& b) { return a.key < b.key; });
+    sorted_.resize(kids_.size());
+    for (uint32_t i = 0; i < kids_.size(); ++i) sorted_[i] = kids_[keys_[i].index];
+    kids_.swap(sorted_);
+  }
+
+  // The common case of expand(), without its candidate lists: every cursor of the node continues
+  // inside a trie edge or a copy and all of them predict the same token (most expansions of a draft).
+  // The node's cursors then step on in place (a node is expanded once, so nobody reads them again) and
+  // its one child is queued or returned exactly as expand() would. False, with nothing changed, when
+  // the node is not such a case.
+  bool expand_run(uint32_t begin, uint32_t end, int32_t parent, double prob, Item* next, bool* at_once) {
+    constexpr uint32_t kMaxRun = 8;
+    if (end - begin > kMaxRun || begin == end) return false;
+    Tok token = kSentinel;
+    double best = 0;
+    uint32_t step[kMaxRun];  // per cursor: its next copy position, or 0 when it moves inside an edge
+    for (uint32_t i = begin; i < end; ++i) {
+      const Cursor& c = pool_[i];
+      const DraftSource& src = sources_[c.source & ~kSkipFlag];
+      const SuffixTree& t = *src.tree;
+      Tok tok;
+      DraftFeature f{(c.source & kSkipFlag) ? src.skip_kind : src.kind, Calibration::match_bucket(c.match), 0, 1, 0};
+      if (c.node == kNil || c.depth >= t.max_depth()) {
+        const uint32_t pos = c.node == kNil ? c.pos : t.ref_of(c.node) + c.depth;
+        tok = t.arena()[pos];
+        if (tok == kSentinel || c.copied >= params_.max_copy) return false;
+        step[i - begin] = pos + 1;
+      } else {
+        tok = t.next_in_edge(Locus{c.node, c.depth});
+        if (tok == kSentinel) return false;
+        f.count = Calibration::count_bucket(t.count_of(c.node));
+        step[i - begin] = 0;
+      }
+      if (tok >= kClassBase || (i > begin && tok != token)) return false;
+      token = tok;
+      best = std::max(best, cal_.estimate(f));
+    }
+    const double p = prob * best;
+    if (p < params_.min_prob) return true;  // no child worth drafting
+    uint32_t kept = begin;
+    for (uint32_t i = begin; i < end; ++i) {
+      Cursor c = pool_[i];
+      if (c.node == kNil || c.depth >= sources_[c.source & ~kSkipFlag].tree->max_depth()) {
+        c.node = kNil;
+        c.depth = 0;
+        c.pos = step[i - begin];
+        c.copied += 1;
+      } else {
+        c.depth += 1;
+        c.pos = 0;
+        c.copied = 0;
+      }
+      c.match += 1;
+      if (!redundant(c, begin, kept)) pool_[kept++] = c;
+    }
+    *at_once = next && (heap_.empty() || p > heap_.front().prob);
+    Item& item = *at_once ? *next : heap_.emplace_back();
+    item.prob = p;
+    item.order = order_++;
+    item.parent = parent;
+    item.token = token;
+    item.begin = begin;
+    item.end = kept;
+    if (!*at_once) std::push_heap(heap_.begin(), heap_.end(), Worse());
+    return true;
+  }
+
+  // Whether cursor c adds nothing to the cursors already kept for its node, pool_[first, last) (kept
+  // in decreasing match order): a third one of its source, the same locus, or a canonical cursor whose
+  // real twin matches as far.
+  bool redundant(const Cursor& c, uint32_t first, uint32_t last) const {
+    uint32_t same_source = 0;
+    for (uint32_t q = first; q < last; ++q) {
+      const Cursor& o = pool_[q];
+      same_source += o.source == c.source;
+      if (same_source >= kCursorsPerSource ||
+          (o.source == c.source && o.node == c.node && o.depth == c.depth && o.pos == c.pos) ||
+          (sources_[c.source & ~kSkipFlag].twin == (int32_t)o.source && o.match >= c.match))
+        return true;
+    }
+    return false;
+  }
+
   const std::vector<DraftSource>& sources_;
   const DrafterParams& params_;
   const Calibration& cal_;
   std::vector<Cursor>& pool_;
   std::vector<Candidate>& kids_;
+  std::vector<Candidate>& sorted_;
+  std::vector<SortKey>& keys_;
   std::vector<Item>& heap_;
   std::vector<uint32_t>& first_;
   std::vector<Group>& groups_;

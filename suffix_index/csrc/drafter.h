@@ -190,8 +190,13 @@ struct DraftWorkspace {
     double prob;
     uint32_t begin, end;  // range in kids
   };
+  struct SortKey {  // a candidate's place in token order: token, then decreasing match
+    uint64_t key;
+    uint32_t index;
+  };
   std::vector<Cursor> pool;
-  std::vector<Candidate> kids;
+  std::vector<Candidate> kids, sorted;
+  std::vector<SortKey> keys;
   std::vector<Item> heap;
   std::vector<Group> groups;
   std::vector<uint32_t> first_match;  // per source: its longest match this call (0: none)

@@ -13,6 +13,9 @@ from retrieval.draft_tree import DraftTree
 from retrieval.proposer import RepriseProposer
 from retrieval.registry import make_proposer, proposer_names
 from retrieval.vocabulary import CLASS_NUMBER, number_classes
+from suffix_index.drafting import KIND_HISTORY, KIND_HISTORY_CANONICAL, KIND_LOCAL, KIND_LOCAL_CANONICAL
+
+KINDS = 10  # calibration rows (source kinds) in a table
 
 
 def ids(*xs: int) -> np.ndarray:
@@ -139,6 +142,50 @@ def test_canonical_matching_drafts_structure_after_a_fresh_number() -> None:
     run_request(plain, "t", "a", prompt, ids(10, 11, 12, 107, 13, 14, 15, 16, 17))
     s2 = plain.begin("t", "b", ids(1, 2, 3, 10, 11, 12, 142))
     assert decode_walk(s2.propose(8), [13, 14, 15, 16, 17]) == 0  # exact matching breaks at 42
+
+
+def _observed_rows(p: RepriseProposer, tenant: str) -> set[int]:
+    """Calibration rows (source kinds) with observations beyond their prior."""
+    table = p.history(tenant).calibration.table()
+    trials = table[len(table) // 2:].reshape(KINDS, -1)
+    return {k for k in range(KINDS) if np.any(trials[k] > DraftingConfig().prior_strength)}
+
+
+def test_canonical_twins_match_only_where_a_number_is_near_the_end() -> None:
+    """Without a number among the last tokens the canonical strings are the real ones (same occurrences):
+    the canonical indexes add no cursors, so their calibration rows learn nothing; after a number they do."""
+    decode, size = _toy_vocabulary()
+    p = RepriseProposer()
+    p.set_vocabulary(decode, size)
+    rng = np.random.default_rng(5)
+    words = rng.integers(0, 100, 300).astype(np.int32)  # no number tokens
+    run_request(p, "t", "a", words[:100], words[100:])
+    run_request(p, "t", "b", words[:100], words[100:])
+    rows = _observed_rows(p, "t")
+    assert {KIND_LOCAL, KIND_HISTORY} <= rows
+    assert not rows & {KIND_LOCAL_CANONICAL, KIND_HISTORY_CANONICAL}
+    # a fresh number right before known structure: the canonical history drafts past it
+    run_request(p, "t", "c", ids(1, 2, 3), ids(10, 11, 12, 107, 13, 14, 15, 16, 17))
+    s = p.begin("t", "d", ids(1, 2, 3, 10, 11, 12, 142))
+    assert decode_walk(s.propose(8), [13, 14, 15, 16, 17]) == 5
+    s.commit(ids(13))
+    assert KIND_HISTORY_CANONICAL in _observed_rows(p, "t")
+
+
+def test_a_copy_carries_the_best_calibrated_estimate_of_its_sources() -> None:
+    """Along a copy that the request and the history both continue (inside trie edges), every node's
+    probability is the better of the two sources' calibrated estimates at its match length."""
+    p = RepriseProposer(dataclasses.replace(DraftingConfig(), fallback=False))
+    seq = np.arange(1000, 1100, dtype=np.int32)  # tokens that occur once
+    run_request(p, "t", "a", ids(1, 2, 3), seq)
+    s = p.begin("t", "b", np.concatenate([seq[:40], ids(999), seq[:20]]))
+    tree = s.propose(16)
+    check_tree(tree, 16)
+    assert list(tree.token_ids) == list(seq[20:36]) and list(tree.parents) == list(range(-1, 15))
+    cal = p.history("t").calibration
+    for i, prob in enumerate(tree.probs):
+        best = max(cal.estimate(kind, 20 + i, 1.0, True, 1) for kind in (KIND_LOCAL, KIND_HISTORY))
+        assert prob == pytest.approx(best, rel=1e-6)
 
 
 def test_calibration_learns_from_commits() -> None:
