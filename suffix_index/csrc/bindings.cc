@@ -33,6 +33,7 @@ struct Registry {
   PyObject* empty_i32 = nullptr;
   PyObject* empty_f32 = nullptr;
   PyObject* names[5] = {nullptr, nullptr, nullptr, nullptr, nullptr};
+  reprise::RecordLayout layout;
 };
 Registry reg;
 
@@ -79,7 +80,7 @@ py::object make_draft(const DraftOut& d) {
   if (!reg.draft_type) throw std::logic_error("suffix_index._native used before suffix_index.index registered Draft");
   PyObject* values[5] = {new_array(d.token_ids, reg.empty_i32), new_array(d.parents, reg.empty_i32),
                          new_array(d.probs, reg.empty_f32), PyFloat_FromDouble(d.score), PyLong_FromUnsignedLong(d.match_len)};
-  return new_record(reg.draft_type, reg.names, values, 5);
+  return new_record(reg.draft_type, reg.names, values, 5, &reg.layout);
 }
 
 void check_id(int64_t id) {
@@ -113,6 +114,7 @@ PYBIND11_MODULE(_native, m) {
         reg.empty_f32 = empty_f32.release().ptr();
         const char* names[5] = {"token_ids", "parents", "probs", "score", "match_len"};
         for (int i = 0; i < 5; ++i) reg.names[i] = PyUnicode_InternFromString(names[i]);
+        reg.layout = reprise::record_layout(reg.draft_type, reg.names, 5);
       },
       "Internal: called once by suffix_index.index.");
 

@@ -33,6 +33,7 @@ struct TreeType {
   PyObject* empty_f32 = nullptr;
   PyObject* source = nullptr;
   PyObject* by_kind[kMaxSourceKinds + 1] = {};  // "<source>:<where the first node came from>"
+  RecordLayout layout;
 };
 TreeType tree_type;
 
@@ -43,7 +44,7 @@ py::object make_tree(const DraftOut& d) {
   PyObject* values[6] = {new_array(d.token_ids, tree_type.empty_i32), new_array(d.parents, tree_type.empty_i32),
                          new_array(d.probs, tree_type.empty_f32), PyFloat_FromDouble(d.score), source,
                          PyLong_FromUnsignedLong(d.match_len)};
-  return new_record(tree_type.type, tree_type.names, values, 6);
+  return new_record(tree_type.type, tree_type.names, values, 6, &tree_type.layout);
 }
 
 void check_tokens(const I32Array& a, const char* name) {
@@ -312,6 +313,7 @@ void bind_drafter(py::module_& m) {
         tree_type.source = source.release().ptr();
         const char* names[6] = {"token_ids", "parents", "probs", "score", "source", "match_len"};
         for (int i = 0; i < 6; ++i) tree_type.names[i] = PyUnicode_InternFromString(names[i]);
+        tree_type.layout = record_layout(tree_type.type, tree_type.names, 6);
         // Where a draft's first node came from, for the drafter mix: the request itself, the tenant's
         // past responses, its corpus, its past prompts (canonical twins and skip cursors count as theirs),
         // the fallback's guesses.
