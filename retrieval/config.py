@@ -25,7 +25,8 @@ class DraftingConfig:
     weight of its prior, in observations); ``max_copy`` bounds how far a draft copies past the tries'
     depth; ``collapse_threshold``: a tenant whose drafts accept less than this share of what they were
     expected to stops drafting (with periodic probes) until they recover (0: never; retrieval.policy);
-    ``canonical_below``: canonical indexes are consulted only when the real match is shorter;
+    ``canonical_below``: canonical indexes are consulted only when the real match is shorter (and a
+    number token lies within it, or right before it: otherwise they would match the same strings);
     ``skip_below``/``skip_min``: when a source matches fewer than ``skip_below`` tokens, it also matches
     the context without its last token (at least ``skip_min`` tokens) and drafts past a stand-in for it;
     ``wide_node``: trie nodes with more children offer only their most frequent child; ``fallback``: the

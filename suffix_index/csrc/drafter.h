@@ -21,7 +21,10 @@
 //
 // Canonical sources index token sequences where number tokens are replaced by a class id (>= kClassBase)
 // so that "Total: $1,436\n\nWould you..." matches history that had other numbers. Their cursors never
-// draft a class id (the number itself is unknown): a candidate class token is dropped.
+// draft a class id (the number itself is unknown): a candidate class token is dropped. A canonical
+// source is consulted only when its real twin matched fewer than canonical_below tokens and a number
+// is among the last (that match + 1) tokens: otherwise its strings are the real ones and its cursors
+// would duplicate the twin's.
 #pragma once
 
 #include <atomic>
@@ -148,6 +151,7 @@ struct DrafterParams {
   uint32_t levels = 2;           // cursors per source: the longest match, then halved matches with more occurrences
   uint32_t max_copy = 256;       // tokens a copy cursor may read past the trie's depth
   uint32_t canonical_below = 16; // a canonical source adds cursors only when its twin matched fewer tokens
+                                 // (and a number token lies within that match + 1)
   uint32_t wide = 32;            // nodes with more children offer only their most frequent child
   // Skip cursors: when a source's exact match is shorter than skip_below tokens (often the context's
   // last token is new: an odd whitespace run, a fresh name), match the context without its last token
