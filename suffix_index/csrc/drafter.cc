@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <queue>
 #include <stdexcept>
 #include <string>
@@ -173,9 +174,23 @@ constexpr uint32_t kCursorsPerSource = 2;
 // Marks a skip cursor's source index (drafted from that source, calibrated in its skip row).
 constexpr uint32_t kSkipFlag = 0x80000000u;
 
-struct Worse {
-  bool operator()(const Item& a, const Item& b) const { return a.prob != b.prob ? a.prob < b.prob : a.order > b.order; }
-};
+using Rank = unsigned __int128;
+
+// A queued node's rank: more probable first, then queued earlier. The bits of a non-negative double
+// order as the double does, so one unsigned comparison decides (no data-dependent branches when the
+// queue picks a child: most of the queue's time was mispredicted comparisons).
+inline Rank rank_of(double prob, uint32_t order, uint32_t index) {
+  uint64_t bits;
+  std::memcpy(&bits, &prob, sizeof bits);
+  return (Rank)bits << 64 | (uint64_t)~((uint64_t)order << 32 | index);
+}
+inline double prob_of(Rank r) {
+  const uint64_t bits = (uint64_t)(r >> 64);
+  double prob;
+  std::memcpy(&prob, &bits, sizeof prob);
+  return prob;
+}
+inline uint32_t index_of(Rank r) { return (uint32_t)~(uint64_t)r; }
 
 // Whether some occurrence of the locus string is followed by a token (terminal occurrences, such as
 // the context's own position in a request's index, are not).
@@ -221,12 +236,13 @@ class Builder {
  public:
   Builder(const std::vector<DraftSource>& sources, const DrafterParams& p, const Calibration& cal, DraftWorkspace* ws)
       : sources_(sources), params_(p), cal_(cal), pool_(ws->pool), kids_(ws->kids), sorted_(ws->sorted),
-        keys_(ws->keys), heap_(ws->heap),
+        keys_(ws->keys), items_(ws->items), queue_(ws->queue),
         first_(ws->first_match), groups_(ws->groups), path_(ws->path) {
     pool_.clear();
     path_.clear();
     kids_.clear();
-    heap_.clear();
+    items_.clear();
+    queue_.clear();
     groups_.clear();
     first_.assign(sources.size(), 0);
   }
@@ -246,10 +262,9 @@ class Builder {
     out.parents.reserve(params_.budget);
     out.probs.reserve(params_.budget);
     expand(0, (uint32_t)pool_.size(), -1, 1.0, obs);
-    while (!heap_.empty() && emitted_ < params_.budget) {
-      std::pop_heap(heap_.begin(), heap_.end(), Worse());
-      Item it = heap_.back();
-      heap_.pop_back();
+    while (!queue_.empty() && emitted_ < params_.budget) {
+      Item it = items_[index_of(queue_[0])];
+      pop_queued();
       // Emit it; while its expansion leaves one child that beats everything queued (a copy running on),
       // emit that child at once instead of queueing it.
       for (;;) {
@@ -453,8 +468,8 @@ class Builder {
         if (!redundant(c, first, (uint32_t)pool_.size())) pool_.push_back(c);
       }
       // Pushed last, it would be popped first only if it beats the top outright (ties go to older items).
-      const bool at_once = next && groups_.size() == 1 && (heap_.empty() || g.prob > heap_.front().prob);
-      Item& item = at_once ? *next : heap_.emplace_back();  // filled in place (see add_kid)
+      const bool at_once = next && groups_.size() == 1 && (queue_.empty() || g.prob > prob_of(queue_[0]));
+      Item& item = at_once ? *next : items_.emplace_back();  // filled in place (see add_kid)
       item.prob = g.prob;
       item.order = order_++;
       item.parent = parent;
@@ -462,9 +477,45 @@ class Builder {
       item.begin = first;
       item.end = (uint32_t)pool_.size();
       if (at_once) return true;
-      std::push_heap(heap_.begin(), heap_.end(), Worse());
+      push_queued(item.prob, item.order);
     }
     return false;
+  }
+
+  // Queues the node just appended to items_.
+  void push_queued(double prob, uint32_t order) {
+    const Rank r = rank_of(prob, order, (uint32_t)(items_.size() - 1));
+    size_t i = queue_.size();
+    queue_.emplace_back();
+    while (i > 0 && queue_[(i - 1) / 2] < r) {
+      queue_[i] = queue_[(i - 1) / 2];
+      i = (i - 1) / 2;
+    }
+    queue_[i] = r;
+  }
+
+  // Removes the queue's first node: the hole it leaves goes down to a leaf by the better child (chosen
+  // without a branch), and the last rank comes up into it from there.
+  void pop_queued() {
+    const Rank last = queue_.back();
+    queue_.pop_back();
+    const size_t n = queue_.size();
+    if (n == 0) return;
+    size_t hole = 0, c = 1;
+    for (; c + 1 < n; c = 2 * hole + 1) {
+      c += queue_[c + 1] > queue_[c];
+      queue_[hole] = queue_[c];
+      hole = c;
+    }
+    if (c < n) {
+      queue_[hole] = queue_[c];
+      hole = c;
+    }
+    while (hole > 0 && queue_[(hole - 1) / 2] < last) {
+      queue_[hole] = queue_[(hole - 1) / 2];
+      hole = (hole - 1) / 2;
+    }
+    queue_[hole] = last;
   }
 
   // kids_ by token, then by decreasing match (the order among candidates equal in both is the sort's).
@@ -530,15 +581,15 @@ class Builder {
       c.match += 1;
       if (!redundant(c, begin, kept)) pool_[kept++] = c;
     }
-    *at_once = next && (heap_.empty() || p > heap_.front().prob);
-    Item& item = *at_once ? *next : heap_.emplace_back();
+    *at_once = next && (queue_.empty() || p > prob_of(queue_[0]));
+    Item& item = *at_once ? *next : items_.emplace_back();
     item.prob = p;
     item.order = order_++;
     item.parent = parent;
     item.token = token;
     item.begin = begin;
     item.end = kept;
-    if (!*at_once) std::push_heap(heap_.begin(), heap_.end(), Worse());
+    if (!*at_once) push_queued(p, item.order);
     return true;
   }
 
@@ -565,7 +616,8 @@ class Builder {
   std::vector<Candidate>& kids_;
   std::vector<Candidate>& sorted_;
   std::vector<SortKey>& keys_;
-  std::vector<Item>& heap_;
+  std::vector<Item>& items_;
+  std::vector<Rank>& queue_;
   std::vector<uint32_t>& first_;
   std::vector<Group>& groups_;
   std::vector<double>& path_;  // path probability of each emitted node
