@@ -365,26 +365,39 @@ class Builder {
     k.next.match = match;
   }
 
-  void candidates(const Cursor& c) {
+  // How a cursor continues. Inside a trie edge (every occurrence continues along it) or past the trie's
+  // depth (copying the newest occurrence) by exactly one token: in_line hands it to emit(token, feature,
+  // node, depth, pos, copied), the last four being the cursor one token on, and returns kOne. kNone once
+  // the copy or the leaf ended; kBranch at a node boundary, where the node's children continue it.
+  enum class Line { kOne, kNone, kBranch };
+  template <typename Emit>
+  Line in_line(const Cursor& c, Emit&& emit) const {
     const DraftSource& src = sources_[c.source & ~kSkipFlag];
     const SuffixTree& t = *src.tree;
     const uint8_t kind = (c.source & kSkipFlag) ? src.skip_kind : src.kind;
     const uint8_t mb = Calibration::match_bucket(c.match);
-    if (c.node == kNil || c.depth >= t.max_depth()) {  // copy the newest occurrence past the trie's depth
+    if (c.node == kNil || c.depth >= t.max_depth()) {
       const uint32_t pos = c.node == kNil ? c.pos : t.ref_of(c.node) + c.depth;
       const Tok tok = t.arena()[pos];
-      if (tok == kSentinel || c.copied >= params_.max_copy) return;
-      const DraftFeature f{kind, mb, 0, 1, 0};
-      add_kid(tok, f, c.source, kNil, 0, pos + 1, c.copied + 1, c.match + 1);
-      return;
+      if (tok == kSentinel || c.copied >= params_.max_copy) return Line::kNone;
+      emit(tok, DraftFeature{kind, mb, 0, 1, 0}, kNil, 0u, pos + 1, c.copied + 1);
+      return Line::kOne;
     }
-    const Locus l{c.node, c.depth};
-    const Tok inside = t.next_in_edge(l);
-    if (inside != kSentinel) {  // every occurrence continues along the edge
-      const DraftFeature f{kind, mb, 0, 1, Calibration::count_bucket(t.count_of(c.node))};
-      add_kid(inside, f, c.source, c.node, c.depth + 1, 0, 0, c.match + 1);
-      return;
-    }
+    const Tok inside = t.next_in_edge(Locus{c.node, c.depth});
+    if (inside == kSentinel) return Line::kBranch;
+    emit(inside, DraftFeature{kind, mb, 0, 1, Calibration::count_bucket(t.count_of(c.node))}, c.node, c.depth + 1,
+         0u, 0u);
+    return Line::kOne;
+  }
+
+  void candidates(const Cursor& c) {
+    const auto add = [&](Tok tok, const DraftFeature& f, ChildRef node, uint32_t depth, uint32_t pos,
+                         uint32_t copied) { add_kid(tok, f, c.source, node, depth, pos, copied, c.match + 1); };
+    if (in_line(c, add) != Line::kBranch) return;
+    const DraftSource& src = sources_[c.source & ~kSkipFlag];
+    const SuffixTree& t = *src.tree;
+    const uint8_t kind = (c.source & kSkipFlag) ? src.skip_kind : src.kind;
+    const uint8_t mb = Calibration::match_bucket(c.match);
     const uint32_t num = t.num_children(c.node);
     if (num == 0) return;
     if (num > params_.wide) {  // a wide node: only its most frequent child, against all occurrences
@@ -539,45 +552,40 @@ class Builder {
   bool expand_run(uint32_t begin, uint32_t end, int32_t parent, double prob, Item* next, bool* at_once) {
     constexpr uint32_t kMaxRun = 8;
     if (end - begin > kMaxRun || begin == end) return false;
+    struct Step {  // a cursor one token on
+      ChildRef node;
+      uint32_t depth, pos, copied;
+    };
+    Step step[kMaxRun];
     Tok token = kSentinel;
     double best = 0;
-    uint32_t step[kMaxRun];  // per cursor: its next copy position, or 0 when it moves inside an edge
     for (uint32_t i = begin; i < end; ++i) {
-      const Cursor& c = pool_[i];
-      const DraftSource& src = sources_[c.source & ~kSkipFlag];
-      const SuffixTree& t = *src.tree;
-      Tok tok;
-      DraftFeature f{(c.source & kSkipFlag) ? src.skip_kind : src.kind, Calibration::match_bucket(c.match), 0, 1, 0};
-      if (c.node == kNil || c.depth >= t.max_depth()) {
-        const uint32_t pos = c.node == kNil ? c.pos : t.ref_of(c.node) + c.depth;
-        tok = t.arena()[pos];
-        if (tok == kSentinel || c.copied >= params_.max_copy) return false;
-        step[i - begin] = pos + 1;
-      } else {
-        tok = t.next_in_edge(Locus{c.node, c.depth});
-        if (tok == kSentinel) return false;
-        f.count = Calibration::count_bucket(t.count_of(c.node));
-        step[i - begin] = 0;
-      }
-      if (tok >= kClassBase || (i > begin && tok != token)) return false;
+      Tok tok = kSentinel;
+      double estimate = 0;
+      const Line line = in_line(pool_[i], [&](Tok t, const DraftFeature& f, ChildRef node, uint32_t depth, uint32_t pos,
+                                              uint32_t copied) {
+        tok = t;
+        estimate = cal_.estimate(f);
+        Step& s = step[i - begin];  // field by field (see add_kid)
+        s.node = node;
+        s.depth = depth;
+        s.pos = pos;
+        s.copied = copied;
+      });
+      if (line != Line::kOne || tok >= kClassBase || (i > begin && tok != token)) return false;
       token = tok;
-      best = std::max(best, cal_.estimate(f));
+      best = std::max(best, estimate);
     }
     const double p = prob * best;
     if (p < params_.min_prob) return true;  // no child worth drafting
     uint32_t kept = begin;
     for (uint32_t i = begin; i < end; ++i) {
       Cursor c = pool_[i];
-      if (c.node == kNil || c.depth >= sources_[c.source & ~kSkipFlag].tree->max_depth()) {
-        c.node = kNil;
-        c.depth = 0;
-        c.pos = step[i - begin];
-        c.copied += 1;
-      } else {
-        c.depth += 1;
-        c.pos = 0;
-        c.copied = 0;
-      }
+      const Step& s = step[i - begin];
+      c.node = s.node;
+      c.depth = s.depth;
+      c.pos = s.pos;
+      c.copied = s.copied;
       c.match += 1;
       if (!redundant(c, begin, kept)) pool_[kept++] = c;
     }
