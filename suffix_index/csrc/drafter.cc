@@ -174,7 +174,7 @@ constexpr uint32_t kCursorsPerSource = 2;
 // Marks a skip cursor's source index (drafted from that source, calibrated in its skip row).
 constexpr uint32_t kSkipFlag = 0x80000000u;
 
-using Rank = unsigned __int128;
+using Rank = DraftWorkspace::Rank;
 
 // A queued node's rank: more probable first, then queued earlier. The bits of a non-negative double
 // order as the double does, so one unsigned comparison decides (no data-dependent branches when the

@@ -203,8 +203,9 @@ struct DraftWorkspace {
   std::vector<SortKey> keys;
   // Queued nodes: items holds them, queue is a binary max-heap of their ranks (the probability's bits,
   // then the complement of (push order << 32 | items index), so that ties go to the earlier node).
+  using Rank = unsigned __int128;
   std::vector<Item> items;
-  std::vector<unsigned __int128> queue;
+  std::vector<Rank> queue;
   std::vector<Group> groups;
   std::vector<uint32_t> first_match;  // per source: its longest match this call (0: none)
   std::vector<double> path;           // path probability of each emitted node
