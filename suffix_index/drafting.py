@@ -4,9 +4,9 @@
 number tokens replaced by class ids) and its context; it drafts from them together with the tenant's
 shared indexes (``add_source``) into one best-first tree whose node probabilities come from a
 ``Calibration`` table that learns, per tenant, how often a candidate with given features (source kind,
-match length, count share, newest occurrence, occurrence count) is right; the budget the indexes leave
-unused goes to a ``FallbackTable``'s guesses (the tenant's most frequent next tokens where its indexes'
-first guesses missed, by a category of the context's last token). See the header comment in
+match length, count share, newest occurrence, occurrence count) is right; a ``FallbackTable``'s guesses
+(the tenant's most frequent next tokens where its indexes' first guesses missed, by a category of the
+context's last token) compete with the indexes' nodes for the budget by probability. See the header comment in
 ``csrc/drafter.h`` for the design and what it was measured against.
 
 Threading: a session is used by one thread at a time; many sessions may draft concurrently from the
