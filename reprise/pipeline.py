@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from reprise.draft_budget import AcceptanceTracker, DraftBudget
+from reprise.engine.step_cost import StepCostFit
 from reprise.request import GenerationRequest, GenerationResult, HistoryRecord, StoppingParams, Usage
 from reprise.stopping import StopChecker
 from retrieval.draft_tree import DraftTree
@@ -90,6 +91,7 @@ class _Active:
     steps: int = 0
     drafted: int = 0
     accepted: int = 0
+    cached: int = 0  # prompt tokens whose KV came from the prefix cache
 
 
 class Engine:
@@ -115,9 +117,15 @@ class Engine:
         self.eos_token_ids: tuple[int, ...] = tuple(eos)
         if getattr(proposer, "wants_hidden_states", False):
             runner.keep_hidden = True  # neural drafters read the target's states (session.observe_hidden)
+        self.step_costs = _step_costs(self.config.budget, runner)
         self._lock = threading.Lock()
         self._waiting: deque[tuple[RequestHandle, StreamCallback | None, HistorySink | None]] = deque()
         self._active: list[_Active] = []
+
+    def forget_tenant(self, tenant: str) -> int:
+        """A deleted tenant: drop its cached KV (any thread); returns the blocks dropped."""
+        cache = self.runner.prefix_cache
+        return cache.drop(tenant) if cache is not None else 0
 
     # ---- submission (any thread) ------------------------------------------------------------------
     def submit(
@@ -175,6 +183,7 @@ class Engine:
         if not self._active:
             return 0
         trees = [self._propose(item) for item in self._active]
+        started = self.step_costs.clock() if self.step_costs is not None else 0.0
         try:
             results = self.runner.verify(
                 [VerifyStep(item.slot, tree, getattr(tree, "q", None), getattr(tree, "q_mode", "iid"))
@@ -185,6 +194,9 @@ class Engine:
             for item in list(self._active):
                 self._finish(item, "cancelled", None, error=exc)
             return 0
+        if self.step_costs is not None:  # rows beyond the first: B requests padded to the longest tree
+            extra_rows = len(trees) * (1 + max(len(t) for t in trees)) - 1
+            self.step_costs.observe(extra_rows, self.step_costs.clock() - started)
         for item, tree, result in zip(list(self._active), trees, results):
             item.tracker.update(tree, result.accepted)
             outcome = item.stop.append(result.token_ids.tolist())
@@ -236,7 +248,7 @@ class Engine:
                 )
                 slot = self.runner.start(
                     request.prompt_ids, request.sampling, min_new_tokens=request.stopping.min_new_tokens,
-                    suppress_ids=stop_ids,
+                    suppress_ids=stop_ids, cache_scope=request.tenant,
                 )  # fmt: skip
             except (ValueError, RuntimeError) as exc:
                 handle.error = exc
@@ -248,14 +260,18 @@ class Engine:
                 session.observe_hidden(prompt_hidden)
             max_tokens = self.runner.max_len - len(request.prompt_ids)
             stop = StopChecker(request.stopping, self.tokenizer, self.eos_token_ids, max_tokens)
-            self._active.append(_Active(handle, slot, session, stop, on_stream, on_finish))
+            self._active.append(
+                _Active(handle, slot, session, stop, on_stream, on_finish, cached=self.runner.num_reused(slot))
+            )
 
     def _finish(
         self, item: _Active, reason: str, matched: int | str | None, error: BaseException | None = None
     ) -> None:
         self._active.remove(item)
-        self.runner.release(item.slot)
         request = item.handle.request
+        # A failed step may have half-written the rows; a request that asked not to be recorded leaves
+        # nothing behind for later requests either.
+        self.runner.release(item.slot, keep_cache=error is None and request.record_history)
         item.handle.error = error
         record = request.record_history and reason != "cancelled" and error is None
         item.session.finish(record=record)
@@ -268,7 +284,8 @@ class Engine:
                 if sink is not None:
                     sink(history)
         result = _result(
-            item.handle, output, item.stop.text, reason, matched, item.steps, item.drafted, item.accepted
+            item.handle, output, item.stop.text, reason, matched, item.steps, item.drafted, item.accepted,
+            item.cached,
         )
         self._resolve(item.handle, result)
 
@@ -330,12 +347,27 @@ class _GuardedSession:
                 self._failed("finish")
 
 
+def _step_costs(budget: Any, runner: ModelRunner) -> StepCostFit | None:
+    """The budget's measured cost model, calibrated on ``runner`` if it has measured nothing yet (a
+    budget with a fixed ``CostModel`` is left as it is; a runner that verifies no draft needs no fit)."""
+    fit = getattr(budget, "cost_model", None)
+    if not isinstance(fit, StepCostFit):
+        return None
+    if not fit.num_observed:
+        import torch  # lazily, as everywhere outside the verifier: the CLI starts without it
+
+        fit.use_clock_for(runner.device, torch.get_num_threads())
+        if runner.max_draft_nodes and getattr(budget, "adaptive", True):
+            fit.calibrate(runner)
+    return fit
+
+
 def _with_id(request: GenerationRequest) -> GenerationRequest:
     from dataclasses import replace
 
     return replace(request, request_id=uuid.uuid4().hex)
 
 
-def _result(handle, output, text, reason, matched, steps, drafted, accepted) -> GenerationResult:
-    usage = Usage(len(handle.request.prompt_ids), len(output), steps, drafted, accepted)
+def _result(handle, output, text, reason, matched, steps, drafted, accepted, cached=0) -> GenerationResult:
+    usage = Usage(len(handle.request.prompt_ids), len(output), steps, drafted, accepted, cached)
     return GenerationResult(handle.request_id, tuple(output), text, reason, matched, usage)

@@ -1,0 +1,1 @@
+"""The decode engine's parts."""
