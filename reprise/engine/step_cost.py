@@ -1,6 +1,6 @@
 """What a verification step costs on the host the engine runs on, fitted from the engine's own steps.
 
-The draft budget (reprise/draft_budget.py) weighs each draft against the cost of the step that verifies
+The draft budget (reprise/engine/draft_budget.py) weighs each draft against the cost of the step that verifies
 it. That cost depends on the machine, the model, the prefix and the batch (on a CPU the first draft rows
 ride on the same weight reads, on a GPU a step is flat until the device saturates), so it is measured
 where it runs: every step's time is recorded against its rows beyond the first (``B * Q - 1`` for ``B``
