@@ -89,6 +89,7 @@ class Completion:
     matched_stop: str | int | None
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = 0  # prompt tokens whose KV the server reused from this tenant's earlier requests
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +170,8 @@ def completion_from(request_id: str, token_ids: list[int], text: str, complete: 
     which = complete.WhichOneof("matched_stop")
     matched = getattr(complete, which) if which else None
     return Completion(request_id, token_ids, text, FINISH_REASONS.get(complete.finish_reason, "unspecified"),
-                      matched, complete.usage.prompt_tokens, complete.usage.completion_tokens)
+                      matched, complete.usage.prompt_tokens, complete.usage.completion_tokens,
+                      complete.usage.cached_tokens)
 
 
 def channel_options(max_message_bytes: int = 16 * MiB) -> list[tuple[str, Any]]:
@@ -387,12 +389,17 @@ class IndexStats:
     num_accepted_tokens: int
     acceptance_by_position: list[float] = field(default_factory=list)
     drafter_steps: dict[str, int] = field(default_factory=dict)
+    prefix_cache_bytes: int = 0
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    prefix_cache_hit_rate: float = 0.0
 
     @classmethod
     def from_message(cls, m: Any) -> IndexStats:
         return cls(m.tenant_id, m.index_tokens, m.index_sequences, m.index_memory_bytes, m.corpus_tokens,
                    m.num_requests, m.num_steps, m.num_drafted_steps, m.hit_rate, m.tau, m.num_draft_tokens,
-                   m.num_accepted_tokens, list(m.acceptance_by_position), dict(m.drafter_steps))
+                   m.num_accepted_tokens, list(m.acceptance_by_position), dict(m.drafter_steps),
+                   m.prefix_cache_bytes, m.prompt_tokens, m.cached_prompt_tokens, m.prefix_cache_hit_rate)
 
 
 def _progress(p: common_pb2.Progress) -> Progress:

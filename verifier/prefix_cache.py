@@ -77,7 +77,8 @@ class ScopeStats:
 
 @dataclass(frozen=True, slots=True)
 class CacheStats:
-    """The whole cache's figures (token-weighted hit rate, as vLLM's prefix-cache counters)."""
+    """The whole cache's figures since it was made (token-weighted hit rate, as vLLM's prefix-cache
+    counters; dropping a scope leaves the totals as they were)."""
 
     capacity_bytes: int
     bytes: int
@@ -123,6 +124,7 @@ class PrefixCache:
         self._scopes: dict[str, set[int]] = {}  # scope -> store indexes of its live blocks
         self._epochs: dict[str, int] = {}
         self._queries: dict[str, list[int]] = {}  # scope -> [query tokens, hit tokens]
+        self._totals = [0, 0]  # [query tokens, hit tokens] of every scope ever (never decrease: counters)
         self._evicted = 0
         self._lock = threading.Lock()
 
@@ -143,9 +145,10 @@ class PrefixCache:
                 lease.blocks.append(block)
                 parent = block.index
             self._touch(lease.blocks)
-            figures = self._queries.setdefault(scope, [0, 0])
-            figures[0] += len(token_ids) if count is None else count
-            figures[1] += len(lease.blocks) * bs
+            asked, found = len(token_ids) if count is None else count, len(lease.blocks) * bs
+            for figures in (self._queries.setdefault(scope, [0, 0]), self._totals):
+                figures[0] += asked
+                figures[1] += found
         return lease
 
     def load(self, lease: Lease, kv: torch.Tensor, slot: int) -> int:
@@ -225,10 +228,8 @@ class PrefixCache:
     # ---- figures ---------------------------------------------------------------------------------------
     def stats(self) -> CacheStats:
         with self._lock:
-            queries = sum(q for q, _ in self._queries.values())
-            hits = sum(h for _, h in self._queries.values())
             return CacheStats(self.capacity_bytes, len(self._lru) * self.bytes_per_block, len(self._lru),
-                              self.block_size, queries, hits, self._evicted)  # fmt: skip
+                              self.block_size, self._totals[0], self._totals[1], self._evicted)  # fmt: skip
 
     def scope_stats(self, scope: str) -> ScopeStats:
         with self._lock:

@@ -104,7 +104,7 @@ class EngineBackend:
             if not params.speculate:
                 getattr(self.engine.proposer, "forget_request", lambda rid: None)(request_id)
         return Generation(self._finish_reason(result, params), result.matched_stop, result.usage.prompt_tokens,
-                          result.usage.completion_tokens)
+                          result.usage.completion_tokens, result.usage.cached_tokens)
 
     def _finish_reason(self, result: Any, params: GenerateParams) -> FinishReason:
         if result.finish_reason == "cancelled":

@@ -79,8 +79,10 @@ class StepCostFit:
         self._pending = 0
         self.calibrated = False
         self.num_observed = 0
-        self._xs: tuple[float, ...] = tuple(float(d) for d, _ in FALLBACK_POINTS)
-        self._ys: tuple[float, ...] = tuple(c for _, c in FALLBACK_POINTS)
+        # (xs, ys), replaced whole so that a reader on another thread (metrics) never sees half a refit.
+        self._points: tuple[tuple[float, ...], tuple[float, ...]] = (
+            tuple(float(d) for d, _ in FALLBACK_POINTS), tuple(c for _, c in FALLBACK_POINTS)
+        )
         self.measured = False  # False while the table is FALLBACK_POINTS
 
     def use_clock_for(self, device: Any, num_threads: int) -> None:
@@ -112,8 +114,8 @@ class StepCostFit:
         if not len(usable):
             return
         medians = np.nanmedian(self._samples[usable], axis=1)
-        self._xs = tuple(float(x) for x in self.grid[usable])
-        self._ys = tuple(float(y) for y in np.maximum.accumulate(medians))
+        xs = tuple(float(x) for x in self.grid[usable])
+        self._points = (xs, tuple(float(y) for y in np.maximum.accumulate(medians)))
         self.measured = True
 
     def calibrate(self, runner: Any, *, sizes: Sequence[int] = CALIBRATION_SIZES, reps: int = 3,
@@ -147,14 +149,15 @@ class StepCostFit:
     # ---- the budget's view ---------------------------------------------------------------------------
     def cost(self, num_draft: np.ndarray) -> np.ndarray:
         """Cost of steps with ``num_draft`` rows beyond the first (vectorised; seconds once measured)."""
-        return interpolate(self._xs, self._ys, num_draft)
+        xs, ys = self._points
+        return interpolate(xs, ys, num_draft)
 
     def table(self) -> list[tuple[int, float, int]]:
         """The fitted points: (rows beyond the first, seconds, steps recorded there)."""
         if not self.measured:
             return []
-        counts = {int(x): int(self._counts[self._bucket[int(x)]]) for x in self._xs}
-        return [(int(x), y, counts[int(x)]) for x, y in zip(self._xs, self._ys)]
+        xs, ys = self._points
+        return [(int(x), y, int(self._counts[self._bucket[int(x)]])) for x, y in zip(xs, ys)]
 
     def report(self) -> dict[str, Any]:
         """The fitted model as plain values (``reprise bench verify --json``)."""

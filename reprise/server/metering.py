@@ -39,11 +39,14 @@ class _Counts:
 
 
 class TenantAccounting:
-    """Cumulative drafting figures per tenant since start-up (engine thread writes, others read)."""
+    """Cumulative drafting figures per tenant since start-up (engine thread writes, others read), joined
+    with the tenant's figures in the engine's prefix cache (``verifier.prefix_cache.PrefixCache``) when
+    there is one."""
 
-    def __init__(self) -> None:
+    def __init__(self, prefix_cache: Any = None) -> None:
         self._counts: dict[str, _Counts] = {}
         self._lock = threading.Lock()
+        self._prefix_cache = prefix_cache
 
     def record_step(self, tenant: str, num_draft: int, num_accepted: int, source: str) -> None:
         with self._lock:
@@ -68,6 +71,10 @@ class TenantAccounting:
 
     def stats(self, tenant: str, **index_figures: int) -> TenantStats:
         """The tenant's figures; ``index_figures`` (index_tokens, ...) come from its index."""
+        if self._prefix_cache is not None:
+            cached = self._prefix_cache.scope_stats(tenant)
+            index_figures |= {"prefix_cache_bytes": cached.bytes, "prompt_tokens": cached.query_tokens,
+                              "cached_prompt_tokens": cached.hit_tokens}
         with self._lock:
             c = self._counts.get(tenant) or _Counts()
             last = max((i + 1 for i, n in enumerate(c.accepted_beyond) if n), default=0)

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from reprise.engine.draft_budget import DraftBudget
-from reprise.engine.step_cost import FALLBACK_POINTS, StepCostFit, interpolate
 from reprise.engine.engine import Engine, EngineConfig
+from reprise.engine.step_cost import FALLBACK_POINTS, StepCostFit, interpolate
 from retrieval.draft_tree import DraftTree
 from retrieval.registry import make_proposer
 from verifier.runner import ModelRunner
