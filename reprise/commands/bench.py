@@ -10,6 +10,7 @@ import importlib
 AREAS = {
     "index": "native suffix index: insert tokens/s, bytes per token, speculate latency",
     "verify": "verifier: step cost by tree size, end-to-end tokens/s with and without speculation",
+    "agent": "whole agent sessions: tokens/s and time to first token with prefix reuse and drafts vs generate",
     "store": "encrypted history store: records/s, bytes per token, encryption share",
     "serve": "gRPC service: throughput, TTFT and per-token latency under concurrency",
     "cluster": "replicas on one Redis: throughput, propagation delay, cold start",
