@@ -109,7 +109,7 @@ def load_sessions(path: Path, tokenizer: Any, args) -> list[Session]:
         task = task_key(calls[0].session, first)
         if task not in tasks and len(tasks) >= args.tasks or tasks.get(task, 0) >= args.trials:
             continue
-        prompts = []
+        prompts: list[tuple[int, ...]] = []
         for call in calls:
             messages = []
             for m in call.messages:
