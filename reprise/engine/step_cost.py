@@ -40,6 +40,20 @@ def _grid(limit: int = 4096) -> np.ndarray:
     return np.array(points + [octave], dtype=np.int64)
 
 
+def monotone(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """The non-decreasing sequence nearest to ``values`` in weighted least squares (pool adjacent
+    violators): a noisy point pools with its neighbours into their weighted mean instead of lifting every
+    later point to itself (as a running maximum would)."""
+    blocks: list[list[float]] = []  # [weighted mean, weight, count]
+    for v, w in zip(values.tolist(), weights.tolist()):
+        blocks.append([v, w, 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            v2, w2, n2 = blocks.pop()
+            v1, w1, n1 = blocks[-1]
+            blocks[-1] = [(v1 * w1 + v2 * w2) / (w1 + w2), w1 + w2, n1 + n2]
+    return np.repeat([b[0] for b in blocks], [b[2] for b in blocks])
+
+
 def interpolate(xs: Sequence[float], ys: Sequence[float], x: np.ndarray) -> np.ndarray:
     """Piecewise-linear through ``(xs, ys)`` (sorted), extended past the last point along the last
     segment's slope and flat before the first."""
@@ -114,8 +128,9 @@ class StepCostFit:
         if not len(usable):
             return
         medians = np.nanmedian(self._samples[usable], axis=1)
+        weights = np.minimum(self._counts[usable], self.window).astype(np.float64)
         xs = tuple(float(x) for x in self.grid[usable])
-        self._points = (xs, tuple(float(y) for y in np.maximum.accumulate(medians)))
+        self._points = (xs, tuple(float(y) for y in monotone(medians, weights)))
         self.measured = True
 
     def calibrate(self, runner: Any, *, sizes: Sequence[int] = CALIBRATION_SIZES, reps: int = 3,

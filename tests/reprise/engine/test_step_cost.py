@@ -7,7 +7,7 @@ import pytest
 
 from reprise.engine.draft_budget import DraftBudget
 from reprise.engine.engine import Engine, EngineConfig
-from reprise.engine.step_cost import FALLBACK_POINTS, StepCostFit, interpolate
+from reprise.engine.step_cost import FALLBACK_POINTS, StepCostFit, interpolate, monotone
 from retrieval.draft_tree import DraftTree
 from retrieval.registry import make_proposer
 from verifier.runner import ModelRunner
@@ -33,11 +33,17 @@ def test_steps_land_on_the_nearest_grid_point_and_the_table_is_their_median() ->
 def test_more_rows_never_cost_less_and_old_steps_leave_the_window() -> None:
     fit = StepCostFit(window=2, min_samples=1, refresh_every=1)
     fit.observe(0, 0.05)
-    fit.observe(4, 0.04)  # noise: cheaper than a plain step
-    assert [y for _, y, _ in fit.table()] == [0.05, 0.05]
+    fit.observe(4, 0.04)  # noise: cheaper than a plain step; the two pool
+    assert [y for _, y, _ in fit.table()] == pytest.approx([0.045, 0.045])
     fit.observe(4, 0.09)
     fit.observe(4, 0.08)  # the window keeps the last two
     assert fit.table()[1][1] == pytest.approx(0.085)
+
+
+def test_a_noisy_point_pools_with_its_neighbours_instead_of_lifting_them_to_itself() -> None:
+    values = np.array([1.0, 1.1, 2.5, 1.3, 1.4, 1.6])  # the third point caught a busy moment
+    assert monotone(values, np.ones(6)).tolist() == pytest.approx([1.0, 1.1, 1.7, 1.7, 1.7, 1.7])
+    assert monotone(values, np.array([1, 1, 1, 10, 10, 10.0]))[2] < 1.5  # well-measured points weigh more
 
 
 def test_interpolate_is_flat_before_and_linear_past_the_points() -> None:
