@@ -154,14 +154,10 @@ class PrefixCache:
     def load(self, lease: Lease, kv: torch.Tensor, slot: int) -> int:
         """Copy the lease's blocks into rows ``[0, n)`` of ``slot`` of the runner's pool
         ``kv [2, L, S, H, R, D]``; returns ``n``, the tokens loaded."""
-        n = lease.num_blocks
-        if not n:
-            return 0
-        index = torch.tensor([b.index for b in lease.blocks], device=self.store.device)
-        # [2, L, H, n, bs, D]: the slot's first n blocks of rows, filled from the store's [n, 2, L, H, bs, D]
-        rows = kv[:, :, slot, :, : n * self.block_size].unflatten(3, (n, self.block_size))
-        rows.copy_(self.store.index_select(0, index).permute(1, 2, 3, 0, 4, 5))
-        return n * self.block_size
+        bs = self.block_size
+        for j, block in enumerate(lease.blocks):  # one copy a block: a gather first would copy twice
+            kv[:, :, slot, :, j * bs : (j + 1) * bs].copy_(self.store[block.index])  # [2, L, H, bs, D]
+        return lease.num_blocks * bs
 
     # ---- the end of a request -------------------------------------------------------------------------
     def insert(self, lease: Lease, token_ids: Sequence[int], kv: torch.Tensor, slot: int) -> int:
@@ -194,11 +190,10 @@ class PrefixCache:
                 block.refs += 1  # pinned while this insert may still evict
                 chain.append(block)
                 parent = block.index
-            if added:
-                targets = torch.tensor([b.index for b in added], device=self.store.device)
-                start_row = (len(chain) - len(added)) * bs
-                rows = kv[:, :, slot, :, start_row : start_row + len(added) * bs]  # [2, L, H, n * bs, D]
-                self.store[targets] = rows.unflatten(3, (len(added), bs)).permute(3, 0, 1, 2, 4, 5)
+            first_row = (len(chain) - len(added)) * bs
+            for j, block in enumerate(added):
+                rows = slice(first_row + j * bs, first_row + (j + 1) * bs)
+                self.store[block.index].copy_(kv[:, :, slot, :, rows])  # [2, L, H, bs, D]
             self._touch(chain)
             self._unpin(chain)
         return len(added)
