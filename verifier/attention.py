@@ -29,6 +29,7 @@ class TreeAttentionMeta:
     prefix_lens: torch.Tensor  # [B] int32, on the model's device
     tree_mask: torch.Tensor  # [B, Q, Q] bool
     backend: str  # "triton" or "torch"
+    mask: torch.Tensor | None = None  # [B, 1, Q, L] float additive mask for "torch", built once per forward
 
 
 def reprise_tree_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -43,7 +44,9 @@ def reprise_tree_attention(module, query, key, value, attention_mask, scaling=No
             module, query, key, value, attention_mask, scaling=scaling, dropout=dropout
         )
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    out = tree_attention(query, key, value, meta.prefix_lens, meta.tree_mask, scale, backend=meta.backend)
+    out = tree_attention(
+        query, key, value, meta.prefix_lens, meta.tree_mask, scale, backend=meta.backend, mask=meta.mask
+    )
     return out.transpose(1, 2), None
 
 
