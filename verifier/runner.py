@@ -384,12 +384,12 @@ class ModelRunner:
             kwargs["attention_mask"] = self._placeholder_mask  # 4D: transformers builds no mask of its own
             mask = (
                 additive_mask(batch.prefix_lens, batch.tree_mask, batch.kv_len, self.dtype).to(dev)
-                if self.backend == "torch"
+                if self.backend == "torch" and not batch.causal
                 else None
             )  # one mask for every layer
             kwargs[META_KWARG] = TreeAttentionMeta(
                 torch.from_numpy(batch.prefix_lens).to(dev, torch.int32), torch.from_numpy(batch.tree_mask).to(dev),
-                self.backend, mask,
+                self.backend, mask, batch.causal,
             )  # fmt: skip
         out = self._base(
             input_ids=torch.from_numpy(batch.input_ids).to(dev),
