@@ -3,9 +3,11 @@
 Sessions come from the traces (default tau_airline and react_hotpotqa): ``--tasks`` tasks of each trace,
 ``--trials`` trials of each task, in file (arrival) order. Every assistant message of a session is a call
 whose prompt is the model's chat template over the messages before it, so call k+1's prompt extends call
-k's. A long system prompt is cut once, to its first ``--system-tokens`` tokens, so the prefix stays the
-same from call to call; a session ends at its first call whose prompt and output would not fit
-``--max-len``. Every call decodes ``--max-new-tokens`` greedy tokens (EOS stops) with each method in
+k's. A system prompt longer than ``--system-tokens`` tokens (by default half of ``--max-len``) is cut
+once, to its first that many tokens, so the prefix stays the same from call to call and leaves room for
+the conversation; a session ends at its first call whose prompt and output would not fit ``--max-len``.
+The time to first token of later calls depends on that head: the more of the prompt a session's first
+call prefills, the smaller the share later calls add. Every call decodes ``--max-new-tokens`` greedy tokens (EOS stops) with each method in
 turn (the order rotates from call to call):
 
 - ``generate``: transformers ``generate``, the baseline of every ratio;
@@ -50,10 +52,11 @@ def add_arguments(parser) -> None:
     a("--out", type=Path, help="also write the JSON here, rewritten after every call")
     a("--quick", action="store_true", help="a short run: 1 task x 2 trials, 3 calls per session, 32 new tokens")
     a("--tasks", type=int, default=2, help="tasks per trace (default 2)")
-    a("--trials", type=int, default=2, help="trials (sessions) per task (default 2)")
+    a("--trials", type=int, default=3, help="trials (sessions) per task (default 3)")
     a("--max-calls", type=int, default=0, help="calls per session at most (default 0: all that fit)")
     a("--max-new-tokens", type=int, default=128, help="greedy tokens per call (default 128)")
-    a("--system-tokens", type=int, default=1024, help="system prompts cut to their first N tokens (default 1024)")
+    a("--system-tokens", type=int, default=2048,
+      help="system prompts cut to their first N tokens (default 2048: half of --max-len)")
     a("--max-len", type=int, default=4096, help="prompt + output tokens a call may have (default 4096)")
     a("--proposer", default="", help="drafter name (default: reprise when registered, else prompt_lookup)")
     a("--cache-bytes", type=int, default=GiB, help="prefix cache memory in bytes (default 1 GiB)")
@@ -245,6 +248,7 @@ def run_sessions(lm, traces: list[Path], args, report: dict[str, Any], save: Cal
     for trace in traces:
         sessions = load_sessions(trace, lm.tokenizer, args)
         figures = {m: _Figures() for m in METHODS}
+        per_call: list[dict[str, Any]] = []  # what each call took, for the JSON
         for s_index, session in enumerate(sessions):
             if not args.warm_sessions:
                 for key in ("engine_cache", "engine_cache_drafts"):
@@ -253,11 +257,16 @@ def run_sessions(lm, traces: list[Path], args, report: dict[str, Any], save: Cal
                 order = METHODS[turn % len(METHODS) :] + METHODS[: turn % len(METHODS)]
                 turn += 1
                 outputs = {}
+                record: dict[str, Any] = {"session": session.name, "call": c_index, "prompt_tokens": len(ids)}
                 for method in order:
                     start, start_cpu = time.perf_counter(), time.thread_time()
                     tokens, usage, ttft_cpu, ttft_wall = methods[method](list(ids), session.tenant)
                     took, took_cpu = time.perf_counter() - start, time.thread_time() - start_cpu
                     outputs[method] = tokens
+                    record[method] = {"tokens": len(tokens), "cpu_s": round(took_cpu, 3), "s": round(took, 3),
+                                      "ttft_cpu_ms": round(1000 * ttft_cpu, 1)}  # fmt: skip
+                    if usage is not None and usage.cached_tokens:
+                        record[method]["cached_tokens"] = usage.cached_tokens
                     f = figures[method]
                     f.tokens += len(tokens)
                     f.seconds += took
@@ -279,7 +288,8 @@ def run_sessions(lm, traces: list[Path], args, report: dict[str, Any], save: Cal
                         at = next((j for j, (x, y) in enumerate(zip(tokens, reference)) if x != y),
                                   min(len(tokens), len(reference)))  # fmt: skip
                         f.first_differences.append({"session": s_index, "call": c_index, "at": at})
-                report["traces"][trace.name] = summarise(figures, len(sessions))
+                per_call.append(record)
+                report["traces"][trace.name] = summarise(figures, len(sessions)) | {"per_call": per_call}
                 rates = ", ".join(f"{m} {f.tokens / f.cpu_seconds:.2f}" for m, f in figures.items())
                 print(f"bench agent: {trace.name} session {s_index + 1}/{len(sessions)} call {c_index + 1}/"
                       f"{len(session.prompts)}: tokens per CPU-s so far {rates}", file=sys.stderr)  # fmt: skip
