@@ -44,13 +44,13 @@ def monotone(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
     """The non-decreasing sequence nearest to ``values`` in weighted least squares (pool adjacent
     violators): a noisy point pools with its neighbours into their weighted mean instead of lifting every
     later point to itself (as a running maximum would)."""
-    blocks: list[list[float]] = []  # [weighted mean, weight, count]
+    blocks: list[tuple[float, float, int]] = []  # (weighted mean, weight, points pooled)
     for v, w in zip(values.tolist(), weights.tolist()):
-        blocks.append([v, w, 1])
+        blocks.append((v, w, 1))
         while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
             v2, w2, n2 = blocks.pop()
             v1, w1, n1 = blocks[-1]
-            blocks[-1] = [(v1 * w1 + v2 * w2) / (w1 + w2), w1 + w2, n1 + n2]
+            blocks[-1] = ((v1 * w1 + v2 * w2) / (w1 + w2), w1 + w2, n1 + n2)
     return np.repeat([b[0] for b in blocks], [b[2] for b in blocks])
 
 
