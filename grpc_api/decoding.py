@@ -269,7 +269,7 @@ class DecodingServicer(decoding_pb2_grpc.DecodingServiceServicer):
             finish = generation.finish_reason
             yield generation
         except BaseException as exc:
-            finish = "cancelled" if isinstance(exc, (asyncio.CancelledError, GeneratorExit)) else "error"
+            finish = "aborted" if isinstance(exc, (asyncio.CancelledError, GeneratorExit)) else "error"
             raise
         finally:
             active.cancel.set()  # no-op once the worker has returned

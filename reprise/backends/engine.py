@@ -1,6 +1,6 @@
-"""The data plane's backend: the decode pipeline's ``Engine`` stepping on its own thread.
+"""The decode backend over Reprise's own engine: ``reprise.engine.Engine`` stepping on its own thread.
 
-Implements ``grpc_api.backend.DecodeBackend``. The engine thread runs ``Engine.serve``: every step
+Implements ``grpc_api.backend.DecodeBackend``, the seam both fronts (gRPC, HTTP) talk to. The engine thread runs ``Engine.serve``: every step
 packs all active requests into one verification pass. A gRPC worker thread submits its request and
 waits on the handle; committed tokens reach the caller through the engine's stream callback as they
 are committed. Cancelling (client gone, deadline, Abort) sets the request's event; the engine drops
@@ -12,22 +12,25 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import Any
 
 from grpc_api import errors
-from grpc_api.backend import FinishReason, GenerateParams, Generation, ModelInfo, PromptInput, TokenCallback
+from grpc_api.backend import GenerateParams, Generation, ModelInfo, PromptInput, TokenCallback
+from reprise.engine.engine import Engine
+from reprise.engine.request import GenerationRequest, StoppingParams
+from verifier.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 
 
 class EngineBackend:
-    """``DecodeBackend`` over ``reprise.engine.engine.Engine`` (whose proposer is a ``MeteredProposer``).
+    """``DecodeBackend`` over ``reprise.engine.engine.Engine``.
 
     ``record_trajectory(tenant, session_id, token_ids)`` stores a turn that did not go through the
     engine (``AppendTrajectory``) durably and adds it to the tenant's drafting history.
     """
 
-    def __init__(self, engine: Any, tokenizer: Any, model_name: str,
+    def __init__(self, engine: Engine, tokenizer: Any, model_name: str,
                  record_trajectory: Callable[[str, str, Sequence[int]], None] | None = None,
                  on_close: Callable[[], None] | None = None) -> None:
         self.engine = engine
@@ -43,12 +46,6 @@ class EngineBackend:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="reprise-engine", daemon=True)
         self._thread.start()
-
-    def _disable_speculation(self, request_id: str) -> None:
-        disable = getattr(self.engine.proposer, "disable_speculation", None)
-        if disable is None:
-            raise errors.FailedPrecondition("this server cannot turn speculation off per request")
-        disable(request_id)
 
     def _serve(self) -> None:
         try:
@@ -77,9 +74,6 @@ class EngineBackend:
 
     def generate(self, tenant: str, session_id: str, request_id: str, prompt_ids: Sequence[int],
                  params: GenerateParams, on_tokens: TokenCallback, cancel: threading.Event) -> Generation:
-        from reprise.engine.request import GenerationRequest, StoppingParams
-        from verifier.sampling import SamplingParams
-
         if not self._thread.is_alive():
             raise errors.Unavailable("the decoding engine has stopped")
         request = GenerationRequest(
@@ -91,28 +85,15 @@ class EngineBackend:
                                     ignore_eos=params.ignore_eos,
                                     include_stop_string=params.include_stop_str_in_output),
             tenant=tenant, session_id=session_id, request_id=request_id, record_history=params.record,
+            speculate=params.speculate,
         )
-        if not params.speculate:
-            self._disable_speculation(request_id)
-        try:
-            handle = self.engine.submit(request, on_stream=lambda ids, text: on_tokens(ids, text), cancel=cancel)
-            while not handle.done.wait(0.5):  # wake up now and then: the engine thread may have died
-                if not self._thread.is_alive():
-                    raise errors.Unavailable("the decoding engine stopped while the request ran")
-            result = handle.wait()
-        finally:
-            if not params.speculate:
-                getattr(self.engine.proposer, "forget_request", lambda rid: None)(request_id)
-        return Generation(self._finish_reason(result, params), result.matched_stop, result.usage.prompt_tokens,
+        handle = self.engine.submit(request, on_stream=lambda ids, text: on_tokens(ids, text), cancel=cancel)
+        while not handle.done.wait(0.5):  # wake up now and then: the engine thread may have died
+            if not self._thread.is_alive():
+                raise errors.Unavailable("the decoding engine stopped while the request ran")
+        result = handle.wait()
+        return Generation(result.finish_reason, result.matched_stop, result.usage.prompt_tokens,
                           result.usage.completion_tokens)
-
-    def _finish_reason(self, result: Any, params: GenerateParams) -> FinishReason:
-        if result.finish_reason == "cancelled":
-            return "aborted"
-        if result.finish_reason == "stop" and isinstance(result.matched_stop, int) \
-                and result.matched_stop not in params.stop_token_ids and result.matched_stop in self._info.eos_token_ids:
-            return "eos"
-        return cast(FinishReason, result.finish_reason)
 
     def append_trajectory(self, tenant: str, session_id: str, token_ids: Sequence[int]) -> int:
         if self._record is None:

@@ -20,6 +20,7 @@ import threading
 import time
 from typing import Any
 
+from reprise.engine.request import GenerationResult
 from reprise.server.history_writer import STOP, drain, trajectories_by_tenant
 
 log = logging.getLogger(__name__)
@@ -48,9 +49,9 @@ class ReplicaWriter:
         """Trajectories queued or being retried (approximate)."""
         return self._queue.qsize()
 
-    def put(self, record: Any) -> None:
-        """Queue a ``reprise.engine.request.HistoryRecord`` (engine thread; never blocks)."""
-        if record.tenant in self._replica.deleted:
+    def put(self, record: GenerationResult) -> None:
+        """Queue a finished turn (engine thread; never blocks)."""
+        if record.request.tenant in self._replica.deleted:
             return
         try:
             self._queue.put_nowait(record)

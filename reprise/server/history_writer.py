@@ -18,6 +18,11 @@ from typing import Any
 
 import numpy as np
 
+from privacy.errors import UnknownTenantError
+from privacy.records import Trajectory
+from privacy.tenants import TenantId
+from reprise.engine.request import GenerationResult
+
 log = logging.getLogger(__name__)
 STOP = object()  # queued by close(): the writer thread ends after what came before it
 _STOP = STOP
@@ -44,16 +49,15 @@ def drain(q: queue.Queue[Any], item: Any, max_batch: int) -> tuple[list[Any], li
             return batch, events, stop
 
 
-def trajectories_by_tenant(batch: list[Any]) -> dict[str, list[Any]]:
-    """Finished requests (``reprise.engine.request.HistoryRecord``) as the store's trajectories, by tenant:
-    prompt then output tokens, the prompt's length, stamped now."""
-    from privacy.records import Trajectory
-
-    by_tenant: dict[str, list[Any]] = defaultdict(list)
+def trajectories_by_tenant(batch: list[GenerationResult]) -> dict[str, list[Trajectory]]:
+    """Finished turns as the store's trajectories, by tenant: prompt then output tokens, the prompt's
+    length, stamped now (``privacy.Trajectory`` is the sealed form: privacy imports nothing above it)."""
+    by_tenant: dict[str, list[Trajectory]] = defaultdict(list)
     now = time.time()
     for r in batch:
-        ids = np.asarray(list(r.prompt_ids) + list(r.output_ids), dtype=np.int32)
-        by_tenant[r.tenant].append(Trajectory(r.session_id, ids, "", len(r.prompt_ids), 0.0, now))
+        request = r.request
+        ids = np.asarray(list(request.prompt_ids) + list(r.token_ids), dtype=np.int32)
+        by_tenant[request.tenant].append(Trajectory(request.session_id, ids, "", len(request.prompt_ids), 0.0, now))
     return by_tenant
 
 
@@ -67,8 +71,8 @@ class HistoryWriter:
         self._thread = threading.Thread(target=self._run, name="reprise-history", daemon=True)
         self._thread.start()
 
-    def put(self, record: Any) -> None:
-        """Queue a ``reprise.engine.request.HistoryRecord`` (called on the engine thread; never blocks)."""
+    def put(self, record: GenerationResult) -> None:
+        """Queue a finished turn (called on the engine thread; never blocks)."""
         try:
             self._queue.put_nowait(record)
         except queue.Full:
@@ -101,9 +105,6 @@ class HistoryWriter:
                 return
 
     def _write(self, batch: list[Any]) -> None:
-        from privacy.errors import UnknownTenantError
-        from privacy.tenants import TenantId
-
         for tenant, trajectories in trajectories_by_tenant(batch).items():
             try:
                 self._store.append_trajectories(TenantId(tenant), trajectories)

@@ -14,18 +14,35 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from pathlib import Path
 from typing import Any
 
+from grpc_api.server import GrpcServer
+from privacy import ensure_admin_key, open_store
+from reprise import __version__
+from reprise.backends.engine import EngineBackend
+from reprise.cluster.node import ClusterNode
 from reprise.config import ServiceConfig
+from reprise.drafters import DEFAULT_DRAFTER, make_proposer
+from reprise.engine.engine import Engine, EngineConfig
+from reprise.server.admin import ServiceAdmin
+from reprise.server.auth import StoreAuthenticator
+from reprise.server.dashboard import HttpServer, StatsHistory
+from reprise.server.hidden_store import ReuseWiring
+from reprise.server.history_writer import HistoryWriter
+from reprise.server.indexes import TenantIndexes
+from reprise.server.metering import StepMeter, TenantAccounting
+from reprise.server.metrics import ServiceMetrics
+from reprise.server.tenant_config import apply_tenant_configs
+from verifier.models import configure_threads, load_default_model, load_model
+from verifier.runner import ModelRunner
 
 log = logging.getLogger(__name__)
 
 
 def load_target_model(config: ServiceConfig) -> Any:
     """The configured model (a ``verifier.models.LoadedModel``): a local folder or the default SmolLM2."""
-    from verifier.models import load_default_model, load_model
-
     m = config.model
     if m.path:
         return load_model(m.path, dtype=m.dtype, device=m.device, num_threads=m.num_threads)
@@ -34,15 +51,13 @@ def load_target_model(config: ServiceConfig) -> Any:
 
 def default_drafter() -> str:
     """The full Reprise proposer once registered, else the prompt-lookup baseline."""
-    from retrieval.registry import proposer_names
+    from reprise.drafters import proposer_names
 
     return "reprise" if "reprise" in proposer_names() else "prompt_lookup"
 
 
 def check_port_free(host: str, port: int) -> None:
     """OSError naming the address if something listens there (a quick probe; the real bind decides)."""
-    import socket
-
     if not port:
         return
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -86,24 +101,6 @@ class Service:
             self.cluster.start()
 
     def _build(self) -> None:
-        from grpc_api.server import GrpcServer
-        from privacy import ensure_admin_key, open_store
-        from reprise import __version__
-        from reprise.backends.engine import EngineBackend
-        from reprise.engine.engine import Engine, EngineConfig
-        from reprise.server.admin import ServiceAdmin
-        from reprise.server.auth import StoreAuthenticator
-        from reprise.server.dashboard import HttpServer, StatsHistory
-        from reprise.server.hidden_store import ReuseWiring
-        from reprise.server.history_writer import HistoryWriter
-        from reprise.server.indexes import TenantIndexes
-        from reprise.server.metering import MeteredBudget, MeteredProposer, TenantAccounting
-        from reprise.server.metrics import ServiceMetrics
-        from reprise.server.tenant_config import apply_tenant_configs
-        from retrieval.registry import make_proposer
-        from verifier.models import configure_threads
-        from verifier.runner import ModelRunner
-
         c = self.config
         c.home.mkdir(parents=True, exist_ok=True)
         self.metrics = ServiceMetrics()
@@ -111,8 +108,6 @@ class Service:
         decode = None
         try:
             if c.cluster.enabled:  # replicas on one Redis (reprise.cluster, docs/cluster.md)
-                from reprise.cluster.node import ClusterNode
-
                 self.cluster = ClusterNode(c.cluster, self.store, None, self.metrics)
             auth = self.cluster.authenticator() if self.cluster else StoreAuthenticator(self.store)
             if c.server.http_port:  # bind now: a port in use fails before the model loads
@@ -131,8 +126,7 @@ class Service:
             runner = ModelRunner(model, num_slots=c.model.num_slots, max_len=c.model.max_len,
                                  max_draft_nodes=c.model.max_draft_nodes)
             accounting = TenantAccounting()
-            budget = MeteredBudget(EngineConfig().budget)
-            inner = make_proposer(c.model.drafter or default_drafter(), c.drafting)
+            inner = make_proposer(c.model.drafter or DEFAULT_DRAFTER, c.drafting)
             if tokenizer is not None and hasattr(inner, "set_vocabulary"):  # numbers match by class
                 inner.set_vocabulary(lambda i: tokenizer.decode([i]), runner.vocab_size)
             tuned = apply_tenant_configs(inner, self.store.list_tenants(), c.home)  # `reprise tune`'s
@@ -141,10 +135,10 @@ class Service:
             tokenize = (lambda text: list(tokenizer.encode(text, add_special_tokens=False))) if tokenizer else None
             if self.cluster is not None:
                 self.cluster.set_proposer(inner)
-                proposer = MeteredProposer(self.cluster.engine_proposer(inner), budget, accounting, self.metrics)
+                proposer = self.cluster.engine_proposer(inner)
                 self.indexes = self.cluster.indexes(accounting, self.metrics, tokenize)
             else:
-                proposer = MeteredProposer(inner, budget, accounting, self.metrics)
+                proposer = inner
                 self.indexes = TenantIndexes(self.store, inner, accounting, self.metrics, tokenize)
             self.indexes.load_all()
             reuse = ReuseWiring.find(inner)
@@ -161,7 +155,7 @@ class Service:
             self.store.add_deletion_hook(on_deleted)
             self.history = self.cluster.writer if self.cluster is not None else HistoryWriter(self.store)
             engine = Engine(runner, proposer, tokenizer,
-                            EngineConfig(budget=budget, history_sink=self.history.put))  # type: ignore[arg-type]
+                            EngineConfig(history_sink=self.history.put, observer=StepMeter(accounting, self.metrics)))
             decode = EngineBackend(engine, tokenizer, name, record_trajectory=self.indexes.record,
                                    on_close=self._close_history)
             if self.cluster is not None:
