@@ -161,6 +161,7 @@ class TenantStats:
     num_accepted_tokens: int = 0
     acceptance_by_position: tuple[float, ...] = ()
     drafter_steps: dict[str, int] = field(default_factory=dict)
+    counting_since_unix_ms: int = 0  # the figures from num_requests on count since then (process start)
 
     @property
     def hit_rate(self) -> float:

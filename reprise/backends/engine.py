@@ -1,10 +1,11 @@
 """The decode backend over Reprise's own engine: ``reprise.engine.Engine`` stepping on its own thread.
 
-Implements ``grpc_api.backend.DecodeBackend``, the seam both fronts (gRPC, HTTP) talk to. The engine thread runs ``Engine.serve``: every step
-packs all active requests into one verification pass. A gRPC worker thread submits its request and
-waits on the handle; committed tokens reach the caller through the engine's stream callback as they
-are committed. Cancelling (client gone, deadline, Abort) sets the request's event; the engine drops
-it at its next step and frees its KV slot at once.
+Implements ``grpc_api.backend.DecodeBackend``, the seam both fronts (gRPC, HTTP) talk to. The engine
+thread runs ``Engine.serve``: every step packs all active requests into one verification pass. A front's
+worker thread submits its request and waits on the handle; committed tokens reach the caller through
+the engine's stream callback as they are committed; the request returns once its turn is in the
+history store (``_await_stored``). Cancelling (client gone, deadline, Abort) sets the request's event;
+the engine drops it at its next step and frees its KV slot at once.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ class EngineBackend:
 
     def __init__(self, engine: Engine, tokenizer: Any, model_name: str,
                  record_trajectory: Callable[[str, str, Sequence[int]], None] | None = None,
-                 on_close: Callable[[], None] | None = None) -> None:
+                 on_close: Callable[[], None] | None = None, store_before_reply: bool = True,
+                 store_wait_s: float = 30.0) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
         runner = engine.runner
@@ -42,6 +44,8 @@ class EngineBackend:
             has_chat_template=bool(tokenizer is not None and getattr(tokenizer, "chat_template", None)),
         )
         self._record = record_trajectory
+        self._store_before_reply = store_before_reply
+        self._store_wait_s = store_wait_s
         self._on_close = on_close
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="reprise-engine", daemon=True)
@@ -92,8 +96,22 @@ class EngineBackend:
             if not self._thread.is_alive():
                 raise errors.Unavailable("the decoding engine stopped while the request ran")
         result = handle.wait()
+        self._await_stored(handle)
         return Generation(result.finish_reason, result.matched_stop, result.usage.prompt_tokens,
                           result.usage.completion_tokens)
+
+    def _await_stored(self, handle: Any) -> None:
+        """A recorded turn is in the store before its final message goes out (the history writer's
+        group commit makes the wait one commit at most); a turn that cannot be stored fails the request
+        rather than be answered and lost."""
+        ticket = handle.stored
+        if ticket is None or not self._store_before_reply:
+            return
+        if not ticket.wait(self._store_wait_s):
+            raise errors.Unavailable(f"the turn could not be stored within {self._store_wait_s:.0f} s "
+                                     "(the history store is slow or down); retry")
+        if not ticket.ok:
+            raise errors.Unavailable(f"the turn could not be stored ({ticket.error}); retry")
 
     def append_trajectory(self, tenant: str, session_id: str, token_ids: Sequence[int]) -> int:
         if self._record is None:

@@ -47,7 +47,19 @@ from verifier.sampling import SamplingParams
 log = logging.getLogger(__name__)
 
 StreamCallback = Callable[[list[int], str], None]  # (committed token ids, text delta)
-HistorySink = Callable[[GenerationResult], None]  # a finished turn to record (``result.recorded``)
+
+
+class StoreTicket(Protocol):
+    """What a history sink hands back for a turn it will store: ``wait`` until it is stored (``ok``) or
+    given up (``error`` says why)."""
+
+    ok: bool
+    error: str
+
+    def wait(self, timeout: float | None = None) -> bool: ...
+
+
+HistorySink = Callable[[GenerationResult], "StoreTicket | None"]  # a finished turn to record
 _NO_NODES = np.zeros(0, dtype=np.int32)
 
 
@@ -87,7 +99,9 @@ class EngineConfig:
 
 
 class RequestHandle:
-    """A submitted request: ``wait()`` for its result, ``cancel()`` it from any thread."""
+    """A submitted request: ``wait()`` for its result, ``cancel()`` it from any thread. ``stored``: the
+    history sink's ticket for a recorded turn (None when nothing is stored), for callers that answer
+    only once the turn is durable."""
 
     def __init__(self, request: GenerationRequest, cancel: threading.Event | None) -> None:
         self.request = request
@@ -96,6 +110,7 @@ class RequestHandle:
         self.done = threading.Event()
         self.result: GenerationResult | None = None
         self.error: BaseException | None = None
+        self.stored: StoreTicket | None = None
 
     def cancel(self) -> None:
         self.cancelled.set()
@@ -310,7 +325,7 @@ class Engine:
                          item.drafted, item.accepted)
         item.session.finish(record=result.recorded)
         if result.recorded and self.config.history_sink is not None:
-            self.config.history_sink(result)
+            item.handle.stored = self.config.history_sink(result)
         if self.config.observer is not None:
             self.config.observer.on_finish(result)
         self._resolve(item.handle, result)

@@ -9,6 +9,7 @@ and the dashboard read (counted since this process started).
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,11 +33,14 @@ class _Counts:
 
 
 class TenantAccounting:
-    """Cumulative drafting figures per tenant since start-up (engine thread writes, others read)."""
+    """Cumulative drafting figures per tenant since this process started (engine thread writes, others
+    read). They are per process by design: each replica counts its own steps, and the admin plane and
+    the dashboard say since when (``counting_since_unix_ms``)."""
 
     def __init__(self) -> None:
         self._counts: dict[str, _Counts] = {}
         self._lock = threading.Lock()
+        self.since_unix_ms = int(time.time() * 1000)
 
     def record_steps(self, reports: Sequence[StepReport]) -> None:
         """One engine step: each request's drafted and accepted counts (one lock for the whole step)."""
@@ -71,7 +75,7 @@ class TenantAccounting:
                 tenant_id=tenant, num_requests=c.num_requests, num_steps=c.num_steps,
                 num_drafted_steps=c.num_drafted_steps, num_draft_tokens=c.num_draft_tokens,
                 num_accepted_tokens=c.num_accepted_tokens, acceptance_by_position=by_pos,
-                drafter_steps=dict(c.drafter_steps), **index_figures)
+                drafter_steps=dict(c.drafter_steps), counting_since_unix_ms=self.since_unix_ms, **index_figures)
 
 
 class StepMeter:

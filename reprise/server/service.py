@@ -56,6 +56,14 @@ def default_drafter() -> str:
     return "reprise" if "reprise" in proposer_names() else "prompt_lookup"
 
 
+def make_private_dir(path: Path) -> None:
+    """The data directory, created 0700 (it holds the master key, the admin key and the encrypted store)
+    with any missing parents; an existing directory keeps the mode its operator gave it."""
+    if not path.is_dir():
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        path.chmod(0o700)  # mkdir's mode passes through the umask
+
+
 def check_port_free(host: str, port: int) -> None:
     """OSError naming the address if something listens there (a quick probe; the real bind decides)."""
     if not port:
@@ -102,7 +110,12 @@ class Service:
 
     def _build(self) -> None:
         c = self.config
-        c.home.mkdir(parents=True, exist_ok=True)
+        make_private_dir(c.home)
+        if c.server.http_port:
+            check_port_free(c.server.host, c.server.http_port)
+        # The model first: a start that cannot load it (the slow part, and the usual failure) has written
+        # no master key or admin key file yet.
+        loaded = self._model if self._model is not None else load_target_model(c)
         self.metrics = ServiceMetrics()
         self.store = open_store(c.store)
         decode = None
@@ -110,14 +123,13 @@ class Service:
             if c.cluster.enabled:  # replicas on one Redis (reprise.cluster, docs/cluster.md)
                 self.cluster = ClusterNode(c.cluster, self.store, None, self.metrics)
             auth = self.cluster.authenticator() if self.cluster else StoreAuthenticator(self.store)
-            if c.server.http_port:  # bind now: a port in use fails before the model loads
+            if c.server.http_port:
                 self.http = HttpServer(c.server.host, c.server.http_port, auth, lambda: self.stats_history.snapshot(),
                                        self.metrics.render, lambda: self.grpc is not None and self.grpc.admission.draining)
             self.admin_key_file = ensure_admin_key(self.store)
             if self.admin_key_file is not None:
                 log.warning("first start: the admin key is in %s (0600); `reprise tenant ...` reads it there",
                             self.admin_key_file)
-            loaded = self._model if self._model is not None else load_target_model(c)
             if c.model.device == "cpu":  # also for a model handed in: two replicas' thread pools would fight
                 configure_threads(c.model.num_threads)
             model = getattr(loaded, "model", loaded)
@@ -157,7 +169,7 @@ class Service:
             engine = Engine(runner, proposer, tokenizer,
                             EngineConfig(history_sink=self.history.put, observer=StepMeter(accounting, self.metrics)))
             decode = EngineBackend(engine, tokenizer, name, record_trajectory=self.indexes.record,
-                                   on_close=self._close_history)
+                                   on_close=self._close_history, store_before_reply=c.server.store_before_reply)
             if self.cluster is not None:
                 decode = self.cluster.backend(decode)
             admin = ServiceAdmin(self.store, self.indexes, auth.invalidate)

@@ -57,7 +57,7 @@ def stats_json(s: TenantStats) -> dict[str, Any]:
         "num_requests": s.num_requests, "num_steps": s.num_steps, "num_drafted_steps": s.num_drafted_steps,
         "num_draft_tokens": s.num_draft_tokens, "num_accepted_tokens": s.num_accepted_tokens,
         "hit_rate": s.hit_rate, "tau": s.tau, "acceptance_by_position": list(s.acceptance_by_position),
-        "drafter_steps": dict(s.drafter_steps),
+        "drafter_steps": dict(s.drafter_steps), "counting_since_unix_ms": s.counting_since_unix_ms,
     }
 
 
@@ -102,7 +102,9 @@ class StatsHistory:
                           for i, s in enumerate(items)][1:]  # the first sample only anchors the deltas
                 tenants.append({"tenant_id": tid, "name": self._names.get(tid, ""),
                                 "current": stats_json(items[-1].stats), "series": series})
-        return {"generated_at": int(time.time() * 1000), "interval_s": self.interval_s, "tenants": tenants}
+        since = min((t["current"]["counting_since_unix_ms"] for t in tenants), default=0)
+        return {"generated_at": int(time.time() * 1000), "interval_s": self.interval_s, "tenants": tenants,
+                "counting_since_unix_ms": since}
 
     def start(self) -> None:
         if self._thread is not None:
