@@ -95,14 +95,15 @@ class StatsHistory:
 
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
-            tenants = []
+            tenants: list[dict[str, Any]] = []
+            since = 0
             for tid, samples in sorted(self._samples.items(), key=lambda kv: self._names.get(kv[0], kv[0])):
                 items = list(samples)
                 series = [interval_point(items[i - 1].stats if i else None, s.stats, s.t)
                           for i, s in enumerate(items)][1:]  # the first sample only anchors the deltas
                 tenants.append({"tenant_id": tid, "name": self._names.get(tid, ""),
                                 "current": stats_json(items[-1].stats), "series": series})
-        since = min((t["current"]["counting_since_unix_ms"] for t in tenants), default=0)
+                since = min(since or items[-1].stats.counting_since_unix_ms, items[-1].stats.counting_since_unix_ms)
         return {"generated_at": int(time.time() * 1000), "interval_s": self.interval_s, "tenants": tenants,
                 "counting_since_unix_ms": since}
 
