@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import BinaryIO, Literal, Protocol
+from typing import BinaryIO, Literal, Protocol, get_args
 
 # ---- principals ------------------------------------------------------------------------------------
 
@@ -69,7 +69,12 @@ class GenerateParams:
     record: bool = True
 
 
-FinishReason = Literal["stop", "length", "eos", "aborted"]
+FinishReason = Literal["stop", "eos", "length", "aborted", "error"]
+"""Why a request ended, in every layer (engine, backends, both APIs): ``stop`` a stop string or stop token
+id, ``eos`` the model's end-of-sequence token, ``length`` max_new_tokens or the context, ``aborted``
+cancelled (client gone, deadline, Abort), ``error`` the engine failed it (a backend raises instead of
+returning it)."""
+FINISH_REASONS: tuple[FinishReason, ...] = get_args(FinishReason)
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +163,7 @@ class TenantStats:
     num_accepted_tokens: int = 0
     acceptance_by_position: tuple[float, ...] = ()
     drafter_steps: dict[str, int] = field(default_factory=dict)
+    counting_since_unix_ms: int = 0  # the figures from num_requests on count since then (process start)
     prefix_cache_bytes: int = 0  # the tenant's KV held in the engine's prefix cache
     prompt_tokens: int = 0  # prompt tokens looked up in the prefix cache
     cached_prompt_tokens: int = 0  # of those, found (their KV reused instead of prefilled)

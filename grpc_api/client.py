@@ -15,6 +15,7 @@ status code, the server's message and, for RESOURCE_EXHAUSTED, the server's sugg
 
 from __future__ import annotations
 
+import numbers
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -127,6 +128,13 @@ def build_request(
     given = [x for x in (tokens, text, messages) if x is not None]
     if len(given) != 1:
         raise ValueError("give exactly one of tokens, text or messages")
+    for name, value, low in (("max_new_tokens", max_new_tokens, 1), ("min_new_tokens", min_new_tokens, 0),
+                             ("top_k", top_k, 0), ("seed", seed, 0), ("stream_chunk_tokens", stream_chunk_tokens, 0)):
+        _check_int(name, value, low)
+    if isinstance(stop, str):
+        raise TypeError(f"stop must be a list of strings, got the string {stop!r} (write stop=[{stop!r}])")
+    for i, t in enumerate(stop_token_ids):
+        _check_int(f"stop_token_ids[{i}]", t, 0)
     req = decoding_pb2.GenerateRequest(
         request_id=uuid.uuid4().hex if request_id is None else request_id, session_id=session_id,
         do_not_record=do_not_record, stream_chunk_tokens=stream_chunk_tokens,
@@ -155,13 +163,52 @@ def build_request(
     return req
 
 
+def _check_int(name: str, value: Any, low: int) -> None:
+    """None (unset) or an int >= ``low``; else an error naming the argument and what is expected."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an integer >= {low}, got {type(value).__name__} {value!r}")
+    if value < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value}")
+
+
+def _check_messages(messages: Any) -> None:
+    """Chat messages: a list of dicts, each with a string 'role' and a string 'content'."""
+    example = "[{'role': 'user', 'content': 'Hi'}]"
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
+        raise TypeError(f"messages must be a list of dicts like {example}, got {type(messages).__name__} "
+                        f"{str(messages)[:40]!r}")
+    if not messages:
+        raise ValueError(f"messages is empty: give at least one, like {example}")
+    for i, m in enumerate(messages):
+        if not isinstance(m, Mapping):
+            raise TypeError(f"messages[{i}] must be a dict with 'role' and 'content', got {type(m).__name__}")
+        role = m.get("role")
+        if not isinstance(role, str) or not role:
+            raise ValueError(f"messages[{i}] needs a 'role' (system, user, assistant or tool), got {role!r}")
+        content = m.get("content")
+        if content is None:
+            raise ValueError(f"messages[{i}] (role {role!r}) has no 'content': expected a string")
+        if not isinstance(content, str):
+            raise TypeError(f"messages[{i}] (role {role!r}) has a {type(content).__name__} 'content': expected a string")
+
+
 def _set_content(msg: Any, tokens: Sequence[int] | None, text: str | None,
                  messages: Sequence[Mapping[str, str]] | None) -> None:
     if tokens is not None:
-        msg.tokens.ids.extend(int(t) for t in tokens)
+        ids = list(tokens) if not isinstance(tokens, (str, bytes, Mapping)) and hasattr(tokens, "__iter__") else None
+        if not ids:
+            raise TypeError(f"tokens must be a non-empty list of token ids, got {str(tokens)[:40]!r}")
+        for i, t in enumerate(ids):
+            _check_int(f"tokens[{i}]", t, 0)
+        msg.tokens.ids.extend(int(t) for t in ids)
     elif text is not None:
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a string, got {type(text).__name__}")
         msg.text = text
     elif messages is not None:
+        _check_messages(messages)
         for m in messages:
             msg.messages.messages.add(role=m["role"], content=m["content"])
 
@@ -389,6 +436,7 @@ class IndexStats:
     num_accepted_tokens: int
     acceptance_by_position: list[float] = field(default_factory=list)
     drafter_steps: dict[str, int] = field(default_factory=dict)
+    counting_since_unix_ms: int = 0  # the figures from num_requests on count since (the server's start)
     prefix_cache_bytes: int = 0
     prompt_tokens: int = 0
     cached_prompt_tokens: int = 0
@@ -399,6 +447,7 @@ class IndexStats:
         return cls(m.tenant_id, m.index_tokens, m.index_sequences, m.index_memory_bytes, m.corpus_tokens,
                    m.num_requests, m.num_steps, m.num_drafted_steps, m.hit_rate, m.tau, m.num_draft_tokens,
                    m.num_accepted_tokens, list(m.acceptance_by_position), dict(m.drafter_steps),
+                   m.counting_since_unix_ms,
                    m.prefix_cache_bytes, m.prompt_tokens, m.cached_prompt_tokens, m.prefix_cache_hit_rate)
 
 

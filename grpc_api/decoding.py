@@ -269,7 +269,7 @@ class DecodingServicer(decoding_pb2_grpc.DecodingServiceServicer):
             finish = generation.finish_reason
             yield generation
         except BaseException as exc:
-            finish = "cancelled" if isinstance(exc, (asyncio.CancelledError, GeneratorExit)) else "error"
+            finish = "aborted" if isinstance(exc, (asyncio.CancelledError, GeneratorExit)) else "error"
             raise
         finally:
             active.cancel.set()  # no-op once the worker has returned
@@ -311,6 +311,9 @@ class DecodingServicer(decoding_pb2_grpc.DecodingServiceServicer):
 
     async def Abort(self, request, context):
         principal = current_principal()
+        if not request.request_id:
+            raise errors.InvalidArgument("request_id is empty: name the request to abort")
+        _check_id("request_id", request.request_id, MAX_ID_CHARS)  # as Generate caps it: ids echo in statuses
         if not self._admission.abort(principal.id, request.request_id):
             raise errors.NotFound(f"no request {request.request_id!r} in flight")
         return decoding_pb2.AbortResponse()

@@ -26,7 +26,8 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2
+from grpc_reflection.v1alpha._async import ReflectionServicer
 
 from grpc_api.admin import AdminServicer
 from grpc_api.admission import Admission
@@ -37,6 +38,20 @@ from grpc_api.v1 import admin_pb2, admin_pb2_grpc, decoding_pb2, decoding_pb2_gr
 
 log = logging.getLogger(__name__)
 SERVICE_NAMES = (DATA_PLANE, ADMIN_PLANE)
+# grpcio-reflection serves v1alpha only; current tools (grpcurl, Postman) ask for v1 first. The two
+# versions' messages are identical on the wire, so v1 is served by the same servicer under its own name.
+REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"
+
+
+def add_reflection_v1(names: tuple[str, ...], server: grpc.aio.Server) -> None:
+    """Serve reflection under ``grpc.reflection.v1`` too, listing ``names``."""
+    servicer = ReflectionServicer(names)
+    handler = grpc.stream_stream_rpc_method_handler(
+        servicer.ServerReflectionInfo,
+        request_deserializer=reflection_pb2.ServerReflectionRequest.FromString,
+        response_serializer=reflection_pb2.ServerReflectionResponse.SerializeToString)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(REFLECTION_V1,
+                                                                          {"ServerReflectionInfo": handler}),))
 
 
 def server_options(settings: Any) -> list[tuple[str, Any]]:
@@ -101,8 +116,10 @@ class GrpcServer:
             admin_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name,
             health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
             reflection.SERVICE_NAME,
+            REFLECTION_V1,
         )
         reflection.enable_server_reflection(names, server)
+        add_reflection_v1(names, server)
         address = _address(s.host, s.grpc_port)
         try:
             if s.tls_cert_file:

@@ -250,8 +250,8 @@ class _OracleSession:
         n = min(int(self._limits[pos]), budget)
         return chain_tree(self._response[pos : pos + n], SOURCE)
 
-    def commit(self, token_ids) -> None:
-        self._pos += len(token_ids)
+    def commit(self, verified) -> None:
+        self._pos += len(verified.token_ids)
 
     def finish(self, record: bool = True) -> None:
         pass

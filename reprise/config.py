@@ -71,6 +71,9 @@ class ServerConfig:
         "PEM CA bundle; when set, clients must present a certificate it signed (mTLS)"))
     stats_interval_s: float = field(default=10.0, metadata=_help(
         "how often the dashboard samples per-tenant statistics for its time series"))
+    store_before_reply: bool = field(default=True, metadata=_help(
+        "answer a recorded request only once its turn is in the history store (a crash loses nothing "
+        "acknowledged); false answers at once and stores a moment later"))
 
     def __post_init__(self) -> None:
         for name in ("grpc_port", "http_port"):

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from retrieval.draft_tree import DraftTree
+from retrieval.session import Verified
 
 VLLM_MIN_N = 5
 VLLM_MAX_N = 5
@@ -116,8 +117,8 @@ class PromptLookupSession:
         """The n-gram continuation of prompt + committed tokens, at most ``budget`` nodes."""
         return chain_tree(ngram_continuation(self._buf[: self._len], self.min_n, self.max_n, budget))
 
-    def commit(self, token_ids: Sequence[int] | np.ndarray) -> None:
-        ids = np.asarray(token_ids, dtype=np.int32)
+    def commit(self, verified: Verified) -> None:
+        ids = np.asarray(verified.token_ids, dtype=np.int32)
         end = self._len + len(ids)
         if end > len(self._buf):
             grown = np.empty(max(2 * len(self._buf), end), dtype=np.int32)

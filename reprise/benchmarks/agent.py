@@ -58,7 +58,7 @@ def add_arguments(parser) -> None:
     a("--system-tokens", type=int, default=2048,
       help="system prompts cut to their first N tokens (default 2048: half of --max-len)")
     a("--max-len", type=int, default=4096, help="prompt + output tokens a call may have (default 4096)")
-    a("--proposer", default="", help="drafter name (default: reprise when registered, else prompt_lookup)")
+    a("--proposer", default="", help="drafter name (default: the full Reprise proposer)")
     a("--cache-bytes", type=int, default=GiB, help="prefix cache memory in bytes (default 1 GiB)")
     a("--warm-sessions", action="store_true", help="keep the cached KV from one session to the next")
     a("--threads", type=int, default=1, help="torch CPU threads (default 1)")
@@ -178,10 +178,10 @@ def make_methods(lm, args) -> tuple[dict[str, Callable[..., Any]], dict[str, Any
     import torch
 
     from reprise.engine.engine import Engine
-    from retrieval.registry import make_proposer, proposer_names
+    from reprise.drafters import DEFAULT_DRAFTER, make_proposer
     from verifier.runner import ModelRunner
 
-    name = args.proposer or ("reprise" if "reprise" in proposer_names() else "prompt_lookup")
+    name = args.proposer or DEFAULT_DRAFTER
     proposer = make_proposer(name)
     if hasattr(proposer, "set_vocabulary"):  # as the service does: number tokens match by class
         proposer.set_vocabulary(lambda i: lm.tokenizer.decode([i]), lm.model.config.vocab_size)

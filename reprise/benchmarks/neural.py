@@ -180,20 +180,19 @@ def make_proposers(head: Any, drafters: list[str], threshold: float, mode: str,
     """Fresh proposers (empty histories) for the named drafters; retrieval learns the tokenizer's
     number tokens when it can (canonical matching)."""
     from neural_drafters.hybrid import HybridProposer, HybridSettings, NeuralProposer, ReuseProposer
-    from neural_drafters.proposers import retrieval_name
     from neural_drafters.reuse import HiddenStateMemory
-    from retrieval.registry import make_proposer
+    from reprise.drafters import DEFAULT_DRAFTER, make_proposer
 
     out: dict[str, Any] = {}
     for name in drafters:
         if name == "retrieval":
-            out[name] = make_proposer(retrieval_name())
+            out[name] = make_proposer(DEFAULT_DRAFTER)
         elif name == "neural":
             out[name] = NeuralProposer(head)
         elif name == "reuse":
             out[name] = ReuseProposer(HiddenStateMemory())
         else:
-            out[name] = HybridProposer(make_proposer(retrieval_name()), NeuralProposer(head),
+            out[name] = HybridProposer(make_proposer(DEFAULT_DRAFTER), NeuralProposer(head),
                                        ReuseProposer(HiddenStateMemory()), HybridSettings(threshold, mode))
         if tokenizer is not None and hasattr(out[name], "set_vocabulary"):
             out[name].set_vocabulary(lambda i: tokenizer.decode([i]), len(tokenizer))

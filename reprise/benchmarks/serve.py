@@ -7,6 +7,10 @@ separate client process: --requests streaming requests, --concurrency at a time,
 tenants. Prompts are agent-like: a shared system prompt with tool schemas, a task, earlier tool calls
 and observations (or real agent prompts with --trace).
 
+Durability (``--durability-cost``): the same load four times, answering only once each turn is stored
+(``server.store_before_reply``, the default) and answering at once, in the order off, on, on, off;
+``durability_cost`` = 1 - (mean throughput on) / (mean throughput off). Target: <= 5% at 32 streams.
+
 Overhead: the engine's runner is timed (prefill and verification forward passes: the model's work);
 overhead = wall time of the busy engine / model time - 1, i.e. everything the service adds per model
 step (gRPC, tokenization, drafting, acceptance bookkeeping, streaming, history) while the engine is kept
@@ -56,6 +60,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-slots", type=int, default=8, help="requests per packed verification (default 8)")
     parser.add_argument("--trace", type=Path, default=None, help="take prompts from an agent trace (FORMAT.md)")
     parser.add_argument("--no-speculation", action="store_true", help="decode one token per step (the anchor)")
+    parser.add_argument("--durability-cost", action="store_true",
+                        help="run the load with and without waiting for each turn to be stored (off, on, on, off) "
+                        "and report the throughput it costs")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
 
 
@@ -187,8 +194,9 @@ def run(args: argparse.Namespace) -> int:
             raise CliError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.trace is not None and not args.trace.is_file():
         raise CliError(f"no such trace file: {args.trace}")
-    with tempfile.TemporaryDirectory(prefix="reprise-bench-") as home:
-        result = asyncio.run(_bench(args, Path(home)))
+    if args.durability_cost:
+        return _durability_cost(args)
+    result = _bench_once(args, store_before_reply=True)
     if args.json:
         print(json.dumps(result, indent=2))
     else:
@@ -196,14 +204,43 @@ def run(args: argparse.Namespace) -> int:
     return 0 if result["errors"]["count"] == 0 else 1
 
 
-async def _bench(args: argparse.Namespace, home: Path) -> dict[str, Any]:
+def _bench_once(args: argparse.Namespace, store_before_reply: bool) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="reprise-bench-") as home:
+        result = asyncio.run(_bench(args, Path(home), store_before_reply))
+    result["store_before_reply"] = store_before_reply
+    return result
+
+
+def _durability_cost(args: argparse.Namespace) -> int:
+    runs = [_bench_once(args, store_before_reply=on) for on in (False, True, True, False)]
+    mean = {on: float(np.mean([r["throughput_tokens_per_s"] for r in runs if r["store_before_reply"] is on]))
+            for on in (False, True)}
+    result = {"concurrency": args.concurrency, "requests": args.requests, "model": runs[0]["model"],
+              "throughput_tokens_per_s": {"store_before_reply": mean[True], "reply_at_once": mean[False]},
+              "durability_cost": 1.0 - mean[True] / mean[False] if mean[False] else None,
+              "target_cost": 0.05, "errors": sum(r["errors"]["count"] for r in runs),
+              "runs": [{k: r[k] for k in ("store_before_reply", "throughput_tokens_per_s", "wall_s")} for r in runs]}
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(f"model {result['model']}, {args.requests} requests, concurrency {args.concurrency}")
+        for r in result["runs"]:
+            print(f"  {'store before reply' if r['store_before_reply'] else 'reply at once     '}  "
+                  f"{r['throughput_tokens_per_s']:.1f} tokens/s ({r['wall_s']:.1f} s)")
+        print(f"durability cost {result['durability_cost']:.1%} of throughput (target <= 5%), "
+              f"errors {result['errors']}")
+    return 0 if result["errors"] == 0 else 1
+
+
+async def _bench(args: argparse.Namespace, home: Path, store_before_reply: bool = True) -> dict[str, Any]:
     from grpc_api.client import AdminClient
     from reprise.config import load_config
     from reprise.server.service import Service
 
     flags = {"home": str(home), "server.grpc_port": "0", "server.http_port": "0",
              "server.max_concurrent_requests": str(max(64, args.concurrency)),
-             "model.num_slots": str(args.num_slots), "model.path": args.model_path}
+             "model.num_slots": str(args.num_slots), "model.path": args.model_path,
+             "server.store_before_reply": str(store_before_reply).lower()}
     model = None
     if args.tiny:
         from reprise.offline.tiny import tiny_loaded_model

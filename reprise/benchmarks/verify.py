@@ -188,10 +188,10 @@ def run_end_to_end(lm, traces: list[Path], args, report: dict[str, Any], save) -
     """Decode every selected call with every method in turn (rotating the order), filling ``report``."""
     import torch
 
+    from reprise.drafters import DEFAULT_DRAFTER, make_proposer
     from reprise.engine.draft_budget import DraftBudget
     from reprise.engine.engine import Engine, EngineConfig
     from retrieval.draft_tree import DraftTree
-    from retrieval.registry import make_proposer, proposer_names
     from verifier.runner import ModelRunner
 
     class NoDrafts:  # plain decoding through the same engine: every session proposes nothing
@@ -201,13 +201,13 @@ def run_end_to_end(lm, traces: list[Path], args, report: dict[str, Any], save) -
         def propose(self, budget):
             return DraftTree.empty()
 
-        def commit(self, token_ids):
+        def commit(self, verified):
             pass
 
         def finish(self, record=True):
             pass
 
-    name = args.proposer or ("reprise" if "reprise" in proposer_names() else "prompt_lookup")
+    name = args.proposer or DEFAULT_DRAFTER
     max_len = args.prompt_tokens + args.max_new_tokens + 8
     # The budget's cost model is the engine's own: calibrated when the engine starts, refitted from its steps.
     config = EngineConfig(budget=DraftBudget(max_draft_tokens=32))

@@ -20,7 +20,15 @@ import threading
 import time
 from typing import Any
 
-from reprise.server.history_writer import STOP, drain, trajectories_by_tenant
+from reprise.engine.request import GenerationResult
+from reprise.server.history_writer import (
+    STOP,
+    WriteTicket,
+    drain,
+    failed_ticket,
+    resolve_all,
+    trajectories_by_tenant,
+)
 
 log = logging.getLogger(__name__)
 _STOP = STOP  # the shared stop marker: drain() recognises it
@@ -48,14 +56,18 @@ class ReplicaWriter:
         """Trajectories queued or being retried (approximate)."""
         return self._queue.qsize()
 
-    def put(self, record: Any) -> None:
-        """Queue a ``reprise.engine.request.HistoryRecord`` (engine thread; never blocks)."""
-        if record.tenant in self._replica.deleted:
-            return
+    def put(self, record: GenerationResult) -> WriteTicket | None:
+        """Queue a finished turn (engine thread; never blocks); None when there is nothing to keep."""
+        if record.request.tenant in self._replica.deleted:
+            return None
+        ticket = WriteTicket()
         try:
-            self._queue.put_nowait(record)
+            self._queue.put_nowait((record, ticket))
         except queue.Full:
-            self._dropped(1, f"the write queue is full ({self._queue.maxsize}; is the store down?)")
+            why = f"the write queue is full ({self._queue.maxsize}; is the store down?)"
+            self._dropped(1, why)
+            return failed_ticket(why)
+        return ticket
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until everything queued before this call is stored; False on timeout."""
@@ -101,27 +113,28 @@ class ReplicaWriter:
                 return
 
     def _write(self, batch: list[Any]) -> None:
-        for tenant, trajectories in trajectories_by_tenant(batch).items():
-            self._append(tenant, trajectories)
+        for tenant, (trajectories, tickets) in trajectories_by_tenant(batch).items():
+            error = self._append(tenant, trajectories)
+            resolve_all(tickets, error is None, error or "")
 
-    def _append(self, tenant: str, trajectories: list[Any]) -> None:
-        """Append until it lands, the tenant is gone, or the writer closes."""
+    def _append(self, tenant: str, trajectories: list[Any]) -> str | None:
+        """Append until it lands, the tenant is gone, or the writer closes; the error when given up."""
         from privacy.errors import StorageError, UnknownTenantError
         from privacy.tenants import TenantId
 
         backoff = 0.05
         while True:
             if tenant in self._replica.deleted:
-                return
+                return None
             self._replica.note_write(tenant)
             try:
                 refs = self._store.append_trajectories(TenantId(tenant), trajectories)
             except UnknownTenantError:
-                return  # deleted while its requests ran: nothing to keep
+                return None  # deleted while its requests ran: nothing to keep
             except StorageError as exc:
                 if self._closing.is_set():
                     self._dropped(len(trajectories), f"the store is unreachable at shutdown ({exc})")
-                    return
+                    return "the store is unreachable"
                 self.num_retries += 1
                 if self._metrics is not None:
                     self._metrics.write_retries.inc()
@@ -131,13 +144,14 @@ class ReplicaWriter:
                 time.sleep(backoff)
                 backoff = min(2.0, backoff * 2)
                 continue
-            except Exception:
+            except Exception as exc:
                 log.exception("history writer: could not store %d trajectories of tenant %s", len(trajectories), tenant)
                 self._dropped(len(trajectories), "unexpected error (logged above)")
-                return
+                return f"the store failed: {type(exc).__name__}"
             self.num_written += len(trajectories)
             if backoff > 0.05:
                 log.warning("history writer: the store is back; stored %d held-back trajectories of tenant %s",
                             len(trajectories), tenant)
             self._replica.after_append(tenant, refs[-1].cursor)
+            return None
             return

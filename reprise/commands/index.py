@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -97,6 +98,10 @@ def run_stats(args: argparse.Namespace) -> int:
               f"{s.hit_rate:>8.1%} {s.tau:>6.2f} {accept:>6.1%} {s.index_tokens:>10} "
               f"{_bytes(s.index_memory_bytes):>9} {s.corpus_tokens:>10} {_bytes(s.prefix_cache_bytes):>9} "
               f"{s.prefix_cache_hit_rate:>6.1%}  {mix}")
+    since = min(s.counting_since_unix_ms for s in stats)
+    if since:
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since / 1000))
+        print(f"requests through drafter mix count since {started} (the server's start; the index persists)")
     if len(stats) == 1 and stats[0].acceptance_by_position:
         shown = ", ".join(f"{i + 1}: {a:.0%}" for i, a in enumerate(stats[0].acceptance_by_position[:16]))
         print(f"acceptance by position  {shown}")
@@ -161,6 +166,10 @@ def read_documents(paths: list[str]) -> Iterator[str | list[int]]:
 def run_import_corpus(args: argparse.Namespace) -> int:
     from reprise.commands._remote import ProgressBar, admin_client, call, emit_json, resolve_tenant
 
+    # Every file is read and checked before the upload starts: a missing or malformed file is one line
+    # naming it (exit 2), not an upload broken off halfway. The upload then reads the files again.
+    for _ in read_documents(args.files):
+        pass
     with admin_client(args) as client:
         tenant_id, name = resolve_tenant(client, args.tenant)
         with ProgressBar(args, f"uploading to {name}", "doc") as bar:

@@ -58,16 +58,9 @@ def add_parser(sub) -> None:
     parser.add_argument("--budget", type=_budget, default=32, metavar="B",
                         help="at most B draft tokens per step (default: 32)")
     parser.add_argument("--drafter", default=None, metavar="NAME",
-                        help="proposer from the registry, or 'oracle' (default: 'reprise' when "
-                        "registered, else 'prompt_lookup')")
+                        help="a drafter by name (an unknown name lists the known ones) or 'oracle' "
+                        "(default: 'reprise', the full proposer)")
     parser.set_defaults(func=run)
-
-
-def default_drafter() -> str:
-    """'reprise' (the full proposer) once registered, else the prompt-lookup baseline."""
-    from retrieval.registry import proposer_names
-
-    return "reprise" if "reprise" in proposer_names() else "prompt_lookup"
 
 
 def check_traces(paths: list[str]) -> list[Path]:
@@ -130,7 +123,7 @@ def replay_one(path: Path, drafter: str, *, tokenizer, budget: int, max_calls: i
     from replay_traces.replay import read_calls, replay_calls
     from replay_traces.traces import Call, TraceStats
     from reprise.cli import CliError
-    from retrieval.registry import make_proposer
+    from reprise.drafters import make_proposer
     from retrieval.session import Proposer
 
     stats = TraceStats()
@@ -198,11 +191,11 @@ def columns(rows) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from reprise.cli import CliError
+    from reprise.drafters import DEFAULT_DRAFTER, proposer_names
     from retrieval.config import DraftingConfig
-    from retrieval.registry import proposer_names
 
     paths = check_traces(args.traces)
-    drafter = args.drafter or default_drafter()
+    drafter = args.drafter or DEFAULT_DRAFTER
     if drafter != ORACLE and drafter not in proposer_names():
         raise CliError(f"unknown drafter {drafter!r}; known: {', '.join(proposer_names() + [ORACLE])}")
     tokenizer = make_tokenizer(args.tokenizer)

@@ -53,8 +53,7 @@ def add_parser(sub) -> None:
                         "the default grid (" + " ".join(
                             f"{k}={','.join(map(str, v))}" for k, v in DEFAULT_GRID.items()) + ")")
     parser.add_argument("--drafter", default=None, metavar="NAME",
-                        help="proposer from the registry (default: 'reprise' when registered, else "
-                        "'prompt_lookup')")
+                        help="the drafter to tune (default: 'reprise', the full proposer)")
     parser.add_argument("--trace-tenant", default=None, metavar="NAME",
                         help="replay only the calls of this tenant of the traces (default: all calls)")
     parser.add_argument("--out", type=Path, default=None, metavar="DIR",
@@ -94,12 +93,11 @@ def run(args: argparse.Namespace) -> int:
     from reprise.commands.replay import (
         Progress,
         check_traces,
-        default_drafter,
         make_tokenizer,
         report_skipped,
     )
+    from reprise.drafters import DEFAULT_DRAFTER, make_proposer, proposer_names
     from reprise.server.tenant_config import data_dir_path, save_drafting_config
-    from retrieval.registry import make_proposer, proposer_names
 
     try:
         validate_tenant_name(args.tenant)
@@ -110,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     if args.b < 0:
         raise CliError(f"--b must be >= 0, got {args.b}")
     paths = check_traces(args.traces)
-    drafter = args.drafter or default_drafter()
+    drafter = args.drafter or DEFAULT_DRAFTER
     if drafter not in proposer_names():
         raise CliError(f"unknown drafter {drafter!r}; known: {', '.join(proposer_names())}")
     try:

@@ -74,11 +74,10 @@ def tune_threshold(traces: Sequence[str | Path], config: DraftingConfig, lm: Any
     the prompts); ``head``: a ``HeadDrafter`` (``neural_drafters.proposers.load_head_drafter``);
     ``cost``: (a, b) in CPU ms, measured on ``lm`` when None."""
     from neural_drafters.hybrid import HybridProposer, HybridSettings, NeuralProposer, ReuseProposer
-    from neural_drafters.proposers import retrieval_name
     from neural_drafters.reuse import HiddenStateMemory
     from reprise.benchmarks.neural import measure_step_cost
+    from reprise.drafters import DEFAULT_DRAFTER, make_proposer
     from reprise.offline.model_replay import decode_reference, select_calls, simulate
-    from retrieval.registry import make_proposer
 
     say = progress or (lambda message: None)
     s = settings
@@ -95,7 +94,7 @@ def tune_threshold(traces: Sequence[str | Path], config: DraftingConfig, lm: Any
     decode = lm.tokenizer.decode
     sweep: dict[str, dict[str, Any]] = {}
     for t in s.thresholds:
-        retrieval = make_proposer(retrieval_name(), config)
+        retrieval = make_proposer(DEFAULT_DRAFTER, config)
         if hasattr(retrieval, "set_vocabulary"):
             retrieval.set_vocabulary(lambda i: decode([i]), len(lm.tokenizer))
         proposer = HybridProposer(retrieval, NeuralProposer(head), ReuseProposer(HiddenStateMemory()),

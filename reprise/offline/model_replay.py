@@ -26,7 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from replay_traces.replay import accepted_length
+from replay_traces.replay import accepted_path
+from retrieval.session import Verified
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,8 +113,9 @@ class _Recorder:
 
         return DraftTree.empty()
 
-    def commit(self, token_ids: Any) -> None:
-        pass
+    def commit(self, verified: Any) -> None:
+        if verified.hidden_states is not None:
+            self.observe_hidden(verified.hidden_states)
 
     def finish(self, record: bool = True) -> None:
         pass
@@ -210,11 +212,11 @@ def simulate(proposer: Any, references: Sequence[Reference], *, budget: int = 32
             tree = session.propose(room) if room > 0 else _empty_tree()
             report.propose_seconds += time.thread_time() - t0  # CPU time: steadier on a shared machine
             n = len(tree)
-            a = accepted_length(tree.token_ids.tolist(), tree.parents.tolist(), truth, pos) if n else 0
+            path = accepted_path(tree.token_ids.tolist(), tree.parents.tolist(), truth, pos) if n else []
+            a = len(path)
             end = min(pos + a + 1, len(truth))
-            if observe is not None:
-                observe(ref.hidden[prompt_len - 1 + pos : prompt_len - 1 + end])
-            session.commit(truth[pos:end])
+            session.commit(Verified(np.asarray(truth[pos:end], dtype=np.int32), np.asarray(path, dtype=np.int32),
+                                    n > 0, ref.hidden[prompt_len - 1 + pos : prompt_len - 1 + end]))
             report.steps += 1
             report.drafted += n
             report.accepted += min(a, end - pos)

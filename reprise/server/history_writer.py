@@ -1,10 +1,13 @@
 """Persists finished requests' trajectories to the encrypted store, off the engine thread.
 
-The engine hands each recorded request to ``put`` (non-blocking); a writer thread seals and appends
-them in batches per tenant (one transaction each), so a slow fsync or a Redis round trip never delays a
-decoding step. ``flush`` waits until everything queued so far is stored (graceful shutdown calls it).
-History is rebuildable: if the queue is full, or the tenant was deleted meanwhile, a record is dropped
-and counted, never retried forever and never written under another tenant.
+The engine hands each recorded turn to ``put`` (non-blocking), which returns a ``WriteTicket``; a writer
+thread seals and appends the queued turns in batches per tenant (one transaction each), so a slow fsync
+or a Redis round trip never delays a decoding step, and turns that finish while one batch commits share
+the next commit (group commit). The decode backend waits on a turn's ticket before the request's final
+message goes out: a completion a client has seen is in the store. ``flush`` waits until everything
+queued so far is stored (graceful shutdown calls it). A turn that cannot be stored (the queue is full,
+the store fails) resolves its ticket with the error, is counted, and is never written under another
+tenant; a tenant deleted meanwhile has nothing to keep (its tickets resolve as stored).
 """
 
 from __future__ import annotations
@@ -18,9 +21,39 @@ from typing import Any
 
 import numpy as np
 
+from privacy.errors import UnknownTenantError
+from privacy.records import Trajectory
+from privacy.tenants import TenantId
+from reprise.engine.request import GenerationResult
+
 log = logging.getLogger(__name__)
 STOP = object()  # queued by close(): the writer thread ends after what came before it
 _STOP = STOP
+
+
+class WriteTicket:
+    """Resolved once its turn is stored (``ok``) or given up (``ok`` False, ``error`` says why)."""
+
+    __slots__ = ("_done", "error", "ok")
+
+    def __init__(self) -> None:
+        self._done = threading.Event()
+        self.ok = False
+        self.error = ""
+
+    def resolve(self, ok: bool, error: str = "") -> None:
+        self.ok, self.error = ok, error
+        self._done.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Whether it was resolved within ``timeout`` seconds."""
+        return self._done.wait(timeout)
+
+
+def failed_ticket(error: str) -> WriteTicket:
+    ticket = WriteTicket()
+    ticket.resolve(False, error)
+    return ticket
 
 
 def drain(q: queue.Queue[Any], item: Any, max_batch: int) -> tuple[list[Any], list[threading.Event], bool]:
@@ -44,17 +77,25 @@ def drain(q: queue.Queue[Any], item: Any, max_batch: int) -> tuple[list[Any], li
             return batch, events, stop
 
 
-def trajectories_by_tenant(batch: list[Any]) -> dict[str, list[Any]]:
-    """Finished requests (``reprise.engine.request.HistoryRecord``) as the store's trajectories, by tenant:
-    prompt then output tokens, the prompt's length, stamped now."""
-    from privacy.records import Trajectory
-
-    by_tenant: dict[str, list[Any]] = defaultdict(list)
+def trajectories_by_tenant(batch: list[tuple[GenerationResult, WriteTicket]]
+                           ) -> dict[str, tuple[list[Trajectory], list[WriteTicket]]]:
+    """Queued turns as the store's trajectories (prompt then output tokens, the prompt's length, stamped
+    now) with their tickets, by tenant. ``privacy.Trajectory`` is the sealed form: privacy imports
+    nothing above it."""
+    by_tenant: dict[str, tuple[list[Trajectory], list[WriteTicket]]] = defaultdict(lambda: ([], []))
     now = time.time()
-    for r in batch:
-        ids = np.asarray(list(r.prompt_ids) + list(r.output_ids), dtype=np.int32)
-        by_tenant[r.tenant].append(Trajectory(r.session_id, ids, "", len(r.prompt_ids), 0.0, now))
+    for r, ticket in batch:
+        request = r.request
+        ids = np.asarray(list(request.prompt_ids) + list(r.token_ids), dtype=np.int32)
+        trajectories, tickets = by_tenant[request.tenant]
+        trajectories.append(Trajectory(request.session_id, ids, "", len(request.prompt_ids), 0.0, now))
+        tickets.append(ticket)
     return by_tenant
+
+
+def resolve_all(tickets: list[WriteTicket], ok: bool, error: str = "") -> None:
+    for ticket in tickets:
+        ticket.resolve(ok, error)
 
 
 class HistoryWriter:
@@ -67,13 +108,16 @@ class HistoryWriter:
         self._thread = threading.Thread(target=self._run, name="reprise-history", daemon=True)
         self._thread.start()
 
-    def put(self, record: Any) -> None:
-        """Queue a ``reprise.engine.request.HistoryRecord`` (called on the engine thread; never blocks)."""
+    def put(self, record: GenerationResult) -> WriteTicket:
+        """Queue a finished turn (called on the engine thread; never blocks)."""
+        ticket = WriteTicket()
         try:
-            self._queue.put_nowait(record)
+            self._queue.put_nowait((record, ticket))
         except queue.Full:
             self.num_dropped += 1
             log.warning("history queue full: dropped the trajectory of request %s", record.request_id)
+            ticket.resolve(False, f"the history queue is full ({self._queue.maxsize} turns waiting for the store)")
+        return ticket
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until everything queued before this call is stored; False on timeout."""
@@ -101,15 +145,15 @@ class HistoryWriter:
                 return
 
     def _write(self, batch: list[Any]) -> None:
-        from privacy.errors import UnknownTenantError
-        from privacy.tenants import TenantId
-
-        for tenant, trajectories in trajectories_by_tenant(batch).items():
+        for tenant, (trajectories, tickets) in trajectories_by_tenant(batch).items():
             try:
                 self._store.append_trajectories(TenantId(tenant), trajectories)
                 self.num_written += len(trajectories)
+                resolve_all(tickets, True)
             except UnknownTenantError:
                 self.num_dropped += len(trajectories)  # deleted while its requests ran: nothing to keep
-            except Exception:
+                resolve_all(tickets, True)
+            except Exception as exc:
                 self.num_dropped += len(trajectories)
+                resolve_all(tickets, False, f"the store failed: {type(exc).__name__}")
                 log.exception("could not store %d trajectories of tenant %s", len(trajectories), tenant)

@@ -23,12 +23,13 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from grpc_api.backend import FINISH_REASONS
+
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
                    0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
 FAST_BUCKETS = (1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 1e-2)
 TOKEN_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 LOOKUP_RESULTS = ("match", "no_match", "skipped")
-FINISH_REASONS = ("stop", "length", "eos", "aborted", "cancelled", "error")
 
 
 class ServiceMetrics:
@@ -79,7 +80,7 @@ class ServiceMetrics:
                              buckets=LATENCY_BUCKETS, registry=r)
         requests = Counter("reprise_requests", "Finished generation requests by finish reason",
                            ["finish_reason"], registry=r)
-        self._requests = {name: requests.labels(finish_reason=name) for name in FINISH_REASONS}
+        self._requests: dict[str, Any] = {name: requests.labels(finish_reason=name) for name in FINISH_REASONS}
         self.prompt_tokens = Counter("reprise_prompt_tokens", "Prompt tokens processed", registry=r)
         self.generation_tokens = Counter("reprise_generation_tokens", "Tokens generated", registry=r)
         self.requests_running = Gauge("reprise_num_requests_running", "Generation requests in flight",

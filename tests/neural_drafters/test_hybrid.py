@@ -246,13 +246,13 @@ def test_without_hidden_states_the_hybrid_is_retrieval(target, caplog) -> None:
 
 
 def test_registry_names_resolve(monkeypatch, tmp_path) -> None:
-    from retrieval.registry import proposer_names
+    from reprise import drafters
 
     monkeypatch.setenv(neural_proposers.CHECKPOINT_ENV, str(tmp_path / "none"))
-    neural_proposers.register()
-    assert {"neural", "hidden_reuse", "hybrid"} <= set(proposer_names())
-    assert isinstance(make_proposer("hidden_reuse"), ReuseProposer)
-    assert isinstance(make_proposer("hybrid"), HybridProposer)
+    assert {"neural", "hidden_reuse", "hybrid", "reprise"} <= set(drafters.proposer_names())
+    assert isinstance(drafters.make_proposer("hidden_reuse"), ReuseProposer)
+    assert isinstance(drafters.make_proposer("hybrid"), HybridProposer)
+    assert all(drafters.describe_proposers().values())
 
 
 def test_a_tenants_own_threshold_overrides_the_proposers(target) -> None:

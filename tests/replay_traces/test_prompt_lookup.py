@@ -15,6 +15,7 @@ from retrieval.prompt_lookup import (
     PromptLookupProposer,
     ngram_continuation,
 )
+from retrieval.session import Verified
 
 
 def brute_force(context: list[int], min_n: int, max_n: int, k: int) -> list[int]:
@@ -52,7 +53,7 @@ def test_session_drafts_over_prompt_plus_committed_tokens(prompt, commits, budge
         assert tree.token_ids.tolist() == brute_force(context, 2, 5, budget)
         assert len(tree) <= budget
         assert tree.parents.tolist() == list(range(-1, len(tree) - 1))
-        session.commit(ids)
+        session.commit(Verified.tokens(ids))
         context += ids
     assert session.context.tolist() == context
     session.finish(record=True)
@@ -97,6 +98,6 @@ def test_bad_n_range_is_rejected(min_n, max_n):
 def test_long_outputs_grow_the_buffer():
     session = PromptLookupProposer(1, 2).begin("t", "s", [1, 2, 3])
     for i in range(3000):
-        session.commit([i % 7, 5])
+        session.commit(Verified.tokens([i % 7, 5]))
     assert len(session.context) == 3 + 6000
     assert session.propose(4).token_ids.tolist() == brute_force(session.context.tolist(), 1, 2, 4)

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from reprise.engine.request import GenerationRequest, GenerationResult, Usage
+
 
 class LoopThread:
     def __init__(self) -> None:
@@ -76,3 +78,11 @@ def start_service(home: Path, model: Any = None, **settings: Any) -> Running:
     admin_key = (home / "admin.key").read_text().strip()
     return Running(service, loop, f"127.0.0.1:{service.grpc_port}", f"http://127.0.0.1:{service.http_port}",
                    admin_key, home)
+
+
+def finished_turn(tenant: str, session_id: str, request_id: str, prompt_ids, output_ids) -> GenerationResult:
+    """A finished, recorded turn as the engine hands it to a history sink."""
+    request = GenerationRequest(tuple(int(t) for t in prompt_ids), tenant=tenant, session_id=session_id,
+                                request_id=request_id)
+    output = tuple(int(t) for t in output_ids)
+    return GenerationResult(request, output, "", "length", None, Usage(len(request.prompt_ids), len(output), 1, 0, 0))

@@ -89,10 +89,13 @@ class HttpServer:
         if path == "/dashboard/api/stats":
             key = bearer_key([("authorization", h.headers.get("Authorization", ""))]
                              if h.headers.get("Authorization") is not None else [])
-            principal = self._auth.authenticate(key) if key else None
-            if principal is None:
+            if not key:
                 return _json(h, 401, {"error": "send 'Authorization: Bearer <admin key>'"},
                              {"WWW-Authenticate": 'Bearer realm="reprise"'})
+            principal = self._auth.authenticate(key)
+            if principal is None:
+                return _json(h, 401, {"error": "this admin key was not accepted (unknown or revoked): check it and "
+                                               "try again"}, {"WWW-Authenticate": 'Bearer realm="reprise"'})
             if principal.kind != "admin":
                 return _json(h, 403, {"error": "the dashboard needs an admin key; this key belongs to a tenant"})
             try:

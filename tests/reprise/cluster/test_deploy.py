@@ -12,13 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 from testkit.cluster import master_env, require_redis_server, wait_for
+from testkit.service import finished_turn
 
 from privacy import StoreConfig, open_store
 from privacy.changefeed import KIND_APPEND, open_feed
 from reprise.cluster.config import ClusterConfig
 from reprise.cluster.launch import free_port
 from reprise.cluster.node import ClusterNode
-from reprise.engine.request import HistoryRecord
 from retrieval.proposer import RepriseProposer
 
 DEPLOY = Path(__file__).resolve().parents[3] / "deploy" / "cluster"
@@ -67,7 +67,7 @@ def test_redis_conf_and_its_acl_user_run_every_replica_operation(tmp_path) -> No
         t = setup.create_tenant("acme").id
         assert a.replica.ensure(t.value, 5) and b.replica.ensure(t.value, 5)
         out_ids = tuple(int(x) for x in np.random.default_rng(0).integers(0, 250, 30))
-        a.writer.put(HistoryRecord(t.value, "s", "r", (1, 2), out_ids))
+        a.writer.put(finished_turn(t.value, "s", "r", (1, 2), out_ids))
         a.writer.flush(10)
         wait_for(lambda: b.replica.proposer.index_stats(t.value).num_trajectories == 1)
         assert b.replica.seal_snapshot(t.value)  # lease (SET NX PX, GET, DEL) and blob writes

@@ -140,3 +140,14 @@ def test_cli_errors_are_clear(admin_server, capsys, monkeypatch) -> None:
     assert code == 3 and "cannot reach the server" in err
     code, _, err = run(capsys, "index", "build", "nobody")
     assert code == 1 and "no tenant with name 'nobody'" in err
+
+
+def test_import_corpus_checks_its_files_before_uploading(admin_server, capsys, tmp_path: Path) -> None:
+    assert run(capsys, "tenant", "create", "acme")[0] == 0
+    missing = tmp_path / "missing.txt"
+    code, _, err = run(capsys, "index", "import-corpus", "acme", str(missing))
+    assert code == 2 and err.strip().splitlines() == [f"reprise index: error: cannot read {missing}: No such file or directory"]
+    bad = tmp_path / "docs.jsonl"
+    bad.write_text('{"text": "fine"}\n{"nope": 1}\n')
+    code, _, err = run(capsys, "index", "import-corpus", "acme", str(bad))
+    assert code == 2 and err.strip() == f'reprise index: error: {bad}:2: expected {{"text": "..."}} or {{"token_ids": [...]}}'

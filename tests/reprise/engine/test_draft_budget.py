@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from reprise.engine.draft_budget import AcceptanceTracker, CostModel, DraftBudget, subtree
+from reprise.engine.draft_budget import AcceptanceTracker, CostModel, DraftBudget
 from reprise.engine.step_cost import StepCostFit
-from retrieval.draft_tree import DraftTree
+from retrieval.draft_tree import DraftTree, conditional_probs, path_probs, subtree
 
 
 def tree_of(probs, parents=None) -> DraftTree:
@@ -72,7 +72,7 @@ def test_tracker_learns_from_rejections() -> None:
 
 
 def test_path_and_conditional_probability_trees_are_read_alike() -> None:
-    from reprise.engine.draft_budget import conditional_probs, path_probs
+
 
     parents = [-1, 0, 1, -1, 3]
     cond = np.array([0.9, 0.8, 0.5, 0.3, 0.9])
@@ -128,9 +128,9 @@ def test_the_engine_tells_the_budget_its_batch_size() -> None:
     seen: list[int] = []
 
     class Spy(DraftBudget):
-        def choose(self, tree, max_nodes, scale=1.0, batch_size=1):
+        def select(self, tree, max_nodes, scale=1.0, batch_size=1):
             seen.append(batch_size)
-            return super().choose(tree, max_nodes, scale, batch_size)
+            return super().select(tree, max_nodes, scale, batch_size)
 
     from retrieval.registry import make_proposer
 
