@@ -222,11 +222,13 @@ class PrefixCache:
 
     # ---- figures ---------------------------------------------------------------------------------------
     def stats(self) -> CacheStats:
+        """The whole cache's figures (Prometheus reads them)."""
         with self._lock:
             return CacheStats(self.capacity_bytes, len(self._lru) * self.bytes_per_block, len(self._lru),
                               self.block_size, self._totals[0], self._totals[1], self._evicted)  # fmt: skip
 
     def scope_stats(self, scope: str) -> ScopeStats:
+        """One scope's figures (the admin plane and the dashboard, per tenant)."""
         with self._lock:
             blocks = len(self._scopes.get(scope, ()))
             queries, hits = self._queries.get(scope, (0, 0))
@@ -234,6 +236,7 @@ class PrefixCache:
 
     @property
     def bytes_used(self) -> int:
+        """Bytes of the store that hold cached blocks."""
         return len(self._lru) * self.bytes_per_block
 
     def check_integrity(self) -> None:
