@@ -177,8 +177,8 @@ def make_methods(lm, args) -> tuple[dict[str, Callable[..., Any]], dict[str, Any
     """The four methods as ``fn(prompt_ids, tenant) -> (tokens, usage or None, ttft cpu, ttft wall)``."""
     import torch
 
-    from reprise.engine.engine import Engine
     from reprise.drafters import DEFAULT_DRAFTER, make_proposer
+    from reprise.engine.engine import Engine
     from verifier.runner import ModelRunner
 
     name = args.proposer or DEFAULT_DRAFTER
