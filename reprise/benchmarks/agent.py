@@ -19,7 +19,8 @@ turn (the order rotates from call to call):
 Per trace: tokens per second of each method (wall clock and CPU time of the decoding thread: one torch
 thread runs every op on it, so CPU time is the steadier figure on a shared machine), ``speedup_vs_generate``
 of the engine with cache and drafts, ``ttft_ratio_later_calls`` (the mean time to first token of the calls
-after a session's first, over the mean of the sessions' first calls), the cache's hit rate (prompt tokens
+after a session's first, over the mean of the sessions' first calls; ``_median``: the same with medians,
+which one call carrying a long tool output does not move), the cache's hit rate (prompt tokens
 whose KV was reused), and whether every output equals ``generate``'s. Each session starts with a cold
 cache (the tenant's cached KV is dropped before its first call, so a first call pays its whole prefill)
 unless ``--warm-sessions``.
@@ -30,6 +31,7 @@ unless ``--warm-sessions``.
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -303,6 +305,10 @@ def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs) if xs else 0.0
 
 
+def _ratio(later: list[float], first: list[float], average: Callable[[list[float]], float]) -> float | None:
+    return round(average(later) / average(first), 3) if later and first and average(first) > 0 else None
+
+
 def summarise(figures: dict[str, _Figures], num_sessions: int) -> dict[str, Any]:
     base = figures["generate"]
     out: dict[str, Any] = {"sessions": num_sessions, "calls": base.calls, "tokens": base.tokens, "methods": {}}
@@ -314,10 +320,10 @@ def summarise(figures: dict[str, _Figures], num_sessions: int) -> dict[str, Any]
             "speedup_cpu": round((f.tokens / f.cpu_seconds) / (base.tokens / base.cpu_seconds), 3),
             "ttft_first_ms": round(1000 * _mean(f.ttft_first), 1),
             "ttft_later_ms": round(1000 * _mean(f.ttft_later), 1),
-            "ttft_ratio_later_calls": round(_mean(f.ttft_later) / _mean(f.ttft_first), 3) if f.ttft_later else None,
-            "ttft_ratio_later_calls_wall": (
-                round(_mean(f.ttft_later_wall) / _mean(f.ttft_first_wall), 3) if f.ttft_later_wall else None
-            ),
+            "ttft_ratio_later_calls": _ratio(f.ttft_later, f.ttft_first, _mean),
+            # One later call that carries a long tool output weighs on the mean; the median shows the typical call.
+            "ttft_ratio_later_calls_median": _ratio(f.ttft_later, f.ttft_first, statistics.median),
+            "ttft_ratio_later_calls_wall": _ratio(f.ttft_later_wall, f.ttft_first_wall, _mean),
             "outputs_identical": f"{f.identical}/{f.calls}",
         }
         if method != "generate":
@@ -333,6 +339,7 @@ def summarise(figures: dict[str, _Figures], num_sessions: int) -> dict[str, Any]
     out["speedup_vs_generate"] = best["speedup_cpu"]
     out["speedup_vs_generate_wall"] = best["speedup"]
     out["ttft_ratio_later_calls"] = best["ttft_ratio_later_calls"]
+    out["ttft_ratio_later_calls_median"] = best["ttft_ratio_later_calls_median"]
     out["cache_hit_rate"] = best["cache_hit_rate"]
     out["outputs_identical"] = all(f.identical == f.calls for f in figures.values())
     return out
@@ -346,8 +353,8 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(
             f"{trace}: {row['sessions']} sessions, {row['calls']} calls, speedup_vs_generate "
             f"{row['speedup_vs_generate']:.2f}x (wall {row['speedup_vs_generate_wall']:.2f}x), ttft_ratio_later_calls "
-            f"{row['ttft_ratio_later_calls']}, cache hit rate {row['cache_hit_rate']:.0%}, outputs identical "
-            f"{row['outputs_identical']}"
+            f"{row['ttft_ratio_later_calls']} (median {row['ttft_ratio_later_calls_median']}), cache hit rate "
+            f"{row['cache_hit_rate']:.0%}, outputs identical {row['outputs_identical']}"
         )
         for method, m in row["methods"].items():
             extra = f", {m['tokens_per_step']:.2f} tokens/step" if m.get("tokens_per_step") else ""
