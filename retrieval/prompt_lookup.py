@@ -84,21 +84,6 @@ def chain_tree(token_ids: np.ndarray, source: str = SOURCE) -> DraftTree:
     )
 
 
-class PromptLookupDrafter:
-    """Stateless ``Drafter``: ``propose(context, budget)`` runs the n-gram lookup over ``context``."""
-
-    def __init__(self, min_n: int = VLLM_MIN_N, max_n: int = VLLM_MAX_N) -> None:
-        _check_n(min_n, max_n)
-        self.min_n = min_n
-        self.max_n = max_n
-
-    def propose(self, context: Sequence[int] | np.ndarray, budget: int) -> DraftTree:
-        ctx = np.asarray(context)
-        if ctx.ndim != 1:
-            raise ValueError(f"context must be 1-D, got shape {ctx.shape}")
-        return chain_tree(ngram_continuation(ctx, self.min_n, self.max_n, budget))
-
-
 class PromptLookupSession:
     """One request: prompt plus committed tokens in a growing buffer, looked up every step."""
 

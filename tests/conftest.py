@@ -15,6 +15,8 @@ import secrets
 from collections.abc import Iterator
 
 import pytest
+import redis
+import torch
 from testkit.privacy import REDIS_DB, REDIS_HOST, REDIS_PORT
 
 SHARED = Path(__file__).resolve().parent.parent.parent / "shared"
@@ -30,17 +32,12 @@ def traces_dir() -> Path:
 
 
 def pytest_configure(config) -> None:
-    try:
-        import torch
-    except ImportError:
-        return
     torch.set_num_threads(1)
 
 
 
 @pytest.fixture(scope="session")
 def redis_client():
-    redis = pytest.importorskip("redis")
     client = redis.Redis(host=REDIS_HOST, port=REDIS_PORT, db=REDIS_DB)
     try:
         client.ping()

@@ -36,6 +36,8 @@ from typing import Any
 
 import numpy as np
 
+from reprise.arguments import CliError, require_at_least
+
 TARGET_PROPAGATION_P99_S = 1.0
 
 
@@ -276,14 +278,8 @@ def _cold_start(args: argparse.Namespace, redis_url: str, env: dict[str, str], h
 # ---- the whole benchmark -----------------------------------------------------------------------------
 
 def run(args: argparse.Namespace) -> int:
-    from reprise.cli import CliError
-
-    for name in ("replicas", "concurrency", "requests", "tenants", "max_new_tokens", "num_slots"):
-        if getattr(args, name) < 1:
-            raise CliError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    for name in ("propagation_samples", "cold_start_tokens", "cold_start_tail"):
-        if getattr(args, name) < 0:
-            raise CliError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+    require_at_least(args, ("replicas", "concurrency", "requests", "tenants", "max_new_tokens", "num_slots"))
+    require_at_least(args, ("propagation_samples", "cold_start_tokens", "cold_start_tail"), minimum=0)
     if args.model_path and not Path(args.model_path).is_dir():
         raise CliError(f"no such model folder: {args.model_path}")
     if not args.redis_url and not shutil.which("redis-server"):

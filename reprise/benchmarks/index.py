@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from reprise.cli import positive_int
+from reprise.arguments import CliError, positive_int
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_TRACE = REPO_ROOT.parent / "shared" / "traces" / "swe_gemini.jsonl.gz"
@@ -104,7 +104,6 @@ def _percentiles(samples_ns: list[int]) -> tuple[float, float]:  # microseconds
 def run(args) -> int:
     import numpy as np
 
-    from reprise.cli import CliError
     from suffix_index import SuffixIndex
 
     if not args.trace.is_file():

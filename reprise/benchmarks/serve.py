@@ -30,6 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from reprise.arguments import CliError, require_at_least
+
 TARGET_OVERHEAD = 0.10
 TOOLS = (
     '{"name": "search_flights", "parameters": {"origin": "string", "destination": "string", "date": "YYYY-MM-DD"}}\n'
@@ -180,11 +182,7 @@ def _pct(values: list[float], q: float) -> float | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from reprise.cli import CliError
-
-    for name in ("concurrency", "requests", "tenants", "max_new_tokens", "num_slots", "max_prompt_tokens"):
-        if getattr(args, name) < 1:
-            raise CliError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    require_at_least(args, ("concurrency", "requests", "tenants", "max_new_tokens", "num_slots", "max_prompt_tokens"))
     if args.trace is not None and not args.trace.is_file():
         raise CliError(f"no such trace file: {args.trace}")
     with tempfile.TemporaryDirectory(prefix="reprise-bench-") as home:

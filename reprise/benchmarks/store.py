@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from reprise.arguments import require_at_least
+
 DEFAULT_TRACE = Path(__file__).resolve().parents[2].parent / "shared" / "traces" / "tau_airline.jsonl.gz"
 TARGET_SHARE = 0.05
 
@@ -87,11 +89,7 @@ def measure(args) -> dict[str, Any]:
     from privacy.history import KIND_TRAJECTORY
     from privacy.records import encode_trajectory
 
-    for name in ("records", "batch"):
-        if getattr(args, name) < 1:
-            from reprise.cli import CliError
-
-            raise CliError(f"--{name} must be >= 1, got {getattr(args, name)}")
+    require_at_least(args, ("records", "batch"))
     trajs = _trajectories(args)
     tokens = int(sum(len(t.token_ids) for t in trajs))
     tmp = Path(tempfile.mkdtemp(prefix="reprise-bench-store-", dir=args.data_dir))

@@ -17,7 +17,7 @@ from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from reprise.cli import CliError
+from reprise.arguments import CliError
 
 if TYPE_CHECKING:
     from typing_extensions import Self

@@ -22,6 +22,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from reprise.arguments import CliError
+
 
 def add_parser(sub) -> None:
     from reprise.commands._remote import add_connection_arguments
@@ -128,8 +130,6 @@ def run_index_op(args: argparse.Namespace) -> int:
 
 def read_documents(paths: list[str]) -> Iterator[str | list[int]]:
     """Documents from text files (one each) and .jsonl files (one per line); errors name file and line."""
-    from reprise.cli import CliError
-
     for name in paths:
         path = Path(name)
         try:
@@ -175,7 +175,6 @@ def run_import_corpus(args: argparse.Namespace) -> int:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from reprise.cli import CliError
     from reprise.commands._remote import (
         ProgressBar,
         admin_client,
@@ -207,7 +206,6 @@ def run_export(args: argparse.Namespace) -> int:
 
 
 def run_import(args: argparse.Namespace) -> int:
-    from reprise.cli import CliError
     from reprise.commands._remote import (
         ProgressBar,
         admin_client,

@@ -23,7 +23,7 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-from reprise.cli import positive_int
+from reprise.arguments import CliError, positive_int
 
 ORACLE = "oracle"
 _SHOWN_POSITIONS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
@@ -65,8 +65,6 @@ def add_parser(sub) -> None:
 
 def check_traces(paths: list[str]) -> list[Path]:
     """The trace paths as Paths; a missing or unreadable one is a CliError naming it."""
-    from reprise.cli import CliError
-
     out = []
     for p in paths:
         path = Path(p)
@@ -80,7 +78,6 @@ def check_traces(paths: list[str]) -> list[Path]:
 
 def make_tokenizer(name: str):
     from replay_traces.tokenizer import CanonicalTokenizer
-    from reprise.cli import CliError
 
     try:
         return CanonicalTokenizer(name)
@@ -122,7 +119,6 @@ def replay_one(path: Path, drafter: str, *, tokenizer, budget: int, max_calls: i
     """Replay one file with the named proposer (or the oracle); trace errors become CliError."""
     from replay_traces.replay import read_calls, replay_calls
     from replay_traces.traces import Call, TraceStats
-    from reprise.cli import CliError
     from reprise.drafters import make_proposer
     from retrieval.session import Proposer
 
@@ -190,7 +186,6 @@ def columns(rows) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from reprise.cli import CliError
     from reprise.drafters import DEFAULT_DRAFTER, proposer_names
     from retrieval.config import DraftingConfig
 

@@ -20,6 +20,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from reprise.arguments import CliError
+
 
 def add_parser(sub) -> None:
     from reprise.config import add_config_arguments
@@ -36,7 +38,6 @@ def run(args: argparse.Namespace) -> int:
     import asyncio
     import logging
 
-    from reprise.cli import CliError
     from reprise.config import config_from_args
 
     try:
@@ -56,7 +57,6 @@ def run(args: argparse.Namespace) -> int:
 
 async def _serve(config) -> int:
     from privacy.errors import MasterKeyError, StorageError
-    from reprise.cli import CliError
     from reprise.server.service import Service
 
     service = Service(config)

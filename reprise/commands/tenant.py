@@ -18,6 +18,8 @@ import argparse
 import sys
 import time
 
+from reprise.arguments import CliError
+
 
 def add_parser(sub) -> None:
     from reprise.commands._remote import add_connection_arguments
@@ -106,7 +108,6 @@ def run_delete(args: argparse.Namespace) -> int:
 
 
 def run_rotate(args: argparse.Namespace) -> int:
-    from reprise.cli import CliError
     from reprise.commands._remote import ProgressBar, admin_client, call, emit_json, resolve_tenant
 
     if args.master_key and args.tenant:

@@ -23,7 +23,7 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 from replay_traces.tune import DEFAULT_A, DEFAULT_B, DEFAULT_GRID
-from reprise.cli import positive_int
+from reprise.arguments import CliError, positive_int
 from reprise.commands.replay import add_trace_arguments
 
 DEFAULT_MAX_CALLS = 1000
@@ -89,7 +89,6 @@ def run(args: argparse.Namespace) -> int:
     from privacy.tenants import validate_tenant_name
     from replay_traces.tune import best_result, default_grid, grid_settings, parse_grid, setting_label, sweep
     from replay_traces.tune_report import write_json, write_report
-    from reprise.cli import CliError
     from reprise.commands.replay import (
         Progress,
         check_traces,
@@ -215,7 +214,6 @@ def run(args: argparse.Namespace) -> int:
 def _hybrid_setup(args: argparse.Namespace):
     """(target, head, settings) for --hybrid; CliError for a bad flag, a missing model or checkpoint."""
     from neural_drafters.proposers import default_checkpoint, load_head_drafter
-    from reprise.cli import CliError
     from reprise.offline.hybrid_tune import HybridTuneSettings
     from verifier.models import load_default_model, load_model
 

@@ -49,13 +49,6 @@ def load_target_model(config: ServiceConfig) -> Any:
     return load_default_model(num_threads=m.num_threads, device=m.device)
 
 
-def default_drafter() -> str:
-    """The full Reprise proposer once registered, else the prompt-lookup baseline."""
-    from reprise.drafters import proposer_names
-
-    return "reprise" if "reprise" in proposer_names() else "prompt_lookup"
-
-
 def check_port_free(host: str, port: int) -> None:
     """OSError naming the address if something listens there (a quick probe; the real bind decides)."""
     if not port:
