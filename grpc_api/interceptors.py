@@ -15,6 +15,7 @@ wrapper always matches the RPC's shape). The wrapper
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import contextvars
 import inspect
@@ -230,8 +231,6 @@ def _parser(deserializer: Callable[[bytes], Any] | None, method: str) -> Callabl
 
 
 def _is_cancel(exc: BaseException) -> bool:
-    import asyncio
-
     return isinstance(exc, (asyncio.CancelledError, GeneratorExit))
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file, save_file
 
 from fileio import atomic_writer, current_umask, fsync_dir, write_atomic
 from neural_drafters.config import HeadConfig
@@ -34,8 +35,6 @@ TRAINER = "trainer.pt"
 def save_checkpoint(out: str | Path, head: Any, *, step: int, summary: dict[str, Any] | None = None,
                     trainer_state: dict[str, Any] | None = None, keep: int = 2) -> Path:
     """Write a complete checkpoint of ``head`` at ``step`` under ``out``; returns its folder."""
-    from safetensors.torch import save_file
-
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     name = f"step-{step:06d}"
@@ -97,8 +96,6 @@ def read_checkpoint_info(path: str | Path) -> dict[str, Any]:
 
 def load_head(path: str | Path) -> tuple[Any, dict[str, Any]]:
     """(head in eval mode, checkpoint info) from a checkpoint folder or its parent ``OUT``."""
-    from safetensors.torch import load_file
-
     folder = checkpoint_dir(path)
     info = read_checkpoint_info(folder)
     config = HeadConfig.from_dict(info["head"])

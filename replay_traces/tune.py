@@ -10,8 +10,10 @@ from the fields named in the grid, so fields added later can be swept without ch
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import itertools
+import multiprocessing
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -257,9 +259,6 @@ def _sweep_in_workers(
     result_of: Callable[[DraftingConfig, Sequence[ReplayReport]], TuneResult],
     on_result: Callable[[int, TuneResult], None] | None,
 ) -> list[TuneResult]:
-    import concurrent.futures
-    import multiprocessing
-
     # spawn, not fork: the parent may hold threads (a progress bar's monitor, BLAS pools) whose locks a
     # forked child would inherit held.
     context = multiprocessing.get_context("spawn")

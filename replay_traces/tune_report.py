@@ -34,7 +34,7 @@ def _short(label: str, width: int = 60) -> str:
 
 def render_png(results: Sequence[TuneResult], best: TuneResult, title: str) -> bytes:
     """The sweep as a PNG (matplotlib, Agg backend): tau, estimated speedup, acceptance by position."""
-    import matplotlib
+    import matplotlib  # imported here: slow to load (reprise --help imports this module), backend first
 
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt

@@ -17,7 +17,12 @@ from collections.abc import Iterator
 import pytest
 import redis
 import torch
+from testkit.neural import VOCAB
 from testkit.privacy import REDIS_DB, REDIS_HOST, REDIS_PORT
+from testkit.replay import CharTokenizer
+
+from replay_traces.tokenizer import CanonicalTokenizer
+from verifier.testing import tiny_model
 
 SHARED = Path(__file__).resolve().parent.parent.parent / "shared"
 TRACES = SHARED / "traces"
@@ -60,24 +65,16 @@ def redis_prefix(redis_client) -> Iterator[str]:
 @pytest.fixture
 def char_tokenizer():
     """A one-token-per-character tokenizer (testkit/replay.py)."""
-    from testkit.replay import CharTokenizer
-
     return CharTokenizer()
 
 
 @pytest.fixture(scope="session")
 def tokenizer():
     """The canonical cl100k_base tokenizer (built once: loading the vocabulary takes a moment)."""
-    from replay_traces.tokenizer import CanonicalTokenizer
-
     return CanonicalTokenizer()
 
 
 @pytest.fixture(scope="module")
 def target():
     """A tiny random Llama (vocab 128, d 64, 2 layers) with peaked next-token distributions."""
-    from testkit.neural import VOCAB
-
-    from verifier.testing import tiny_model
-
     return tiny_model("llama", vocab_size=VOCAB, seed=3, init_range=0.3)

@@ -9,5 +9,7 @@
 - ``verifier.kernels``: Triton tree attention and KV compaction, each beside its torch reference.
 - ``verifier.testing``: tiny random models and transformers references for tests.
 
-Submodules import torch lazily where they can; importing this package imports nothing heavy.
+Importing the package itself imports nothing; its modules import torch and transformers at top. Triton
+is imported only when a kernel is compiled (an optional extra, and ``TRITON_INTERPRET`` must be set
+before it loads).
 """

@@ -13,11 +13,17 @@ CPU time and are steadier on a shared machine.
 
 from __future__ import annotations
 
+import argparse
 import json
+import resource
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
+from replay_traces.tokenizer import CanonicalTokenizer
+from replay_traces.traces import iter_calls
 from reprise.arguments import CliError, positive_int
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -25,8 +31,6 @@ DEFAULT_TRACE = REPO_ROOT.parent / "shared" / "traces" / "swe_gemini.jsonl.gz"
 
 
 def _key_lengths(text: str) -> tuple[int, ...]:
-    import argparse
-
     if text.strip().lower() in ("", "none"):
         return ()
     try:
@@ -64,8 +68,6 @@ def add_arguments(parser) -> None:
 
 
 def _rss_bytes() -> int:
-    import resource
-
     try:
         with open("/proc/self/statm") as f:
             return int(f.read().split()[1]) * resource.getpagesize()
@@ -74,11 +76,6 @@ def _rss_bytes() -> int:
 
 
 def _load_responses(trace: Path, max_calls: int, progress: bool) -> list:
-    import numpy as np
-
-    from replay_traces.tokenizer import CanonicalTokenizer
-    from replay_traces.traces import iter_calls
-
     tokenizer = CanonicalTokenizer()
     out = []
     for call in iter_calls(trace):
@@ -95,15 +92,12 @@ def _load_responses(trace: Path, max_calls: int, progress: bool) -> list:
 
 
 def _percentiles(samples_ns: list[int]) -> tuple[float, float]:  # microseconds
-    import numpy as np
 
     a = np.asarray(samples_ns, dtype=np.float64) / 1000.0
     return float(np.percentile(a, 50)), float(np.percentile(a, 99))
 
 
 def run(args) -> int:
-    import numpy as np
-
     from suffix_index import SuffixIndex
 
     if not args.trace.is_file():

@@ -29,6 +29,7 @@ from typing import Any
 
 from fileio import write_atomic
 from reprise.arguments import CliError, require_at_least
+from reprise.offline.calls import select_calls
 
 TRACES = Path(__file__).resolve().parents[2].parent / "shared" / "traces"
 DEFAULT_TRACES = ("tau_airline.jsonl.gz", "swe_gemini.jsonl.gz", "react_hotpotqa.jsonl.gz", "arena_chat.jsonl.gz")
@@ -83,7 +84,6 @@ def run(args) -> int:
     if missing:
         raise CliError(f"trace file not found: {missing[0]}")
     lm = _load(args)
-    from reprise.offline.calls import select_calls
 
     selected = {t: select_calls(t, lm.tokenizer, calls=args.calls, trials=args.trials, call_index=args.call_index,
                                 prompt_tokens=args.prompt_tokens) for t in traces}

@@ -30,7 +30,9 @@ from typing import Any
 
 import numpy as np
 
+from replay_traces.traces import iter_calls
 from reprise.arguments import CliError, require_at_least
+from reprise.config import load_config
 
 TARGET_OVERHEAD = 0.10
 TOOLS = (
@@ -86,8 +88,6 @@ def synthetic_conversations(n: int, seed: int = 0) -> list[list[dict[str, str]]]
 
 
 def trace_conversations(path: Path, n: int) -> list[list[dict[str, str]]]:
-    from replay_traces.traces import iter_calls
-
     out = []
     for call in iter_calls(path):
         out.append([{"role": m.role, "content": m.content} for m in call.messages][-8:])
@@ -196,7 +196,6 @@ def run(args: argparse.Namespace) -> int:
 
 async def _bench(args: argparse.Namespace, home: Path) -> dict[str, Any]:
     from grpc_api.client import AdminClient
-    from reprise.config import load_config
     from reprise.server.service import Service
 
     flags = {"home": str(home), "server.grpc_port": "0", "server.http_port": "0",

@@ -34,6 +34,7 @@ import numpy as np
 from fileio import write_atomic
 from reprise.arguments import CliError, require_at_least
 from reprise.offline.calls import chat_prompt_ids, pick_calls
+from retrieval.draft_tree import DraftTree
 
 TRACES = Path(__file__).resolve().parents[2].parent / "shared" / "traces"
 DEFAULT_TRACES = ("tau_airline.jsonl.gz", "react_hotpotqa.jsonl.gz")
@@ -112,7 +113,6 @@ def _save(args, report: dict) -> None:
 
 def measure_step_costs(model, prefixes, sizes, reps: int) -> dict[str, Any]:
     """Median ms of one verify step per (prefix, draft tokens), and the fitted line a + b * d."""
-    from retrieval.draft_tree import DraftTree
     from verifier.runner import ModelRunner, VerifyStep
 
     runner = ModelRunner(
@@ -164,7 +164,6 @@ def run_end_to_end(lm, traces: list[Path], args, report: dict[str, Any], save) -
     from reprise.drafters import DEFAULT_DRAFTER, make_proposer
     from reprise.engine.draft_budget import CostModel, DraftBudget
     from reprise.engine.engine import Engine, EngineConfig
-    from retrieval.draft_tree import DraftTree
     from verifier.runner import ModelRunner
 
     class NoDrafts:  # plain decoding through the same engine: every session proposes nothing

@@ -18,6 +18,8 @@ import logging
 import time
 from typing import Any
 
+from privacy.errors import StorageError, UnknownTenantError
+from privacy.tenants import TenantId
 from reprise.engine.request import GenerationResult
 from reprise.server.history_writer import TrajectoryWriter
 
@@ -40,9 +42,6 @@ class ReplicaWriter(TrajectoryWriter):
 
     def _append(self, tenant: str, trajectories: list[Any]) -> None:
         """Append until it lands, the tenant is gone, or the writer closes."""
-        from privacy.errors import StorageError, UnknownTenantError
-        from privacy.tenants import TenantId
-
         backoff = 0.05
         while True:
             if tenant in self._replica.deleted:

@@ -19,15 +19,23 @@ import argparse
 import json
 import sys
 from collections.abc import Iterator
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from reprise.arguments import CliError
+from reprise.commands._remote import (
+    ProgressBar,
+    add_connection_arguments,
+    admin_client,
+    call,
+    emit_json,
+    read_password,
+    resolve_tenant,
+)
 
 
 def add_parser(sub) -> None:
-    from reprise.commands._remote import add_connection_arguments
-
     parser = sub.add_parser("index", help="per-tenant index statistics, build, compact, corpus, export (admin)",
                             description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     actions = parser.add_subparsers(dest="action", metavar="ACTION")
@@ -71,14 +79,10 @@ def add_parser(sub) -> None:
 
 
 def _stats_dict(s: Any, name: str = "") -> dict[str, Any]:
-    from dataclasses import asdict
-
     return {"name": name, **asdict(s)}
 
 
 def run_stats(args: argparse.Namespace) -> int:
-    from reprise.commands._remote import admin_client, call, emit_json, resolve_tenant
-
     with admin_client(args) as client:
         names = {t.tenant_id: t.name for t in call(client.list_tenants)}
         tenant_id = resolve_tenant(client, args.tenant)[0] if args.tenant else None
@@ -112,8 +116,6 @@ def _bytes(n: int) -> str:
 
 
 def run_index_op(args: argparse.Namespace) -> int:
-    from reprise.commands._remote import ProgressBar, admin_client, call, emit_json, resolve_tenant
-
     with admin_client(args) as client:
         tenant_id, name = resolve_tenant(client, args.tenant)
         fn = client.build_index if args.op == "build" else client.compact_index
@@ -158,8 +160,6 @@ def read_documents(paths: list[str]) -> Iterator[str | list[int]]:
 
 
 def run_import_corpus(args: argparse.Namespace) -> int:
-    from reprise.commands._remote import ProgressBar, admin_client, call, emit_json, resolve_tenant
-
     with admin_client(args) as client:
         tenant_id, name = resolve_tenant(client, args.tenant)
         with ProgressBar(args, f"uploading to {name}", "doc") as bar:
@@ -175,15 +175,6 @@ def run_import_corpus(args: argparse.Namespace) -> int:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from reprise.commands._remote import (
-        ProgressBar,
-        admin_client,
-        call,
-        emit_json,
-        read_password,
-        resolve_tenant,
-    )
-
     out = Path(args.out)
     if out.exists():
         raise CliError(f"{out} exists; choose another --out (exports never overwrite)", 2)
@@ -206,15 +197,6 @@ def run_export(args: argparse.Namespace) -> int:
 
 
 def run_import(args: argparse.Namespace) -> int:
-    from reprise.commands._remote import (
-        ProgressBar,
-        admin_client,
-        call,
-        emit_json,
-        read_password,
-        resolve_tenant,
-    )
-
     path = Path(args.file)
     if not path.is_file():
         raise CliError(f"no such file: {path}", 2)

@@ -23,7 +23,13 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
+from replay_traces.oracle import CopyLimitOracle
+from replay_traces.replay import read_calls, replay_calls
+from replay_traces.tokenizer import CanonicalTokenizer
+from replay_traces.traces import Call, TraceStats
 from reprise.arguments import CliError, positive_int
+from retrieval.config import DraftingConfig
+from retrieval.session import Proposer
 
 ORACLE = "oracle"
 _SHOWN_POSITIONS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
@@ -77,8 +83,6 @@ def check_traces(paths: list[str]) -> list[Path]:
 
 
 def make_tokenizer(name: str):
-    from replay_traces.tokenizer import CanonicalTokenizer
-
     try:
         return CanonicalTokenizer(name)
     except ValueError as exc:
@@ -117,18 +121,13 @@ class Progress:
 def replay_one(path: Path, drafter: str, *, tokenizer, budget: int, max_calls: int | None,
                skip_bad_lines: bool, progress: Progress, config=None):
     """Replay one file with the named proposer (or the oracle); trace errors become CliError."""
-    from replay_traces.replay import read_calls, replay_calls
-    from replay_traces.traces import Call, TraceStats
     from reprise.drafters import make_proposer
-    from retrieval.session import Proposer
 
     stats = TraceStats()
     calls: Iterable[Call]
     proposer: Proposer
     try:
         if drafter == ORACLE:
-            from replay_traces.oracle import CopyLimitOracle
-
             listed = list(read_calls(path, max_calls=max_calls, skip_bad_lines=skip_bad_lines, stats=stats))
             progress.note(f"{path.name}: building the copy-limit oracle over {len(listed)} calls")
             proposer = CopyLimitOracle(listed, tokenizer, max_len=budget)
@@ -187,7 +186,6 @@ def columns(rows) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from reprise.drafters import DEFAULT_DRAFTER, proposer_names
-    from retrieval.config import DraftingConfig
 
     paths = check_traces(args.traces)
     drafter = args.drafter or DEFAULT_DRAFTER

@@ -20,11 +20,14 @@ $REPRISE_HOME/drafters/default (the default OUT).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from fileio import atomic_writer
 from reprise.arguments import CliError, positive_int
@@ -163,8 +166,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _settings(settings: Any) -> dict[str, Any]:
-    import dataclasses
-
     return dataclasses.asdict(settings)
 
 
@@ -225,8 +226,6 @@ def _data_key(args: argparse.Namespace, lm: Any) -> dict[str, Any]:
 
 
 def _coverage(features: Any, d2t: Any) -> float:
-    import numpy as np
-
     vocab = set(d2t.tolist())
     hits = total = 0
     for greedy, mask in zip(features.greedy, features.masks):

@@ -17,7 +17,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from neural_drafters.hybrid import HybridProposer, HybridSettings, NeuralProposer, ReuseProposer
+from neural_drafters.reuse import HiddenStateMemory
+from reprise.drafters import DEFAULT_DRAFTER, make_proposer
+from reprise.offline.calls import select_calls
+from reprise.offline.model_replay import decode_reference, simulate
 from retrieval.config import DraftingConfig
+from retrieval.draft_tree import DraftTree
+from verifier.runner import ModelRunner, VerifyStep
 
 DEFAULT_THRESHOLDS = (0.5, 1.0, 2.0, 4.0, 8.0)
 
@@ -68,11 +77,6 @@ def estimated_speedup(report: dict[str, Any], a_ms: float, b_ms: float) -> float
 def measure_step_cost(model, prefix: int, reps: int = 7) -> tuple[float, float]:
     """(a, b): median CPU ms of a verify step with no draft, and the extra ms per draft token (16-node
     steps), after a ``prefix``-token prompt: the cost model the threshold choice uses."""
-    import numpy as np
-
-    from retrieval.draft_tree import DraftTree
-    from verifier.runner import ModelRunner, VerifyStep
-
     runner = ModelRunner(model, max_len=prefix + 40 * reps, max_draft_nodes=16)
     vocab = runner.vocab_size
     rng = np.random.default_rng(0)
@@ -99,12 +103,6 @@ def tune_threshold(traces: Sequence[str | Path], config: DraftingConfig, lm: Any
     ``lm``: the loaded target (``verifier.models.LoadedModel``, its tokenizer's chat template renders
     the prompts); ``head``: a ``HeadDrafter`` (``neural_drafters.proposers.load_head_drafter``);
     ``cost``: (a, b) in CPU ms, measured on ``lm`` when None."""
-    from neural_drafters.hybrid import HybridProposer, HybridSettings, NeuralProposer, ReuseProposer
-    from neural_drafters.reuse import HiddenStateMemory
-    from reprise.drafters import DEFAULT_DRAFTER, make_proposer
-    from reprise.offline.calls import select_calls
-    from reprise.offline.model_replay import decode_reference, simulate
-
     say = progress or (lambda message: None)
     s = settings
     references = []

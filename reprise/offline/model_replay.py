@@ -24,11 +24,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from fileio import atomic_writer
 from replay_traces.replay import accepted_path
+from reprise.engine.engine import Engine
 from reprise.offline.calls import ModelCall
+from retrieval.draft_tree import DraftTree
 from retrieval.session import Verified
+from verifier.runner import ModelRunner
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,8 +62,6 @@ class HiddenStateRecorder:
         self.chunks.append(states.detach().float().cpu().clone())
 
     def propose(self, budget: int) -> Any:
-        from retrieval.draft_tree import DraftTree
-
         return DraftTree.empty()
 
     def commit(self, verified: Any) -> None:
@@ -77,11 +79,6 @@ def decode_reference(model: Any, tokenizer: Any, calls: Sequence[ModelCall], *, 
 
     With ``cache_dir``, each reference is stored there (hidden states as fp16) under a digest of
     ``model_key``, the prompt and ``max_new_tokens``, and read back instead of decoded next time."""
-    import torch
-
-    from reprise.engine.engine import Engine
-    from verifier.runner import ModelRunner
-
     max_len = max(len(c.prompt_ids) for c in calls) + max_new_tokens + 8
     recorder = HiddenStateRecorder()
     engine = Engine(ModelRunner(model, max_len=max_len, max_draft_nodes=0), recorder, tokenizer)
@@ -177,6 +174,4 @@ def simulate(proposer: Any, references: Sequence[Reference], *, budget: int = 32
 
 
 def _empty_tree() -> Any:
-    from retrieval.draft_tree import DraftTree
-
     return DraftTree.empty()
