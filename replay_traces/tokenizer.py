@@ -1,4 +1,4 @@
-"""The canonical replay tokenization of ../shared/traces/FORMAT.md.
+"""The canonical replay tokenization (docs/replay.md).
 
 Prompt tokens are the concatenation, over the prompt's messages, of
 ``encode(f"<|{role}|>\\n{content}\\n")``, followed by ``encode("<|assistant|>\\n")``; response tokens are

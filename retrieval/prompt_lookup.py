@@ -10,7 +10,7 @@ at most ``max_n - 1`` filters of the candidates), O(context) per step like vLLM.
 
 Defaults: ``min_n = max_n = 5`` are vLLM's when neither ``prompt_lookup_min`` nor ``prompt_lookup_max``
 is set; vLLM has no default for ``k`` (``num_speculative_tokens``), here it is the step's budget. The
-project baseline in the figures (../shared/traces/FORMAT.md, "prompt lookup (n 2-5)") is min_n 2,
+project baseline in the figures (docs/replay.md, "prompt lookup (n 2-5)") is min_n 2,
 max_n 5: that is the registry's ``prompt_lookup``; ``prompt_lookup_vllm`` keeps vLLM's 5-5.
 """
 

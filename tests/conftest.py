@@ -22,18 +22,17 @@ from testkit.privacy import REDIS_DB, REDIS_HOST, REDIS_PORT
 from testkit.replay import CharTokenizer
 
 from replay_traces.tokenizer import CanonicalTokenizer
+from replay_traces.traces import TRACES_DIR
 from verifier.testing import tiny_model
-
-SHARED = Path(__file__).resolve().parent.parent.parent / "shared"
-TRACES = SHARED / "traces"
 
 
 @pytest.fixture(scope="session")
 def traces_dir() -> Path:
-    """../shared/traces; tests that need it skip cleanly when it is absent."""
-    if not TRACES.is_dir():
-        pytest.skip("../shared/traces is not present")
-    return TRACES
+    """The trace files' folder (``replay_traces.traces.TRACES_DIR``); tests that need it skip cleanly
+    when it is absent."""
+    if not TRACES_DIR.is_dir():
+        pytest.skip(f"the trace files are not present ({TRACES_DIR})")
+    return TRACES_DIR
 
 
 def pytest_configure(config) -> None:

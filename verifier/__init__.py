@@ -1,4 +1,4 @@
-"""verifier: the target model runner (see ../shared/DESIGN.md and docs/verifier.md).
+"""verifier: the target model runner (docs/verifier.md).
 
 - ``verifier.models``: ``load_model(path)``, ``load_default_model()`` (SmolLM2-135M-Instruct).
 - ``verifier.runner``: ``ModelRunner`` (slotted KV cache, packed tree verification), ``VerifyStep``,

@@ -1,7 +1,7 @@
 """Native suffix index: insert speed, bytes per token, speculate latency from Python.
 
 Indexes the responses of the first N calls of a trace (tokenised canonically: response tokens =
-cl100k_base encode(content), ../shared/traces/FORMAT.md), one sequence per response, then times
+cl100k_base encode(content), docs/replay.md), one sequence per response, then times
 speculate() calls through the Python facade on contexts drawn from the responses (a prefix of a
 random response, cut at a random point). Prints insert_tokens_per_s, bytes_per_token (memory_bytes()
 per token) and rss_bytes_per_token (process RSS growth per token), speculate_us_p50/p99 and
@@ -23,11 +23,10 @@ from pathlib import Path
 import numpy as np
 
 from replay_traces.tokenizer import CanonicalTokenizer
-from replay_traces.traces import iter_calls
+from replay_traces.traces import TRACES_DIR, iter_calls
 from reprise.arguments import CliError, positive_int
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_TRACE = REPO_ROOT.parent / "shared" / "traces" / "swe_gemini.jsonl.gz"
+DEFAULT_TRACE = TRACES_DIR / "swe_gemini.jsonl.gz"
 
 
 def _key_lengths(text: str) -> tuple[int, ...]:

@@ -28,10 +28,10 @@ from pathlib import Path
 from typing import Any
 
 from fileio import write_atomic
+from replay_traces.traces import TRACES_DIR
 from reprise.arguments import CliError, require_at_least
 from reprise.offline.calls import select_calls
 
-TRACES = Path(__file__).resolve().parents[2].parent / "shared" / "traces"
 DEFAULT_TRACES = ("tau_airline.jsonl.gz", "swe_gemini.jsonl.gz", "react_hotpotqa.jsonl.gz", "arena_chat.jsonl.gz")
 DRAFTERS = ("retrieval", "neural", "reuse", "hybrid")
 
@@ -79,7 +79,7 @@ def run(args) -> int:
         raise CliError(f"--thresholds must be numbers, got {args.thresholds!r}") from None
     if not thresholds or any(not t >= 0 for t in thresholds):
         raise CliError(f"--thresholds must be numbers >= 0, got {args.thresholds!r}")
-    traces = args.trace or [TRACES / name for name in DEFAULT_TRACES]
+    traces = args.trace or [TRACES_DIR / name for name in DEFAULT_TRACES]
     missing = [str(t) for t in traces if not t.is_file()]
     if missing:
         raise CliError(f"trace file not found: {missing[0]}")

@@ -2,7 +2,7 @@
 durable trajectory write that encryption costs (sealing vs the store write of the same bytes, measured
 in the same run; target <= 5%).
 
-Trajectories come from a trace (default ../shared/traces/tau_airline.jsonl.gz, tokenised with
+Trajectories come from a trace (default tau_airline.jsonl.gz in ``replay_traces.traces.TRACES_DIR``, tokenised with
 cl100k_base): one record per LLM call holding the prompt's last message and the response, the response
 as text. ``--synthetic`` uses random tokens of the same lengths instead. The store lives in a temporary
 directory (SQLite) or under a fresh key prefix (Redis), removed afterwards.
@@ -26,10 +26,10 @@ import numpy as np
 from privacy import StoreConfig, Trajectory, open_store
 from privacy.records import KIND_TRAJECTORY, encode_trajectory
 from replay_traces.tokenizer import CanonicalTokenizer
-from replay_traces.traces import iter_calls
+from replay_traces.traces import TRACES_DIR, iter_calls
 from reprise.arguments import require_at_least
 
-DEFAULT_TRACE = Path(__file__).resolve().parents[2].parent / "shared" / "traces" / "tau_airline.jsonl.gz"
+DEFAULT_TRACE = TRACES_DIR / "tau_airline.jsonl.gz"
 TARGET_SHARE = 0.05
 
 

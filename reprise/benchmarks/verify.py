@@ -32,11 +32,11 @@ from typing import Any
 import numpy as np
 
 from fileio import write_atomic
+from replay_traces.traces import TRACES_DIR
 from reprise.arguments import CliError, require_at_least
 from reprise.offline.calls import chat_prompt_ids, pick_calls
 from retrieval.draft_tree import DraftTree
 
-TRACES = Path(__file__).resolve().parents[2].parent / "shared" / "traces"
 DEFAULT_TRACES = ("tau_airline.jsonl.gz", "react_hotpotqa.jsonl.gz")
 
 
@@ -64,7 +64,7 @@ def add_arguments(parser) -> None:
     a("--call-index", type=int, default=1, help="which call of each trial (0 = first; default 1)")
     a("--prompt-tokens", type=int, default=1500, help="prompts cut to their last N tokens (default 1500)")
     a("--max-new-tokens", type=int, default=128, help="greedy tokens per call (default 128)")
-    a("--proposer", default=None, help="drafter name (default: reprise when registered, else prompt_lookup)")
+    a("--proposer", default=None, help="drafter name (default: reprise)")
     a("--reps", type=int, default=5, help="repetitions per step-cost point (default 5)")
     a("--threads", type=int, default=1, help="torch CPU threads (default 1: fastest for these GEMMs)")
     a("--skip-cost", action="store_true", help="skip the step-cost table")
@@ -77,7 +77,7 @@ def run(args) -> int:
     require_at_least(args, ("call_index",), minimum=0)
     if args.quick:
         args.calls, args.trials, args.max_new_tokens, args.reps = 4, 2, 48, 2
-    traces = args.trace or [TRACES / name for name in DEFAULT_TRACES]
+    traces = args.trace or [TRACES_DIR / name for name in DEFAULT_TRACES]
     missing = [str(t) for t in traces if not t.is_file()]
     if missing and not args.skip_e2e:
         raise CliError(f"trace file not found: {missing[0]} (pass --trace FILE or --skip-e2e)")

@@ -1,6 +1,6 @@
 """`reprise replay`: the canonical replay of agent traces through a drafter.
 
-Every LLM call of each trace (../shared/traces/FORMAT.md) is decoded against its recorded response:
+Every LLM call of each trace (docs/replay.md) is decoded against its recorded response:
 each step the drafter proposes a tree of at most --budget tokens, greedy verification accepts the
 longest matching root path plus one bonus token. Printed per file:
 

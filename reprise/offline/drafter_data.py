@@ -1,7 +1,7 @@
 """Training conversations for draft heads: trace conversations in the target's own chat template, with
 a mask of the assistant spans (the only tokens the head's loss counts).
 
-Every line of a trace file (../shared/traces/FORMAT.md) is one conversation; its messages are rendered
+Every line of a trace file (docs/replay.md, "Traces") is one conversation; its messages are rendered
 with the tokenizer's chat template, tokenized once with character offsets, and a token is marked when
 it starts inside an assistant message's content or its end-of-turn marker. Files contribute in turn
 (round robin), so a token budget spreads over all of them.
