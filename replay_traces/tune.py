@@ -26,7 +26,7 @@ from retrieval.config import DraftingConfig
 from retrieval.session import Proposer
 
 # Default sweep over the full proposer's knobs: draft budget x path-probability pruning x back-off
-# levels x skip cursors (24 settings). Fields that no longer exist in DraftingConfig are left out; the
+# levels x skip cursors (24 settings). A config class without one of these fields sweeps the others; the
 # SuffixDecoding anchor's own knobs (max_spec_factor, min_token_prob) can be swept with --grid.
 DEFAULT_GRID: dict[str, tuple[Any, ...]] = {
     "max_draft_tokens": (8, 16, 32),
