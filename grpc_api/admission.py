@@ -40,15 +40,10 @@ class Admission:
         self._by_tenant: dict[str, dict[str, ActiveRequest]] = {}
         self._total = 0
         self._on_change = on_change
-        self._idle = asyncio.Event()
-        self._idle.set()
 
     @property
     def num_active(self) -> int:
         return self._total
-
-    def num_active_for(self, tenant: str) -> int:
-        return len(self._by_tenant.get(tenant, ()))
 
     def admit(self, tenant: str, request_id: str) -> ActiveRequest:
         if self.draining:
@@ -96,19 +91,8 @@ class Admission:
             for active in mine.values():
                 active.cancel.set()
 
-    async def wait_idle(self, timeout: float | None = None) -> bool:
-        try:
-            await asyncio.wait_for(self._idle.wait(), timeout)
-            return True
-        except asyncio.TimeoutError:
-            return False
-
     def _changed(self, delta: int) -> None:
         self._total += delta
-        if self._total:
-            self._idle.clear()
-        else:
-            self._idle.set()
         if self._on_change is not None:
             self._on_change(self._total)
 

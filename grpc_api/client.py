@@ -15,6 +15,7 @@ status code, the server's message and, for RESOURCE_EXHAUSTED, the server's sugg
 
 from __future__ import annotations
 
+import contextlib
 import numbers
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
@@ -23,6 +24,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 import grpc
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
 
 from grpc_api.v1 import admin_pb2, admin_pb2_grpc, common_pb2, decoding_pb2, decoding_pb2_grpc
 
@@ -58,9 +61,6 @@ class RepriseError(Exception):
 
 def _retry_after(exc: Any) -> float | None:
     try:
-        from google.rpc import error_details_pb2
-        from grpc_status import rpc_status
-
         status = rpc_status.from_call(exc)
     except Exception:  # noqa: BLE001 - no status details, or not a call object
         return None
@@ -241,6 +241,53 @@ def _credentials(tls: bool, root_certificates: bytes | str | Path | None, client
     return grpc.ssl_channel_credentials(root_certificates=root, private_key=key, certificate_chain=cert)
 
 
+@contextlib.contextmanager
+def _rpc_errors() -> Iterator[None]:
+    """``grpc.RpcError`` raised inside the block becomes ``RepriseError``."""
+    try:
+        yield
+    except grpc.RpcError as exc:
+        raise RepriseError.from_rpc_error(exc) from None
+
+
+class _Client:
+    """What every client shares: one HTTP/2 channel (TLS when asked: ``root_certificates`` and, for
+    mutual TLS, ``client_cert`` as (certificate file, key file)), the service stub, the bearer key sent
+    with every call, and the default ``timeout`` in seconds."""
+
+    _STUB: Any  # the generated stub class of the service
+    _AIO = False  # grpc.aio channel (AsyncRepriseClient)
+
+    def __init__(self, target: str = DEFAULT_TARGET, key: str | None = None, *, tls: bool = False,
+                 root_certificates: bytes | str | Path | None = None, client_cert: tuple[str, str] | None = None,
+                 timeout: float | None = None, max_message_bytes: int = 16 * MiB) -> None:
+        creds = _credentials(tls, root_certificates, client_cert)
+        opts = channel_options(max_message_bytes)
+        channels: Any = grpc.aio if self._AIO else grpc
+        self._channel = channels.secure_channel(target, creds, opts) if creds else channels.insecure_channel(target, opts)
+        self._stub = self._STUB(self._channel)
+        self._metadata = (("authorization", f"Bearer {key}"),) if key else ()
+        self.timeout = timeout
+
+
+class _SyncClient(_Client):
+    """A blocking client: a context manager; ``close`` closes the channel."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def _call(self, method: Callable[..., Any], request: Any, timeout: float | None = None) -> Any:
+        """One unary call (``timeout`` or the client's), failures as ``RepriseError``."""
+        with _rpc_errors():
+            return method(request, metadata=self._metadata, timeout=timeout or self.timeout)
+
+
 class GenerationStream:
     """Iterator of ``StreamChunk``; after it ends, ``completion`` holds the whole result."""
 
@@ -252,7 +299,7 @@ class GenerationStream:
         self._texts: list[str] = []
 
     def __iter__(self) -> Iterator[StreamChunk]:
-        try:
+        with _rpc_errors():
             for message in self._call:
                 self.request_id = message.request_id
                 if message.WhichOneof("kind") == "chunk":
@@ -263,41 +310,20 @@ class GenerationStream:
                 else:
                     self.completion = completion_from(self.request_id, self._ids, "".join(self._texts),
                                                       message.complete)
-        except grpc.RpcError as exc:
-            raise RepriseError.from_rpc_error(exc) from None
 
     def cancel(self) -> None:
         """Stop the request (the server frees its resources at once)."""
         self._call.cancel()
 
 
-class RepriseClient:
-    """Synchronous data-plane client; one HTTP/2 channel, safe to share between threads."""
+class RepriseClient(_SyncClient):
+    """Synchronous data-plane client; one HTTP/2 channel, safe to share between threads. Options (``tls``,
+    ``root_certificates``, ``client_cert``, ``timeout``, ``max_message_bytes``) as ``_Client``."""
 
-    def __init__(self, target: str = DEFAULT_TARGET, api_key: str | None = None, *, tls: bool = False,
-                 root_certificates: bytes | str | Path | None = None, client_cert: tuple[str, str] | None = None,
-                 timeout: float | None = None, max_message_bytes: int = 16 * MiB) -> None:
-        creds = _credentials(tls, root_certificates, client_cert)
-        opts = channel_options(max_message_bytes)
-        self._channel = grpc.secure_channel(target, creds, opts) if creds else grpc.insecure_channel(target, opts)
-        self._stub = decoding_pb2_grpc.DecodingServiceStub(self._channel)
-        self._metadata = (("authorization", f"Bearer {api_key}"),) if api_key else ()
-        self.timeout = timeout
+    _STUB = decoding_pb2_grpc.DecodingServiceStub
 
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        self._channel.close()
-
-    def _call(self, method: Callable[..., Any], request: Any, timeout: float | None) -> Any:
-        try:
-            return method(request, metadata=self._metadata, timeout=timeout or self.timeout)
-        except grpc.RpcError as exc:
-            raise RepriseError.from_rpc_error(exc) from None
+    def __init__(self, target: str = DEFAULT_TARGET, api_key: str | None = None, **options: Any) -> None:
+        super().__init__(target, api_key, **options)
 
     def generate_stream(self, prompt: Any = None, *, timeout: float | None = None, **kwargs: Any) -> GenerationStream:
         """Stream a completion; keyword arguments as ``build_request``."""
@@ -311,10 +337,10 @@ class RepriseClient:
         return completion_from(r.request_id, list(r.token_ids), r.text, r.complete)
 
     def abort(self, request_id: str) -> None:
-        self._call(self._stub.Abort, decoding_pb2.AbortRequest(request_id=request_id), None)
+        self._call(self._stub.Abort, decoding_pb2.AbortRequest(request_id=request_id))
 
     def model_info(self) -> ModelInfo:
-        r = self._call(self._stub.GetModelInfo, decoding_pb2.GetModelInfoRequest(), None)
+        r = self._call(self._stub.GetModelInfo, decoding_pb2.GetModelInfoRequest())
         return ModelInfo(r.model_name, r.max_context_tokens, list(r.eos_token_ids), r.vocab_size,
                          r.has_chat_template, r.server_version)
 
@@ -325,22 +351,17 @@ class RepriseClient:
             raise ValueError("give exactly one of tokens, text or messages")
         req = decoding_pb2.AppendTrajectoryRequest(session_id=session_id)
         _set_content(req, tokens, text, messages)
-        return self._call(self._stub.AppendTrajectory, req, None).num_tokens
+        return self._call(self._stub.AppendTrajectory, req).num_tokens
 
 
-class AsyncRepriseClient:
-    """asyncio data-plane client (``grpc.aio``)."""
+class AsyncRepriseClient(_Client):
+    """asyncio data-plane client (``grpc.aio``); options as ``RepriseClient``."""
 
-    def __init__(self, target: str = DEFAULT_TARGET, api_key: str | None = None, *, tls: bool = False,
-                 root_certificates: bytes | str | Path | None = None, client_cert: tuple[str, str] | None = None,
-                 timeout: float | None = None, max_message_bytes: int = 16 * MiB) -> None:
-        creds = _credentials(tls, root_certificates, client_cert)
-        opts = channel_options(max_message_bytes)
-        self._channel = (grpc.aio.secure_channel(target, creds, opts) if creds
-                         else grpc.aio.insecure_channel(target, opts))
-        self._stub = decoding_pb2_grpc.DecodingServiceStub(self._channel)
-        self._metadata = (("authorization", f"Bearer {api_key}"),) if api_key else ()
-        self.timeout = timeout
+    _STUB = decoding_pb2_grpc.DecodingServiceStub
+    _AIO = True
+
+    def __init__(self, target: str = DEFAULT_TARGET, api_key: str | None = None, **options: Any) -> None:
+        super().__init__(target, api_key, **options)
 
     async def __aenter__(self) -> Self:
         return self
@@ -359,38 +380,31 @@ class AsyncRepriseClient:
         ids: list[int] = []
         texts: list[str] = []
         try:
-            async for message in call:
-                if message.WhichOneof("kind") == "chunk":
-                    chunk = StreamChunk(list(message.chunk.token_ids), message.chunk.text)
-                    ids.extend(chunk.token_ids)
-                    texts.append(chunk.text)
-                    yield chunk
-                else:
-                    yield completion_from(message.request_id, ids, "".join(texts), message.complete)
-        except grpc.RpcError as exc:
-            raise RepriseError.from_rpc_error(exc) from None
+            with _rpc_errors():
+                async for message in call:
+                    if message.WhichOneof("kind") == "chunk":
+                        chunk = StreamChunk(list(message.chunk.token_ids), message.chunk.text)
+                        ids.extend(chunk.token_ids)
+                        texts.append(chunk.text)
+                        yield chunk
+                    else:
+                        yield completion_from(message.request_id, ids, "".join(texts), message.complete)
         finally:
             call.cancel()  # no-op once finished; frees the server's request when the caller stops early
 
     async def generate(self, prompt: Any = None, *, timeout: float | None = None, **kwargs: Any) -> Completion:
-        try:
+        with _rpc_errors():
             r = await self._stub.Generate(build_request(prompt, **kwargs), metadata=self._metadata,
                                           timeout=timeout or self.timeout)
-        except grpc.RpcError as exc:
-            raise RepriseError.from_rpc_error(exc) from None
         return completion_from(r.request_id, list(r.token_ids), r.text, r.complete)
 
     async def abort(self, request_id: str) -> None:
-        try:
+        with _rpc_errors():
             await self._stub.Abort(decoding_pb2.AbortRequest(request_id=request_id), metadata=self._metadata)
-        except grpc.RpcError as exc:
-            raise RepriseError.from_rpc_error(exc) from None
 
     async def model_info(self) -> ModelInfo:
-        try:
+        with _rpc_errors():
             r = await self._stub.GetModelInfo(decoding_pb2.GetModelInfoRequest(), metadata=self._metadata)
-        except grpc.RpcError as exc:
-            raise RepriseError.from_rpc_error(exc) from None
         return ModelInfo(r.model_name, r.max_context_tokens, list(r.eos_token_ids), r.vocab_size,
                          r.has_chat_template, r.server_version)
 
@@ -448,37 +462,17 @@ def _progress(p: common_pb2.Progress) -> Progress:
     return Progress(p.phase, p.done, p.total, p.unit)
 
 
-class AdminClient:
-    """Synchronous admin-plane client (needs an admin key)."""
+class AdminClient(_SyncClient):
+    """Synchronous admin-plane client (needs an admin key); options as ``RepriseClient``."""
 
-    def __init__(self, target: str = DEFAULT_TARGET, admin_key: str | None = None, *, tls: bool = False,
-                 root_certificates: bytes | str | Path | None = None, client_cert: tuple[str, str] | None = None,
-                 timeout: float | None = None, max_message_bytes: int = 16 * MiB) -> None:
-        creds = _credentials(tls, root_certificates, client_cert)
-        opts = channel_options(max_message_bytes)
-        self._channel = grpc.secure_channel(target, creds, opts) if creds else grpc.insecure_channel(target, opts)
-        self._stub = admin_pb2_grpc.AdminServiceStub(self._channel)
-        self._metadata = (("authorization", f"Bearer {admin_key}"),) if admin_key else ()
-        self.timeout = timeout
+    _STUB = admin_pb2_grpc.AdminServiceStub
 
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        self._channel.close()
-
-    def _unary(self, method: Callable[..., Any], request: Any) -> Any:
-        try:
-            return method(request, metadata=self._metadata, timeout=self.timeout)
-        except grpc.RpcError as exc:
-            raise RepriseError.from_rpc_error(exc) from None
+    def __init__(self, target: str = DEFAULT_TARGET, admin_key: str | None = None, **options: Any) -> None:
+        super().__init__(target, admin_key, **options)
 
     def _stream(self, method: Callable[..., Any], request: Any, on_progress: ProgressFn | None) -> Iterator[Any]:
         """Yield the non-progress messages' payloads; progress goes to ``on_progress``."""
-        try:
+        with _rpc_errors():
             for message in method(request, metadata=self._metadata, timeout=self.timeout):
                 kind = message.WhichOneof("kind")
                 if kind == "progress":
@@ -486,21 +480,19 @@ class AdminClient:
                         on_progress(_progress(message.progress))
                 else:
                     yield getattr(message, kind)
-        except grpc.RpcError as exc:
-            raise RepriseError.from_rpc_error(exc) from None
 
     def create_tenant(self, name: str) -> tuple[TenantRecord, str]:
         """The new tenant and its API key (shown once)."""
-        r = self._unary(self._stub.CreateTenant, admin_pb2.CreateTenantRequest(name=name))
+        r = self._call(self._stub.CreateTenant, admin_pb2.CreateTenantRequest(name=name))
         return TenantRecord(r.tenant.tenant_id, r.tenant.name, r.tenant.created_unix_ms), r.api_key
 
     def list_tenants(self) -> list[TenantRecord]:
-        r = self._unary(self._stub.ListTenants, admin_pb2.ListTenantsRequest())
+        r = self._call(self._stub.ListTenants, admin_pb2.ListTenantsRequest())
         return [TenantRecord(t.tenant_id, t.name, t.created_unix_ms) for t in r.tenants]
 
     def delete_tenant(self, tenant_id: str, confirm: str, dry_run: bool = False) -> int:
         """Crypto-shred a tenant (``confirm`` must equal ``tenant_id``); the number of records deleted."""
-        r = self._unary(self._stub.DeleteTenant,
+        r = self._call(self._stub.DeleteTenant,
                         admin_pb2.DeleteTenantRequest(tenant_id=tenant_id, confirm=confirm, dry_run=dry_run))
         return r.num_records
 
@@ -513,7 +505,7 @@ class AdminClient:
         return results[-1]
 
     def index_stats(self, tenant_id: str | None = None) -> list[IndexStats]:
-        r = self._unary(self._stub.GetIndexStats, admin_pb2.GetIndexStatsRequest(tenant_id=tenant_id or ""))
+        r = self._call(self._stub.GetIndexStats, admin_pb2.GetIndexStatsRequest(tenant_id=tenant_id or ""))
         return [IndexStats.from_message(t) for t in r.tenants]
 
     def build_index(self, tenant_id: str, on_progress: ProgressFn | None = None) -> tuple[IndexStats, float]:
@@ -544,7 +536,7 @@ class AdminClient:
                 if on_document is not None:
                     on_document(n)
 
-        return self._unary(self._stub.ImportCorpus, requests())
+        return self._call(self._stub.ImportCorpus, requests())
 
     def export_history(self, tenant_id: str, out: BinaryIO, password: str,
                        on_progress: ProgressFn | None = None) -> int:
@@ -571,4 +563,4 @@ class AdminClient:
                 if on_bytes is not None:
                     on_bytes(sent)
 
-        return self._unary(self._stub.ImportHistory, requests())
+        return self._call(self._stub.ImportHistory, requests())

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
 import functools
 import math
 import time
@@ -360,8 +361,6 @@ def _complete(g: Generation) -> decoding_pb2.Complete:
 
 
 def _replace(record: Any, **changes: Any) -> Any:
-    import dataclasses
-
     return dataclasses.replace(record, **changes)
 
 

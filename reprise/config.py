@@ -18,6 +18,7 @@ came from (flag, environment variable or file).
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 import types
@@ -293,7 +294,7 @@ def _base_type(kind: Any) -> type:
 
 def read_toml(path: Path) -> dict[str, Any]:
     """Settings from a TOML file as ``{"section.field": value}``; unknown keys are an error naming them."""
-    import tomllib
+    import tomllib  # standard library from Python 3.11: on 3.10 only reading a TOML file needs it
 
     try:
         data = tomllib.loads(path.read_text())
@@ -386,8 +387,6 @@ def flag_name(key: str) -> str:
 
 def add_config_arguments(parser: Any) -> None:
     """One flag per setting, each with its help text, its default and its environment variable."""
-    import argparse
-
     parser.add_argument("--config", metavar="FILE", default=None,
                         help="TOML config file (default: $REPRISE_CONFIG, else $REPRISE_HOME/reprise.toml if present)")
     defaults = ServiceConfig(home=Path("~/.reprise"))

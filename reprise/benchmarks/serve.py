@@ -34,6 +34,10 @@ from typing import Any
 
 import numpy as np
 
+from replay_traces.traces import iter_calls
+from reprise.arguments import CliError, require_at_least
+from reprise.config import load_config
+
 TARGET_OVERHEAD = 0.10
 TOOLS = (
     '{"name": "search_flights", "parameters": {"origin": "string", "destination": "string", "date": "YYYY-MM-DD"}}\n'
@@ -91,8 +95,6 @@ def synthetic_conversations(n: int, seed: int = 0) -> list[list[dict[str, str]]]
 
 
 def trace_conversations(path: Path, n: int) -> list[list[dict[str, str]]]:
-    from replay_traces.traces import iter_calls
-
     out = []
     for call in iter_calls(path):
         out.append([{"role": m.role, "content": m.content} for m in call.messages][-8:])
@@ -187,11 +189,7 @@ def _pct(values: list[float], q: float) -> float | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from reprise.cli import CliError
-
-    for name in ("concurrency", "requests", "tenants", "max_new_tokens", "num_slots", "max_prompt_tokens"):
-        if getattr(args, name) < 1:
-            raise CliError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    require_at_least(args, ("concurrency", "requests", "tenants", "max_new_tokens", "num_slots", "max_prompt_tokens"))
     if args.trace is not None and not args.trace.is_file():
         raise CliError(f"no such trace file: {args.trace}")
     if args.durability_cost:
@@ -234,7 +232,6 @@ def _durability_cost(args: argparse.Namespace) -> int:
 
 async def _bench(args: argparse.Namespace, home: Path, store_before_reply: bool = True) -> dict[str, Any]:
     from grpc_api.client import AdminClient
-    from reprise.config import load_config
     from reprise.server.service import Service
 
     flags = {"home": str(home), "server.grpc_port": "0", "server.http_port": "0",

@@ -1,6 +1,6 @@
 """`reprise replay`: the canonical replay of agent traces through a drafter.
 
-Every LLM call of each trace (../shared/traces/FORMAT.md) is decoded against its recorded response:
+Every LLM call of each trace (docs/replay.md) is decoded against its recorded response:
 each step the drafter proposes a tree of at most --budget tokens, greedy verification accepts the
 longest matching root path plus one bonus token. Printed per file:
 
@@ -23,7 +23,13 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-from reprise.cli import positive_int
+from replay_traces.oracle import CopyLimitOracle
+from replay_traces.replay import read_calls, replay_calls
+from replay_traces.tokenizer import CanonicalTokenizer
+from replay_traces.traces import Call, TraceStats
+from reprise.arguments import CliError, positive_int
+from retrieval.config import DraftingConfig
+from retrieval.session import Proposer
 
 ORACLE = "oracle"
 _SHOWN_POSITIONS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
@@ -65,8 +71,6 @@ def add_parser(sub) -> None:
 
 def check_traces(paths: list[str]) -> list[Path]:
     """The trace paths as Paths; a missing or unreadable one is a CliError naming it."""
-    from reprise.cli import CliError
-
     out = []
     for p in paths:
         path = Path(p)
@@ -79,9 +83,6 @@ def check_traces(paths: list[str]) -> list[Path]:
 
 
 def make_tokenizer(name: str):
-    from replay_traces.tokenizer import CanonicalTokenizer
-    from reprise.cli import CliError
-
     try:
         return CanonicalTokenizer(name)
     except ValueError as exc:
@@ -120,19 +121,13 @@ class Progress:
 def replay_one(path: Path, drafter: str, *, tokenizer, budget: int, max_calls: int | None,
                skip_bad_lines: bool, progress: Progress, config=None):
     """Replay one file with the named proposer (or the oracle); trace errors become CliError."""
-    from replay_traces.replay import read_calls, replay_calls
-    from replay_traces.traces import Call, TraceStats
-    from reprise.cli import CliError
     from reprise.drafters import make_proposer
-    from retrieval.session import Proposer
 
     stats = TraceStats()
     calls: Iterable[Call]
     proposer: Proposer
     try:
         if drafter == ORACLE:
-            from replay_traces.oracle import CopyLimitOracle
-
             listed = list(read_calls(path, max_calls=max_calls, skip_bad_lines=skip_bad_lines, stats=stats))
             progress.note(f"{path.name}: building the copy-limit oracle over {len(listed)} calls")
             proposer = CopyLimitOracle(listed, tokenizer, max_len=budget)
@@ -190,9 +185,7 @@ def columns(rows) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from reprise.cli import CliError
     from reprise.drafters import DEFAULT_DRAFTER, proposer_names
-    from retrieval.config import DraftingConfig
 
     paths = check_traces(args.traces)
     drafter = args.drafter or DEFAULT_DRAFTER

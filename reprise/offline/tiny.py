@@ -6,16 +6,19 @@ from __future__ import annotations
 
 from typing import Any
 
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from tokenizers.pre_tokenizers import ByteLevel
+from transformers import PreTrainedTokenizerFast
+
+from verifier.models import LoadedModel
+from verifier.testing import tiny_model
+
 TINY_VOCAB = 258
 TINY_EOS = 256  # "<|end|>"
 
 
 def byte_level_tokenizer() -> Any:
     """256 byte tokens (no merges), ``<|end|>`` (EOS, 256), ``<|begin|>`` (257), and a chat template."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from tokenizers.pre_tokenizers import ByteLevel
-    from transformers import PreTrainedTokenizerFast
-
     vocab = {c: i for i, c in enumerate(sorted(ByteLevel.alphabet()))}
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
@@ -32,8 +35,6 @@ def byte_level_tokenizer() -> Any:
 
 def tiny_llama(seed: int = 7) -> Any:
     """``verifier.testing.tiny_model`` sized for the byte tokenizer, with its EOS id."""
-    from verifier.testing import tiny_model
-
     model = tiny_model("llama", vocab_size=TINY_VOCAB, seed=seed)
     model.config.eos_token_id = TINY_EOS
     model.generation_config.eos_token_id = TINY_EOS
@@ -41,6 +42,4 @@ def tiny_llama(seed: int = 7) -> Any:
 
 
 def tiny_loaded_model(seed: int = 7) -> Any:
-    from verifier.models import LoadedModel
-
     return LoadedModel(tiny_llama(seed), byte_level_tokenizer(), "tiny-llama")

@@ -1,4 +1,4 @@
-"""Prometheus metrics with vLLM-compatible names under ``reprise_`` (../shared/research/service.md, 5).
+"""Prometheus metrics with vLLM-compatible names under ``reprise_``.
 
 vLLM's PromQL ports by renaming ``vllm:`` to ``reprise_``:
 
@@ -97,7 +97,7 @@ class ServiceMetrics:
         self.crypto_failures = Counter("reprise_crypto_failures", "Records that failed their integrity check",
                                        ["kind"], registry=r)
 
-    # ---- called by the decode pipeline, once per step ----------------------------------------------
+    # ---- called by the engine's step observer, once per step ----------------------------------------------
 
     def observe_step(self, num_draft_tokens: int, num_accepted: int, lookup_seconds: float | None = None,
                      match_len: int | None = None, skipped: bool = False) -> None:
@@ -124,7 +124,7 @@ class ServiceMetrics:
 
     def observe_drafts(self, num_drafts: int, num_draft_tokens: int, accepted_per_pos: Sequence[int],
                        num_steps: int = 0) -> None:
-        """Aggregated figures of several steps (e.g. one request's), for pipelines that report in bulk."""
+        """Aggregated figures of several steps (e.g. one request's), for a decode backend that reports in bulk."""
         if num_steps:
             self.num_steps.inc(num_steps)
         if num_drafts:

@@ -49,13 +49,6 @@ def load_target_model(config: ServiceConfig) -> Any:
     return load_default_model(num_threads=m.num_threads, device=m.device)
 
 
-def default_drafter() -> str:
-    """The full Reprise proposer once registered, else the prompt-lookup baseline."""
-    from reprise.drafters import proposer_names
-
-    return "reprise" if "reprise" in proposer_names() else "prompt_lookup"
-
-
 def make_private_dir(path: Path) -> None:
     """The data directory, created 0700 (it holds the master key, the admin key and the encrypted store)
     with any missing parents; an existing directory keeps the mode its operator gave it."""
