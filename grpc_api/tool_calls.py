@@ -107,7 +107,7 @@ class ToolCallFormat:
         calls: list[ToolCall] = []
         for body in _BLOCK.findall(text, start):
             try:
-                value = json.loads(body.strip())
+                value = json.loads(body.strip(), strict=False)  # control characters inside strings pass
             except ValueError:
                 continue
             for obj in value if isinstance(value, list) else [value]:
