@@ -94,3 +94,17 @@ def test_langchain_bind_tools_loop(service) -> None:
     for c in chunks[1:]:
         merged = merged + c
     assert len(merged.tool_calls) == 1 and merged.tool_calls[0]["name"] in tools
+
+
+def test_example_agents_sdk_loop_runs(service, capsys) -> None:
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[3] / "examples" / "openai_agents_loop.py"
+    spec = importlib.util.spec_from_file_location("openai_agents_example", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    code = module.main(["--base-url", service.http + "/v1", "--api-key", service.key, "--admin-key",
+                        service.admin_key, "--grpc-server", service.target, "--tasks", "2", "--max-tokens", "120"])
+    out = capsys.readouterr().out
+    assert code == 0 and "model tiny-llama" in out and "task 2:" in out and '"city"' in out and "hit rate" in out
