@@ -186,7 +186,7 @@ def openai_router(front: DecodeFront, authenticator: Authenticator, max_body_byt
                 yield delta(finish=FINISH.get(generation.finish_reason, "stop"))
                 if api.include_usage:
                     yield event([], usage=usage(generation))
-            except errors.ServiceError as exc:
+            except (errors.ServiceError, ValueError) as exc:  # the stream has begun: the error is an event
                 yield b"data: " + json.dumps(error_body(exc)[1]).encode() + b"\n\n"
             yield b"data: [DONE]\n\n"
 
