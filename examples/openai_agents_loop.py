@@ -30,7 +30,14 @@ WEATHER = {"Paris": (14, "cloudy"), "Lisbon": (19, "sunny"), "Oslo": (3, "snow")
 
 
 async def run(args: argparse.Namespace) -> int:
-    from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
+    from agents import (
+        Agent,
+        ModelSettings,
+        OpenAIChatCompletionsModel,
+        Runner,
+        function_tool,
+        set_tracing_disabled,
+    )
     from openai import AsyncOpenAI
 
     set_tracing_disabled(True)  # the SDK would send traces to OpenAI's servers otherwise

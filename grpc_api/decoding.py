@@ -14,9 +14,21 @@ from typing import Any
 
 from grpc_api import errors
 from grpc_api.backend import ChatMessage, Generation, PromptInput, Tool, ToolCall
-from grpc_api.front import (MAX_ID_CHARS, MAX_SESSION_CHARS, DecodeFront, DecodeJob, RawParams, ResponseFormat,
-                            ToolChoice, check_id, check_messages, check_params, check_tools, output_constraint,
-                            parse_reply)
+from grpc_api.front import (
+    MAX_ID_CHARS,
+    MAX_SESSION_CHARS,
+    DecodeFront,
+    DecodeJob,
+    RawParams,
+    ResponseFormat,
+    ToolChoice,
+    check_id,
+    check_messages,
+    check_params,
+    check_tools,
+    output_constraint,
+    parse_reply,
+)
 from grpc_api.interceptors import current_principal
 from grpc_api.tool_calls import ParsedReply
 from grpc_api.v1 import common_pb2, decoding_pb2, decoding_pb2_grpc

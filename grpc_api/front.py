@@ -26,14 +26,22 @@ import json
 import math
 import re
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from grpc_api import errors
 from grpc_api.admission import ActiveRequest, Admission, ThreadPump
-from grpc_api.backend import (ChatMessage, DecodeBackend, GenerateParams, Generation, ModelInfo, OutputConstraint,
-                              PromptInput, Tool)
+from grpc_api.backend import (
+    ChatMessage,
+    DecodeBackend,
+    GenerateParams,
+    Generation,
+    ModelInfo,
+    OutputConstraint,
+    PromptInput,
+    Tool,
+)
 from grpc_api.interceptors import NullMetrics
 from grpc_api.tool_calls import FORMATS, ParsedReply
 
@@ -294,7 +302,7 @@ class DecodeFront:
         return self.backend.generate(active.tenant, job.session_id, active.request_id, prompt_ids, params,
                                      lambda ids, text: pump.put((ids, text)), active.cancel)
 
-    async def decode(self, tenant: str, job: DecodeJob) -> AsyncIterator[Any]:
+    async def decode(self, tenant: str, job: DecodeJob) -> AsyncGenerator[Any, None]:
         """Yield the request id, then ``(token_ids, text)`` chunks of ``job.chunk_tokens`` tokens, then the
         final ``Generation``. Admission errors raise before anything is yielded."""
         arrival = time.perf_counter()

@@ -26,8 +26,14 @@ from verifier.attention import META_KWARG, TreeAttentionMeta, register
 from verifier.kernels import compact_kv, triton_available
 from verifier.kv_cache import KVPool, StepCache
 from verifier.models import cache_keyword, check_supported
-from verifier.sampling import (RowContext, SamplingParams, apply_processors, apply_token_mask, sample_rows,
-                               warp_probs)
+from verifier.sampling import (
+    RowContext,
+    SamplingParams,
+    apply_processors,
+    apply_token_mask,
+    sample_rows,
+    warp_probs,
+)
 from verifier.tree import StepBatch, additive_mask, chain_batch, check_additive_mask, layout_tree, pack_steps
 
 BACKENDS = ("auto", "triton", "torch", "model")

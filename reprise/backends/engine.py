@@ -22,7 +22,15 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from grpc_api import errors
-from grpc_api.backend import ChatMessage, GenerateParams, Generation, ModelInfo, PromptInput, TokenCallback, Tool
+from grpc_api.backend import (
+    ChatMessage,
+    GenerateParams,
+    Generation,
+    ModelInfo,
+    PromptInput,
+    TokenCallback,
+    Tool,
+)
 from grpc_api.tool_calls import FORMATS, format_for
 from reprise.engine.engine import Engine
 from reprise.engine.grammar import GrammarCompiler

@@ -287,13 +287,14 @@ async def _bench(args: argparse.Namespace, home: Path) -> dict[str, Any]:
     if args.api == "grpc":
         return passes["grpc"]
     g, o = passes["grpc"]["engine"], passes["openai"]["engine"]
-    per_model = [p["wall_s"] / p["engine"]["model_s"] if p["engine"]["model_s"] else None for p in passes.values()]
+    g_per_model = passes["grpc"]["wall_s"] / g["model_s"] if g["model_s"] else None
+    o_per_model = passes["openai"]["wall_s"] / o["model_s"] if o["model_s"] else None
     return {**passes["openai"], "api": "openai", "grpc": passes["grpc"], "tool_calls": tool_calls,
             "errors": {"count": passes["grpc"]["errors"]["count"] + passes["openai"]["errors"]["count"],
                        "by_code": {**passes["grpc"]["errors"]["by_code"], **passes["openai"]["errors"]["by_code"]}},
             "http_overhead": {
                 "wall_share": passes["openai"]["wall_s"] / passes["grpc"]["wall_s"] - 1.0,
-                "wall_per_model_share": per_model[1] / per_model[0] - 1.0 if all(per_model) else None,
+                "wall_per_model_share": o_per_model / g_per_model - 1.0 if o_per_model and g_per_model else None,
                 "cpu_share": (o["service_cpu_s"] / o["model_cpu_s"]) / (g["service_cpu_s"] / g["model_cpu_s"]) - 1.0
                 if o["model_cpu_s"] and g["model_cpu_s"] else None,
                 "target": TARGET_HTTP_OVERHEAD}}

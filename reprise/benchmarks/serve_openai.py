@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 # The airline tools of the synthetic prompts as JSON Schemas, for the forced-call pass.
-TOOL_SCHEMAS = [
+TOOL_SCHEMAS: list[dict[str, Any]] = [
     {"type": "function", "function": {"name": "search_flights", "description": "Flights between two airports on a date",
      "parameters": {"type": "object", "properties": {
          "origin": {"type": "string", "enum": ["SFO", "JFK", "LHR", "CDG", "NRT", "SYD"]},
@@ -90,16 +90,17 @@ async def drive_tool_calls(job: dict[str, Any]) -> dict[str, Any]:
     outcomes: list[str] = []
 
     async def one(i: int) -> None:
-        messages = job["chats"][i % len(job["chats"])]
+        messages: Any = job["chats"][i % len(job["chats"])]
+        tools: Any = TOOL_SCHEMAS
         async with semaphore:
             try:
                 done = await client.chat.completions.create(
-                    model=job["model"], messages=messages, tools=TOOL_SCHEMAS, tool_choice="required",
+                    model=job["model"], messages=messages, tools=tools, tool_choice="required",
                     max_tokens=job["tool_max_tokens"], extra_body={"prompt_cache_key": f"tools-{i % 7}"})
             except openai.APIError as exc:
                 outcomes.append(f"error: {exc}")
                 return
-        calls = done.choices[0].message.tool_calls or []
+        calls: list[Any] = list(done.choices[0].message.tool_calls or [])
         if done.choices[0].finish_reason != "tool_calls" or len(calls) != 1:
             outcomes.append(f"unparsed ({done.choices[0].finish_reason})")
             return
@@ -117,4 +118,4 @@ async def drive_tool_calls(job: dict[str, Any]) -> dict[str, Any]:
     await client.close()
     valid = outcomes.count("valid")
     return {"requests": len(outcomes), "valid": valid, "valid_share": valid / len(outcomes) if outcomes else None,
-            "failures": sorted(set(o for o in outcomes if o != "valid"))[:5], "wall_s": wall}
+            "failures": sorted({o for o in outcomes if o != "valid"})[:5], "wall_s": wall}

@@ -16,8 +16,19 @@ from typing import Any
 
 from grpc_api import errors
 from grpc_api.backend import ChatMessage, PromptInput, Tool, ToolCall
-from grpc_api.front import (MAX_SESSION_CHARS, DecodeFront, DecodeJob, RawParams, ResponseFormat, ToolChoice,
-                            check_id, check_messages, check_params, check_tools, output_constraint)
+from grpc_api.front import (
+    MAX_SESSION_CHARS,
+    DecodeFront,
+    DecodeJob,
+    RawParams,
+    ResponseFormat,
+    ToolChoice,
+    check_id,
+    check_messages,
+    check_params,
+    check_tools,
+    output_constraint,
+)
 
 # RawParams' fields as the OpenAI API names them, for error messages.
 FIELDS = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens", "tool_choice": "tool_choice",

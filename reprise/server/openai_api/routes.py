@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -138,7 +138,7 @@ def openai_router(front: DecodeFront, authenticator: Authenticator, max_body_byt
                              "usage": usage(generation), "system_fingerprint": None},
                             headers={"X-Request-Id": ident})
 
-    async def stream(items: AsyncIterator[Any], first: list[Any], api: ApiRequest, ident: str,
+    async def stream(items: AsyncGenerator[Any, None], first: list[Any], api: ApiRequest, ident: str,
                      chat: bool) -> AsyncIterator[bytes]:
         created_at = int(time.time())
         kind = "chat.completion.chunk" if chat else "text_completion"

@@ -155,7 +155,7 @@ def test_constrain_prunes_forbidden_nodes_and_masks_rows(tokenizer, compiler) ->
     kept, keep, mask = state.constrain(tree, np.arange(5), room=5, jump_forward=False)
     assert kept.token_ids.tolist() == [t, r, f] and keep.tolist() == [0, 1, 4]
     assert kept.parents.tolist() == [-1, 0, -1]
-    allowed = lambda row: {c for c in range(TINY_VOCAB) if (int(mask[row, c >> 5]) >> (c & 31)) & 1}  # noqa: E731
+    allowed = lambda row: {c for c in range(TINY_VOCAB) if (int(mask[row, c >> 5]) >> (c & 31)) & 1}
     assert allowed(0) == {t, f} and allowed(1) == {r} and allowed(2) == {tokenizer.encode("u")[0]}
     assert allowed(3) == {tokenizer.encode("a")[0]}
 

@@ -11,9 +11,9 @@ from typing import Literal
 
 import openai
 import pytest
+from testkit.service import start_service
 
 from grpc_api.client import AdminClient
-from testkit.service import start_service
 
 MODEL = "tiny-llama"
 
@@ -28,7 +28,14 @@ def service(tmp_path_factory):
 
 
 def test_openai_agents_sdk_tool_loop(service) -> None:
-    from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
+    from agents import (
+        Agent,
+        ModelSettings,
+        OpenAIChatCompletionsModel,
+        Runner,
+        function_tool,
+        set_tracing_disabled,
+    )
 
     set_tracing_disabled(True)  # traces would go to OpenAI's servers
     calls: list[tuple[str, int]] = []

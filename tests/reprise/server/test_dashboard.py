@@ -10,12 +10,12 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from testkit.service import LoopThread
 
 from grpc_api.backend import Principal, TenantInfo, TenantStats
 from reprise.server.dashboard import StatsHistory, interval_point
 from reprise.server.http import HttpServer, build_app
 from reprise.server.metrics import ServiceMetrics
-from testkit.service import LoopThread
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 ADMIN = "rpa_admin_key"

@@ -12,9 +12,9 @@ import httpx
 import openai
 import pytest
 from pydantic import BaseModel
+from testkit.service import start_service
 
 from grpc_api.client import AdminClient, RepriseClient
-from testkit.service import start_service
 
 MODEL = "tiny-llama"
 WEATHER = {"type": "function", "function": {
@@ -132,12 +132,12 @@ def test_json_schema_parsed_by_pydantic(client) -> None:
 
 
 def test_errors_are_openai_errors(service, client) -> None:
-    with openai.OpenAI(api_key="rpk_wrong", base_url=service.http + "/v1", max_retries=0) as wrong:
-        with pytest.raises(openai.AuthenticationError):
-            wrong.chat.completions.create(model=MODEL, messages=ask("x"))
-    with openai.OpenAI(api_key=service.admin_key, base_url=service.http + "/v1", max_retries=0) as admin:
-        with pytest.raises(openai.PermissionDeniedError, match="admin key"):
-            admin.chat.completions.create(model=MODEL, messages=ask("x"))
+    with (openai.OpenAI(api_key="rpk_wrong", base_url=service.http + "/v1", max_retries=0) as wrong,
+          pytest.raises(openai.AuthenticationError)):
+        wrong.chat.completions.create(model=MODEL, messages=ask("x"))
+    with (openai.OpenAI(api_key=service.admin_key, base_url=service.http + "/v1", max_retries=0) as admin,
+          pytest.raises(openai.PermissionDeniedError, match="admin key")):
+        admin.chat.completions.create(model=MODEL, messages=ask("x"))
     with pytest.raises(openai.NotFoundError, match="does not exist"):
         client.chat.completions.create(model="gpt-4o", messages=ask("x"))
     for bad, needle in (({"n": 2}, "n must be 1"), ({"temperature": -1}, "temperature must be"),

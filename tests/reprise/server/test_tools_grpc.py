@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from testkit.service import start_service
 
 from grpc_api.backend import ChatMessage, PromptInput, Tool, ToolCall
 from grpc_api.client import AdminClient, RepriseClient, RepriseError
 from reprise.offline.tiny import byte_level_tokenizer
-from testkit.service import start_service
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather of a city",
