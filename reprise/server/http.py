@@ -24,6 +24,7 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response
+from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from grpc_api import errors
@@ -41,14 +42,7 @@ def build_app(authenticator: Authenticator, snapshot: Callable[[], dict[str, Any
     """The app; ``front`` (a ``grpc_api.front.DecodeFront``) adds the ``/v1`` API."""
     app = FastAPI(title="reprise", docs_url=None, redoc_url=None, openapi_url=None)
 
-    @app.middleware("http")
-    async def headers(request: Request, call_next: Any) -> Response:
-        response = await call_next(request)
-        if not response.headers.get("content-type", "").startswith("text/event-stream"):
-            response.headers.setdefault("Cache-Control", "no-store")
-        response.headers["X-Content-Type-Options"] = "nosniff"
-        response.headers["Referrer-Policy"] = "no-referrer"
-        return response
+    app.add_middleware(_SecurityHeaders)
 
     @app.exception_handler(errors.ServiceError)
     @app.exception_handler(ValueError)
@@ -81,6 +75,30 @@ def build_app(authenticator: Authenticator, snapshot: Callable[[], dict[str, Any
     if front is not None:
         app.include_router(openai_router(front, authenticator, max_body_bytes))
     return app
+
+
+class _SecurityHeaders:
+    """Pure ASGI middleware (it does not buffer or wrap streams): ``no-store`` except on event streams,
+    ``nosniff`` and ``no-referrer`` on every response."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                headers = MutableHeaders(scope=message)
+                if not headers.get("content-type", "").startswith("text/event-stream"):
+                    headers.setdefault("cache-control", "no-store")
+                headers["x-content-type-options"] = "nosniff"
+                headers["referrer-policy"] = "no-referrer"
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
 
 
 class _Server(uvicorn.Server):
