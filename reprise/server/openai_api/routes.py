@@ -10,10 +10,11 @@ end. Errors are OpenAI error objects (``errors.py``).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -85,7 +86,7 @@ def openai_router(front: DecodeFront, authenticator: Authenticator, max_body_byt
         body = await body_of(request)
         check_model(body)
         api = chat_request(body, front, request.headers.get("x-session-id"))
-        return await respond(who, api, chat=True)
+        return await unless_disconnected(request, respond(who, api, chat=True))
 
     @router.post("/completions")
     async def completions(request: Request) -> Response:
@@ -93,7 +94,7 @@ def openai_router(front: DecodeFront, authenticator: Authenticator, max_body_byt
         body = await body_of(request)
         check_model(body)
         api = completion_request(body, front, request.headers.get("x-session-id"))
-        return await respond(who, api, chat=False)
+        return await unless_disconnected(request, respond(who, api, chat=False))
 
     async def respond(who: Principal, api: ApiRequest, chat: bool) -> Response:
         items = front.decode(who.id, api.job)
@@ -191,6 +192,29 @@ def openai_router(front: DecodeFront, authenticator: Authenticator, max_body_byt
             yield b"data: [DONE]\n\n"
 
     return router
+
+
+async def unless_disconnected(request: Request, work: Awaitable[Response]) -> Response:
+    """``work``'s response, or, when the client goes away first, ``work`` cancelled (its request stops
+    decoding at the engine's next step and frees its place) and a 499 nobody reads. A streamed response
+    is watched by the stream itself once it has begun."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnect(request))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return Response(status_code=499)
+    return task.result()
+
+
+async def _disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _chain(first: list[Any], rest: AsyncIterator[Any]) -> AsyncIterator[Any]:

@@ -176,6 +176,21 @@ def test_429_under_the_tenant_limit_with_retry_after(service, client) -> None:
         pytest.fail("the tenant's place was never freed")
 
 
+def test_a_client_gone_frees_its_place(service, client) -> None:
+    with pytest.raises(httpx.TimeoutException):  # the client gives up on a long unary request
+        httpx.post(service.http + "/v1/chat/completions", headers={"Authorization": f"Bearer {service.key}"},
+                   json={"model": MODEL, "messages": ask("go"), "max_tokens": 2900, "ignore_eos": True}, timeout=1.0)
+    for _ in range(100):  # its decoding stops and its place is free long before 2,900 tokens
+        try:
+            done = client.chat.completions.create(model=MODEL, messages=ask("next"), max_tokens=2)
+            break
+        except openai.RateLimitError:
+            threading.Event().wait(0.05)
+    else:
+        pytest.fail("the gone client's request kept its place")
+    assert done.choices[0].message.content is not None
+
+
 def test_503_while_draining(service, client) -> None:
     admission = service.service.grpc.admission
     service.loop.on_loop(lambda: setattr(admission, "draining", True))
