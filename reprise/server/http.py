@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -38,11 +39,12 @@ log = logging.getLogger(__name__)
 
 def build_app(authenticator: Authenticator, snapshot: Callable[[], dict[str, Any]],
               render_metrics: Callable[[], tuple[bytes, str]], is_draining: Callable[[], bool] = lambda: False,
-              front: Any = None, max_body_bytes: int = 16 << 20) -> FastAPI:
-    """The app; ``front`` (a ``grpc_api.front.DecodeFront``) adds the ``/v1`` API."""
+              front: Any = None, max_body_bytes: int = 16 << 20, metrics: Any = None) -> FastAPI:
+    """The app; ``front`` (a ``grpc_api.front.DecodeFront``) adds the ``/v1`` API; ``metrics`` (with
+    ``observe_http(route, status, seconds)``) counts every request by its route's template."""
     app = FastAPI(title="reprise", docs_url=None, redoc_url=None, openapi_url=None)
 
-    app.add_middleware(_SecurityHeaders)
+    app.add_middleware(_SecurityHeaders, observe=metrics.observe_http if metrics is not None else None)
 
     @app.exception_handler(errors.ServiceError)
     @app.exception_handler(ValueError)
@@ -79,18 +81,23 @@ def build_app(authenticator: Authenticator, snapshot: Callable[[], dict[str, Any
 
 class _SecurityHeaders:
     """Pure ASGI middleware (it does not buffer or wrap streams): ``no-store`` except on event streams,
-    ``nosniff`` and ``no-referrer`` on every response."""
+    ``nosniff`` and ``no-referrer`` on every response; each request's route, status and time to ``observe``."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, observe: Callable[[str, int, float], None] | None = None) -> None:
         self.app = app
+        self.observe = observe
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        start = time.perf_counter()
+        status = 500
 
         async def send_with_headers(message: Any) -> None:
+            nonlocal status
             if message["type"] == "http.response.start":
+                status = message["status"]
                 headers = MutableHeaders(scope=message)
                 if not headers.get("content-type", "").startswith("text/event-stream"):
                     headers.setdefault("cache-control", "no-store")
@@ -98,7 +105,12 @@ class _SecurityHeaders:
                 headers["referrer-policy"] = "no-referrer"
             await send(message)
 
-        await self.app(scope, receive, send_with_headers)
+        try:
+            await self.app(scope, receive, send_with_headers)
+        finally:
+            if self.observe is not None:
+                route = scope.get("route")  # set by the router when a route matched
+                self.observe(getattr(route, "path", "unmatched"), status, time.perf_counter() - start)
 
 
 class _Server(uvicorn.Server):

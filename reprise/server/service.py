@@ -167,7 +167,8 @@ class Service:
                                               interval_s=c.server.stats_interval_s)
             grpc = self.grpc
             self._app = build_app(auth, self.stats_history.snapshot, self.metrics.render,
-                                  lambda: grpc.admission.draining, grpc.front, c.server.max_message_bytes)
+                                  lambda: grpc.admission.draining, grpc.front, c.server.max_message_bytes,
+                                  self.metrics)
         except BaseException:
             if decode is not None:
                 decode.close()  # stops the engine thread, writes queued history

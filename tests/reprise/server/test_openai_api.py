@@ -216,6 +216,9 @@ def test_completions_and_models(service, client) -> None:
         model=MODEL, prompt=[list(b"Once upon")], max_tokens=12, stream=True) if c.choices)
     ids = client.completions.create(model=MODEL, prompt=list(b"Once upon"), max_tokens=12)
     assert streamed == ids.choices[0].text
+    metrics = httpx.get(service.http + "/metrics").text
+    assert 'reprise_http_requests_total{route="/v1/completions",status="200"} 3.0' in metrics
+    assert 'reprise_http_requests_total{route="/v1/models/{model_id:path}",status="404"} 1.0' in metrics
 
 
 def test_speculation_keeps_the_output_and_tool_calls_draft_across_calls(service, client) -> None:
