@@ -60,7 +60,7 @@ def build_app(authenticator: Authenticator, snapshot: Callable[[], dict[str, Any
                             exc.status_code)
 
     @app.get("/metrics")
-    async def metrics() -> Response:
+    async def metrics_text() -> Response:
         body, ctype = render_metrics()
         return Response(body, media_type=ctype)
 
