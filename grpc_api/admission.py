@@ -40,6 +40,8 @@ class Admission:
         self._by_tenant: dict[str, dict[str, ActiveRequest]] = {}
         self._total = 0
         self._on_change = on_change
+        self._idle = asyncio.Event()
+        self._idle.set()
 
     @property
     def num_active(self) -> int:
@@ -91,8 +93,20 @@ class Admission:
             for active in mine.values():
                 active.cancel.set()
 
+    async def wait_idle(self, timeout: float | None = None) -> bool:
+        """Until no request is in flight (graceful shutdown); False when ``timeout`` ran out first."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+            return True
+        except asyncio.TimeoutError:
+            return False
+
     def _changed(self, delta: int) -> None:
         self._total += delta
+        if self._total:
+            self._idle.clear()
+        else:
+            self._idle.set()
         if self._on_change is not None:
             self._on_change(self._total)
 

@@ -16,6 +16,7 @@ status code, the server's message and, for RESOURCE_EXHAUSTED, the server's sugg
 from __future__ import annotations
 
 import contextlib
+import json
 import numbers
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
@@ -38,6 +39,7 @@ FINISH_REASONS = {
     decoding_pb2.FINISH_REASON_LENGTH: "length",
     decoding_pb2.FINISH_REASON_EOS: "eos",
     decoding_pb2.FINISH_REASON_ABORTED: "aborted",
+    decoding_pb2.FINISH_REASON_TOOL_CALLS: "tool_calls",
 }
 DEFAULT_TARGET = "127.0.0.1:50051"
 MiB = 1024 * 1024
@@ -80,8 +82,19 @@ class StreamChunk:
 
 
 @dataclass(frozen=True, slots=True)
+class ToolCall:
+    """A tool call the model made: ``arguments`` is a JSON object's text."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True, slots=True)
 class Completion:
-    """A finished request. ``matched_stop`` is the stop string or stop token id that ended it, if any."""
+    """A finished request. ``matched_stop`` is the stop string or stop token id that ended it, if any.
+    With tools, ``tool_calls`` holds the reply's parsed calls (``finish_reason`` "tool_calls") and
+    ``content`` the text before them."""
 
     request_id: str
     token_ids: list[int]
@@ -90,6 +103,9 @@ class Completion:
     matched_stop: str | int | None
     prompt_tokens: int
     completion_tokens: int
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    content: str = ""
+    cached_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,10 +127,18 @@ def build_request(
     min_new_tokens: int = 0,
     stop: Sequence[str] = (), stop_token_ids: Sequence[int] = (), ignore_eos: bool = False,
     include_stop_str_in_output: bool = False, do_not_record: bool = False, speculation: bool = True,
-    stream_chunk_tokens: int = 0,
+    stream_chunk_tokens: int = 0, tools: Sequence[Mapping[str, Any]] = (), tool_choice: Any = None,
+    response_format: Any = None,
 ) -> decoding_pb2.GenerateRequest:
     """A GenerateRequest. ``prompt`` may be text, token ids or chat messages (dicts with role/content);
-    or give exactly one of ``tokens``, ``text``, ``messages``. ``request_id`` defaults to a fresh uuid."""
+    or give exactly one of ``tokens``, ``text``, ``messages``. ``request_id`` defaults to a fresh uuid.
+
+    Messages, tools, ``tool_choice`` and ``response_format`` take OpenAI's shapes: an assistant message
+    may carry ``tool_calls`` (``[{"id", "function": {"name", "arguments"}}]``), a tool message
+    ``tool_call_id``; a tool is ``{"type": "function", "function": {"name", "description", "parameters"}}``
+    (or the inner object); ``tool_choice`` is "auto", "none", "required", a tool's name or
+    ``{"type": "function", "function": {"name"}}``; ``response_format`` is "json_object",
+    ``{"type": "json_object"}`` or ``{"type": "json_schema", "json_schema": {"schema": {...}}}``."""
     if prompt is not None:
         if tokens is not None or text is not None or messages is not None:
             raise ValueError("give the prompt either positionally or as tokens=/text=/messages=, not both")
@@ -159,6 +183,26 @@ def build_request(
     st.stop_token_ids.extend(stop_token_ids)
     st.ignore_eos = ignore_eos
     st.include_stop_str_in_output = include_stop_str_in_output
+    for tool in tools:
+        fn = tool.get("function", tool)
+        req.tools.add(name=fn["name"], description=fn.get("description") or "",
+                      parameters=json.dumps(fn.get("parameters") or {}))
+    if isinstance(tool_choice, Mapping):
+        req.tool_choice.function = tool_choice["function"]["name"]
+    elif tool_choice in _TOOL_CHOICE:
+        req.tool_choice.mode = _TOOL_CHOICE[tool_choice]
+    elif isinstance(tool_choice, str):
+        req.tool_choice.function = tool_choice
+    elif tool_choice is not None:
+        raise ValueError(f"tool_choice must be auto, none, required, a tool's name or a dict, got {tool_choice!r}")
+    kind = response_format.get("type") if isinstance(response_format, Mapping) else response_format
+    if kind == "json_object":
+        req.response_format.type = decoding_pb2.RESPONSE_FORMAT_TYPE_JSON_OBJECT
+    elif kind == "json_schema":
+        req.response_format.type = decoding_pb2.RESPONSE_FORMAT_TYPE_JSON_SCHEMA
+        req.response_format.json_schema = json.dumps(response_format["json_schema"]["schema"])
+    elif kind not in (None, "text"):
+        raise ValueError(f"response_format must be text, json_object or a json_schema dict, got {response_format!r}")
     return req
 
 
@@ -187,10 +231,14 @@ def _check_messages(messages: Any) -> None:
         if not isinstance(role, str) or not role:
             raise ValueError(f"messages[{i}] needs a 'role' (system, user, assistant or tool), got {role!r}")
         content = m.get("content")
-        if content is None:
+        if content is None and not m.get("tool_calls"):  # an assistant's tool calls may stand alone
             raise ValueError(f"messages[{i}] (role {role!r}) has no 'content': expected a string")
-        if not isinstance(content, str):
+        if content is not None and not isinstance(content, str):
             raise TypeError(f"messages[{i}] (role {role!r}) has a {type(content).__name__} 'content': expected a string")
+
+
+_TOOL_CHOICE = {"auto": decoding_pb2.TOOL_CHOICE_MODE_AUTO, "none": decoding_pb2.TOOL_CHOICE_MODE_NONE,
+                "required": decoding_pb2.TOOL_CHOICE_MODE_REQUIRED}
 
 
 def _set_content(msg: Any, tokens: Sequence[int] | None, text: str | None,
@@ -209,14 +257,22 @@ def _set_content(msg: Any, tokens: Sequence[int] | None, text: str | None,
     elif messages is not None:
         _check_messages(messages)
         for m in messages:
-            msg.messages.messages.add(role=m["role"], content=m["content"])
+            added = msg.messages.messages.add(role=m["role"], content=m.get("content") or "",
+                                              tool_call_id=m.get("tool_call_id") or "", name=m.get("name") or "")
+            for call in m.get("tool_calls") or ():
+                fn = call.get("function", call)
+                args = fn.get("arguments", "{}")
+                added.tool_calls.add(id=call.get("id") or "", name=fn["name"],
+                                     arguments=args if isinstance(args, str) else json.dumps(args))
 
 
 def completion_from(request_id: str, token_ids: list[int], text: str, complete: Any) -> Completion:
     which = complete.WhichOneof("matched_stop")
     matched = getattr(complete, which) if which else None
     return Completion(request_id, token_ids, text, FINISH_REASONS.get(complete.finish_reason, "unspecified"),
-                      matched, complete.usage.prompt_tokens, complete.usage.completion_tokens)
+                      matched, complete.usage.prompt_tokens, complete.usage.completion_tokens,
+                      [ToolCall(c.id, c.name, c.arguments) for c in complete.tool_calls], complete.content,
+                      complete.usage.cached_tokens)
 
 
 def channel_options(max_message_bytes: int = 16 * MiB) -> list[tuple[str, Any]]:

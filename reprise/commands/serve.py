@@ -66,8 +66,8 @@ async def _serve(config) -> int:
     s = config.server
     lines = [f"reprise: serving gRPC on {s.host}:{service.grpc_port}"]
     if service.http is not None:
-        lines.append(f"reprise: metrics at http://{s.host}:{service.http_port}/metrics, "
-                     f"dashboard at http://{s.host}:{service.http_port}/dashboard")
+        lines.append(f"reprise: OpenAI-compatible API at http://{s.host}:{service.http_port}/v1, "
+                     f"metrics at /metrics, dashboard at /dashboard")
     if service.admin_key_file is not None:
         lines.append(f"reprise: first start: the admin key is in {service.admin_key_file} (0600); "
                      "move it to a secret store")

@@ -92,6 +92,11 @@ class ServiceMetrics:
         self.grpc_seconds = Histogram("grpc_server_handling_seconds", "RPC handling time",
                                       ["grpc_service", "grpc_method", "grpc_type"],
                                       buckets=LATENCY_BUCKETS, registry=r)
+        # HTTP (the OpenAI-compatible API, metrics, dashboard); route is the route's template, never an id.
+        self.http_handled = Counter("reprise_http_requests", "HTTP requests completed, by route and status",
+                                    ["route", "status"], registry=r)
+        self.http_seconds = Histogram("reprise_http_request_seconds", "HTTP handling time (to the last byte)",
+                                      ["route"], buckets=LATENCY_BUCKETS, registry=r)
         self.storage_seconds = Histogram("reprise_storage_op_seconds", "History store operations",
                                          ["backend", "op"], buckets=LATENCY_BUCKETS, registry=r)
         self.crypto_failures = Counter("reprise_crypto_failures", "Records that failed their integrity check",
@@ -169,6 +174,10 @@ class ServiceMetrics:
     def observe_rpc(self, service: str, method: str, rpc_type: str, code: str, seconds: float) -> None:
         self.grpc_handled.labels(service, method, rpc_type, code).inc()
         self.grpc_seconds.labels(service, method, rpc_type).observe(seconds)
+
+    def observe_http(self, route: str, status: int, seconds: float) -> None:
+        self.http_handled.labels(route, str(status)).inc()
+        self.http_seconds.labels(route).observe(seconds)
 
     def render(self) -> tuple[bytes, str]:
         """The text exposition format and its content type."""

@@ -6,7 +6,7 @@
 
 Start-up order: the encrypted store (and, on first start, the admin key file), the model, the engine on
 its own thread, the tenants' indexes, the gRPC server (data and admin planes), the HTTP server
-(/metrics, /dashboard). Shutdown (``stop``) reverses it: health NOT_SERVING, in-flight streams finish
+(the OpenAI-compatible API under /v1, /metrics, /healthz, /dashboard; reprise/server/http.py). Shutdown (``stop``) reverses it: health NOT_SERVING, in-flight streams finish
 within the grace period, the engine stops, queued history is written, the store closes.
 """
 
@@ -28,9 +28,10 @@ from reprise.drafters import DEFAULT_DRAFTER, make_proposer
 from reprise.engine.engine import Engine, EngineConfig
 from reprise.server.admin import ServiceAdmin
 from reprise.server.auth import StoreAuthenticator
-from reprise.server.dashboard import HttpServer, StatsHistory
+from reprise.server.dashboard import StatsHistory
 from reprise.server.hidden_store import ReuseWiring
 from reprise.server.history_writer import HistoryWriter
+from reprise.server.http import HttpServer, build_app
 from reprise.server.indexes import TenantIndexes
 from reprise.server.metering import StepMeter, TenantAccounting
 from reprise.server.metrics import ServiceMetrics
@@ -81,6 +82,7 @@ class Service:
         self.metrics: Any = None
         self.grpc: Any = None
         self.http: Any = None
+        self._app: Any = None  # the HTTP side (reprise.server.http.build_app), served once started
         self.history: Any = None
         self.reuse: Any = None  # reprise.server.hidden_store.ReuseWiring when the drafter keeps hidden-state reuse
         self.stats_history: Any = None
@@ -94,7 +96,7 @@ class Service:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self._build)
         self.grpc_port = await self.grpc.start()
-        self.http_port = self.http.start() if self.http is not None else 0
+        self.http_port = await self.http.start(self._app) if self.http is not None else 0
         self.stats_history.start()
         if self.cluster is not None:
             admission = self.grpc.admission  # runs on the event loop: deletions elsewhere cancel from here
@@ -116,9 +118,8 @@ class Service:
             if c.cluster.enabled:  # replicas on one Redis (reprise.cluster, docs/cluster.md)
                 self.cluster = ClusterNode(c.cluster, self.store, None, self.metrics)
             auth = self.cluster.authenticator() if self.cluster else StoreAuthenticator(self.store)
-            if c.server.http_port:
-                self.http = HttpServer(c.server.host, c.server.http_port, auth, lambda: self.stats_history.snapshot(),
-                                       self.metrics.render, lambda: self.grpc is not None and self.grpc.admission.draining)
+            if c.server.http_port:  # bind now: the HTTP port is free before the store writes anything
+                self.http = HttpServer(c.server.host, c.server.http_port)
             self.admin_key_file = ensure_admin_key(self.store)
             if self.admin_key_file is not None:
                 log.warning("first start: the admin key is in %s (0600); `reprise tenant ...` reads it there",
@@ -169,6 +170,10 @@ class Service:
             self.grpc = GrpcServer(decode, admin, auth, c.server, self.metrics, version=__version__)
             self.stats_history = StatsHistory(lambda: admin.index_stats(None), admin.list_tenants,
                                               interval_s=c.server.stats_interval_s)
+            grpc = self.grpc
+            self._app = build_app(auth, self.stats_history.snapshot, self.metrics.render,
+                                  lambda: grpc.admission.draining, grpc.front, c.server.max_message_bytes,
+                                  self.metrics)
         except BaseException:
             if decode is not None:
                 decode.close()  # stops the engine thread, writes queued history
@@ -180,7 +185,7 @@ class Service:
             if self.cluster is not None:
                 self.cluster.stop()
             if self.http is not None:
-                self.http.stop()
+                self.http.close()
                 self.http = None
             self.store.close()
             self.store = None
@@ -209,7 +214,7 @@ class Service:
         if self.stats_history is not None:
             self.stats_history.stop()
         if self.http is not None:
-            self.http.stop()
+            await self.http.stop()
             self.http = None
         if self.cluster is not None:
             self.cluster.stop()

@@ -61,11 +61,11 @@ class Running:
         self.loop.close()
 
 
-def start_service(home: Path, model: Any = None, **settings: Any) -> Running:
+def start_service(home: Path, model: Any = None, tokenizer: Any = None, **settings: Any) -> Running:
     flags = {"home": str(home), "server.grpc_port": "0", "server.http_port": str(free_port()),
              "model.num_slots": "4", "model.max_len": "1000", "server.stats_interval_s": "0.2", **settings}
     config = load_config(flags, env={})
-    loaded = LoadedModel(model if model is not None else tiny_llama(), byte_tokenizer(), "tiny-llama")
+    loaded = LoadedModel(model if model is not None else tiny_llama(), tokenizer or byte_tokenizer(), "tiny-llama")
     loop = LoopThread()
 
     async def make() -> Any:
