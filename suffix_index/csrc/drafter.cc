@@ -4,9 +4,10 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <queue>
 #include <stdexcept>
 #include <string>
+
+#include "bisect.h"
 
 namespace reprise {
 
@@ -198,38 +199,27 @@ bool continues(const SuffixTree& t, const Locus& l) {
   return t.next_in_edge(l) != kSentinel || t.num_children(l.node) > 0;
 }
 
-// The largest m in [1, hi] whose locus continues, trying hi first (a match that kept growing); 0 if
-// none. Continuation is monotone: a longer string's occurrences end where its suffix's do.
+// The largest m in [1, hi] whose locus continues (0 if none), hi tried first; *out is its locus.
+// Continuation is monotone: a longer string's occurrences end where its suffix's do.
 uint32_t longest_continuing(const SuffixTree& t, const Tok* ctx, size_t n, uint32_t hi, Locus* out) {
-  if (hi == 0) return 0;
-  if (t.locate(ctx + n - hi, hi, out) && continues(t, *out)) return hi;
-  uint32_t lo = 0;
-  --hi;
   Locus l;
-  while (lo < hi) {
-    const uint32_t mid = (lo + hi + 1) / 2;
-    if (t.locate(ctx + n - mid, mid, &l) && continues(t, l))
-      lo = mid;
-    else
-      hi = mid - 1;
-  }
-  if (lo > 0) t.locate(ctx + n - lo, lo, out);
-  return lo;
+  return longest_holding(hi, [&](uint32_t m) {
+    if (!t.locate(ctx + n - m, m, &l) || !continues(t, l)) return false;
+    *out = l;  // the last m that holds is the one returned
+    return true;
+  });
 }
 
-// The largest m in [1, hi] whose string occurs more than `floor` times and continues; 0 if none.
+// The largest m in [1, hi] whose string occurs more than `floor` times and continues (0 if none);
+// *out is its locus.
 uint32_t longest_more_frequent(const SuffixTree& t, const Tok* ctx, size_t n, uint32_t hi, double floor, Locus* out) {
-  uint32_t lo = 0;
   Locus l;
-  while (lo < hi) {
-    const uint32_t mid = (lo + hi + 1) / 2;
-    if (t.locate(ctx + n - mid, mid, &l) && t.count_of(l.node) > floor)
-      lo = mid;
-    else
-      hi = mid - 1;
-  }
-  if (lo == 0 || !t.locate(ctx + n - lo, lo, out) || !continues(t, *out)) return 0;
-  return lo;
+  const uint32_t found = last_holding(0, hi, [&](uint32_t m) {
+    if (!t.locate(ctx + n - m, m, &l) || !(t.count_of(l.node) > floor)) return false;
+    *out = l;  // the last m that holds is the one returned
+    return true;
+  });
+  return found > 0 && continues(t, *out) ? found : 0;
 }
 
 class Builder {
