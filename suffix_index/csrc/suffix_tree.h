@@ -259,6 +259,7 @@ class SuffixTree {
   void term_remove(uint32_t id, uint32_t pos);
   // insertion / removal
   ChildRef advance(uint32_t p, ChildRef x, uint32_t d_from, uint32_t d_to);
+  ChildRef end_suffix(uint32_t at, uint32_t p, uint32_t j, uint32_t d_to);  // at `at` or a new leaf below it
   // Prefetch stages for the suffix at position p (of a sequence ending at `end`): the walk's first
   // levels and the exact-key slots of its k-grams, issued a few suffixes ahead of its insertion.
   void prefetch_far(uint32_t p, uint32_t end);
@@ -287,6 +288,9 @@ class SuffixTree {
   void keys_insert_range(ChildRef node, uint32_t lo, uint32_t hi);
   void keys_move_range(ChildRef from, ChildRef to, uint32_t lo, uint32_t hi);
   void keys_erase_range(ChildRef node, uint32_t lo, uint32_t hi);
+  // f(table, hash) for every key length k in (lo, hi], with the hash of the k-gram at arena position pos.
+  template <typename F>
+  void for_keys_in(uint32_t pos, uint32_t lo, uint32_t hi, F&& f);
   uint32_t key_slot_of(const KeyTable& table, uint64_t h, ChildRef node) const;  // slot holding node
   void key_rehash(KeyTable& table, size_t capacity);
   uint32_t key_find(const KeyTable& table, const Tok* key, uint64_t h) const;  // slot index or kNil
