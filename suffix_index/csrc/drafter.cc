@@ -178,8 +178,8 @@ constexpr uint32_t kSkipFlag = 0x80000000u;
 using Rank = DraftWorkspace::Rank;
 
 // A queued node's rank: more probable first, then queued earlier. The bits of a non-negative double
-// order as the double does, so one unsigned comparison decides (no data-dependent branches when the
-// queue picks a child: most of the queue's time was mispredicted comparisons).
+// order as the double does, so one unsigned comparison decides: the queue picks a child without a
+// data-dependent branch (mispredicted comparisons would cost most of the queue's time).
 inline Rank rank_of(double prob, uint32_t order, uint32_t index) {
   uint64_t bits;
   std::memcpy(&bits, &prob, sizeof bits);
@@ -261,11 +261,9 @@ class Builder {
         const int32_t index = (int32_t)out.token_ids.size();
         if (index == 0 && it.begin < it.end)  // the source of its longest-matching cursor
           out.lead_kind = sources_[pool_[it.begin].source & ~kSkipFlag].kind;
-        out.token_ids.push_back(it.token);
-        out.parents.push_back(it.parent);
         // DraftTree contract: probability given the parent was accepted; score sums path probabilities.
         const double parent_prob = it.parent < 0 ? 1.0 : path_[it.parent];
-        out.probs.push_back((float)std::min(1.0, it.prob / parent_prob));
+        out.push(it.token, it.parent, std::min(1.0, it.prob / parent_prob));
         path_.push_back(it.prob);
         out.score += it.prob;
         ++emitted_;
@@ -470,31 +468,33 @@ class Builder {
         const Cursor& c = kids_[k].next;
         if (!redundant(c, first, (uint32_t)pool_.size())) pool_.push_back(c);
       }
-      // Pushed last, it would be popped first only if it beats the top outright (ties go to older items).
-      const bool at_once = next && groups_.size() == 1 && (queue_.empty() || g.prob > prob_of(queue_[0]));
-      Item& item = at_once ? *next : items_.emplace_back();  // filled in place (see add_kid)
-      item.prob = g.prob;
-      item.order = order_++;
-      item.parent = parent;
-      item.token = kids_[g.begin].token;
-      item.begin = first;
-      item.end = (uint32_t)pool_.size();
-      if (at_once) return true;
-      push_queued(item.prob, item.order);
+      Item* now = groups_.size() == 1 ? next : nullptr;  // only an only child may be drafted at once
+      if (enqueue(g.prob, parent, kids_[g.begin].token, first, (uint32_t)pool_.size(), now)) return true;
     }
     return false;
   }
 
+  // The child node `token` of `parent` with the cursors pool_[begin, end): handed back in *next (true)
+  // when `next` is given and the node beats everything queued, as popping it at once would (pushed
+  // last, it is popped first only if it beats the top outright: ties go to older items); else queued.
+  bool enqueue(double prob, int32_t parent, Tok token, uint32_t begin, uint32_t end, Item* next) {
+    const bool at_once = next && (queue_.empty() || prob > prob_of(queue_[0]));
+    Item& item = at_once ? *next : items_.emplace_back();  // filled in place (see add_kid)
+    item.prob = prob;
+    item.order = order_++;
+    item.parent = parent;
+    item.token = token;
+    item.begin = begin;
+    item.end = end;
+    if (!at_once) push_queued(prob, item.order);
+    return at_once;
+  }
+
   // Queues the node just appended to items_.
   void push_queued(double prob, uint32_t order) {
-    const Rank r = rank_of(prob, order, (uint32_t)(items_.size() - 1));
-    size_t i = queue_.size();
+    const size_t hole = queue_.size();
     queue_.emplace_back();
-    while (i > 0 && queue_[(i - 1) / 2] < r) {
-      queue_[i] = queue_[(i - 1) / 2];
-      i = (i - 1) / 2;
-    }
-    queue_[i] = r;
+    sift_up(hole, rank_of(prob, order, (uint32_t)(items_.size() - 1)));
   }
 
   // Removes the queue's first node: the hole it leaves goes down to a leaf by the better child (chosen
@@ -514,11 +514,16 @@ class Builder {
       queue_[hole] = queue_[c];
       hole = c;
     }
-    while (hole > 0 && queue_[(hole - 1) / 2] < last) {
+    sift_up(hole, last);
+  }
+
+  // Puts r into the queue's hole, moving the ranks above it that r beats down along its path.
+  void sift_up(size_t hole, Rank r) {
+    while (hole > 0 && queue_[(hole - 1) / 2] < r) {
       queue_[hole] = queue_[(hole - 1) / 2];
       hole = (hole - 1) / 2;
     }
-    queue_[hole] = last;
+    queue_[hole] = r;
   }
 
   // kids_ by token, then by decreasing match (the order among candidates equal in both is the sort's).
@@ -579,15 +584,7 @@ class Builder {
       c.match += 1;
       if (!redundant(c, begin, kept)) pool_[kept++] = c;
     }
-    *at_once = next && (queue_.empty() || p > prob_of(queue_[0]));
-    Item& item = *at_once ? *next : items_.emplace_back();
-    item.prob = p;
-    item.order = order_++;
-    item.parent = parent;
-    item.token = token;
-    item.begin = begin;
-    item.end = kept;
-    if (!*at_once) push_queued(p, item.order);
+    *at_once = enqueue(p, parent, token, begin, kept, next);
     return true;
   }
 
