@@ -468,33 +468,27 @@ class Builder {
         const Cursor& c = kids_[k].next;
         if (!redundant(c, first, (uint32_t)pool_.size())) pool_.push_back(c);
       }
-      Item* now = groups_.size() == 1 ? next : nullptr;  // only an only child may be drafted at once
-      if (enqueue(g.prob, parent, kids_[g.begin].token, first, (uint32_t)pool_.size(), now)) return true;
+      // Pushed last, it would be popped first only if it beats the top outright (ties go to older items).
+      const bool at_once = next && groups_.size() == 1 && (queue_.empty() || g.prob > prob_of(queue_[0]));
+      Item& item = at_once ? *next : items_.emplace_back();  // filled in place (see add_kid)
+      item.prob = g.prob;
+      item.order = order_++;
+      item.parent = parent;
+      item.token = kids_[g.begin].token;
+      item.begin = first;
+      item.end = (uint32_t)pool_.size();
+      if (at_once) return true;
+      push_queued(item.prob, item.order);
     }
     return false;
   }
 
-  // The child node `token` of `parent` with the cursors pool_[begin, end): handed back in *next (true)
-  // when `next` is given and the node beats everything queued, as popping it at once would (pushed
-  // last, it is popped first only if it beats the top outright: ties go to older items); else queued.
-  bool enqueue(double prob, int32_t parent, Tok token, uint32_t begin, uint32_t end, Item* next) {
-    const bool at_once = next && (queue_.empty() || prob > prob_of(queue_[0]));
-    Item& item = at_once ? *next : items_.emplace_back();  // filled in place (see add_kid)
-    item.prob = prob;
-    item.order = order_++;
-    item.parent = parent;
-    item.token = token;
-    item.begin = begin;
-    item.end = end;
-    if (!at_once) push_queued(prob, item.order);
-    return at_once;
-  }
-
   // Queues the node just appended to items_.
   void push_queued(double prob, uint32_t order) {
+    const Rank r = rank_of(prob, order, (uint32_t)(items_.size() - 1));
     const size_t hole = queue_.size();
     queue_.emplace_back();
-    sift_up(hole, rank_of(prob, order, (uint32_t)(items_.size() - 1)));
+    sift_up(hole, r);
   }
 
   // Removes the queue's first node: the hole it leaves goes down to a leaf by the better child (chosen
@@ -584,7 +578,15 @@ class Builder {
       c.match += 1;
       if (!redundant(c, begin, kept)) pool_[kept++] = c;
     }
-    *at_once = enqueue(p, parent, token, begin, kept, next);
+    *at_once = next && (queue_.empty() || p > prob_of(queue_[0]));
+    Item& item = *at_once ? *next : items_.emplace_back();
+    item.prob = p;
+    item.order = order_++;
+    item.parent = parent;
+    item.token = token;
+    item.begin = begin;
+    item.end = kept;
+    if (!*at_once) push_queued(p, item.order);
     return true;
   }
 

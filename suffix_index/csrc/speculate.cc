@@ -33,12 +33,12 @@ struct WorseCandidate {
   }
 };
 
-// The m in [lo, hi] (lo <= hi) with the highest f(m), the longest among ties.
+// The m in [lo, hi] (1 <= lo <= hi) with the highest f(m), the longest among ties.
 template <typename F>
 uint32_t longest_argmax(uint32_t lo, uint32_t hi, F&& f) {
   uint32_t best = hi;
   auto value = f(hi);
-  for (uint32_t m = hi; m-- > lo;) {
+  for (uint32_t m = hi - 1; m >= lo; --m) {
     const auto v = f(m);
     if (v > value) {
       best = m;
@@ -176,7 +176,12 @@ double SuffixTree::draft_tree(const Locus& l, uint32_t budget, double min_prob, 
 class SuffixTree::Speculation {
  public:
   Speculation(const SuffixTree& t, const Tok* ctx, size_t n, const SpecParams& params)
-      : t_(t), ctx_(ctx), n_(n), params_(params), top_((uint32_t)std::min<size_t>(n, t.max_depth_)) {
+      : t_(t),
+        ctx_(ctx),
+        n_(n),
+        params_(params),
+        max_depth_(t.max_depth_),
+        top_((uint32_t)std::min<size_t>(n, max_depth_)) {
     std::memset(state_, kUnlocated, top_ + 1);
   }
 
@@ -205,8 +210,8 @@ class SuffixTree::Speculation {
     if (t_.count_of(node) != 1) return longest + 1;
     const uint32_t end = t_.ref_of(node) + longest;  // where the single occurrence ends
     uint32_t left = 0;                               // tokens after it, up to the depth cap
-    while (left < t_.max_depth_ && t_.tok_[end + left] != kSentinel) ++left;
-    const auto chain_length = [&](uint32_t m) { return std::min(std::min(budgets_[m], t_.max_depth_ - m), left); };
+    while (left < max_depth_ && t_.tok_[end + left] != kSentinel) ++left;
+    const auto chain_length = [this, left](uint32_t m) { return std::min(std::min(budgets_[m], max_depth_ - m), left); };
     const uint32_t from = unique_from(longest, chain_length);
     const uint32_t m_best = longest_argmax(from, longest, chain_length);
     const uint32_t length = chain_length(m_best);
@@ -257,7 +262,7 @@ class SuffixTree::Speculation {
 
   // Most nodes a draft matching m tokens can have: its budget, and in path mode its depth room.
   uint32_t bound(uint32_t m) const {
-    const uint32_t room = t_.max_depth_ - m;
+    const uint32_t room = max_depth_ - m;
     return room == 0 ? 0 : params_.use_tree ? budgets_[m] : std::min(budgets_[m], room);
   }
 
@@ -331,6 +336,7 @@ class SuffixTree::Speculation {
   const Tok* ctx_;
   const size_t n_;
   const SpecParams& params_;
+  const uint32_t max_depth_;
   const uint32_t top_;  // longest length worth locating: min(n, max_depth)
   // Per length in [0, top_]: kUnlocated, kIndexed or kAbsent. loci_[m] is read only once state_[m] is
   // kIndexed, so its storage is left uninitialised (a default-constructed array would cost a write per
