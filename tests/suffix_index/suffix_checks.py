@@ -1,8 +1,22 @@
-"""Shared comparison for suffix index tests: two indexes that must be indistinguishable."""
+"""Shared comparisons for suffix index tests: a draft against the oracle's, two indexes that must be
+indistinguishable."""
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
+
 from suffix_index import SuffixIndex
+
+
+def assert_same_draft(draft, expected, where: str) -> None:
+    nodes, score, match_len = expected
+    assert draft.token_ids.tolist() == [t for t, _, _ in nodes], where
+    assert draft.parents.tolist() == [p for _, p, _ in nodes], where
+    assert draft.probs.tolist() == np.array([p for _, _, p in nodes], dtype=np.float32).tolist(), where
+    assert math.isclose(draft.score, score, rel_tol=1e-12, abs_tol=0.0), where
+    assert draft.match_len == match_len, where
 
 
 def same_index(a: SuffixIndex, b: SuffixIndex, contexts) -> None:
