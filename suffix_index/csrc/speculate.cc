@@ -211,7 +211,9 @@ class SuffixTree::Speculation {
     const uint32_t end = t_.ref_of(node) + longest;  // where the single occurrence ends
     uint32_t left = 0;                               // tokens after it, up to the depth cap
     while (left < max_depth_ && t_.tok_[end + left] != kSentinel) ++left;
-    const auto chain_length = [this, left](uint32_t m) { return std::min(std::min(budgets_[m], max_depth_ - m), left); };
+    const auto chain_length = [this, left](uint32_t m) {
+      return std::min(std::min(budgets_[m], max_depth_ - m), left);
+    };
     const uint32_t from = unique_from(longest, chain_length);
     const uint32_t m_best = longest_argmax(from, longest, chain_length);
     const uint32_t length = chain_length(m_best);
@@ -238,7 +240,7 @@ class SuffixTree::Speculation {
       const double p1 = first_token_bound(locus(m));
       if (p1 < params_.min_token_prob || !could_beat(p1 * nodes, m, *best)) continue;
       const double score = draft(m, &cand);
-      if (score > best->score || (score == best->score && score > 0 && m > best->match_len)) {
+      if (beats(score, m, *best)) {
         std::swap(*best, cand);
         best->score = score;
         best->match_len = m;
@@ -266,7 +268,13 @@ class SuffixTree::Speculation {
     return room == 0 ? 0 : params_.use_tree ? budgets_[m] : std::min(budgets_[m], room);
   }
 
-  // Whether a draft matching m tokens whose score is at most `bound` could beat *best.
+  // Whether a draft matching m tokens with this score wins over best: a higher score, or an equal,
+  // positive one from a longer match.
+  static bool beats(double score, uint32_t m, const DraftOut& best) {
+    return score > best.score || (score == best.score && score > 0 && m > best.match_len);
+  }
+
+  // Whether a draft matching m tokens whose score is at most `bound` could beat best.
   static bool could_beat(double bound, uint32_t m, const DraftOut& best) {
     const double b = bound * kBoundSlack;
     return b > best.score || (b >= best.score && m > best.match_len && best.score > 0);
@@ -336,7 +344,7 @@ class SuffixTree::Speculation {
   const Tok* ctx_;
   const size_t n_;
   const SpecParams& params_;
-  const uint32_t max_depth_;
+  const uint32_t max_depth_;  // the tree's, by value: the phases' loops read it without going through t_
   const uint32_t top_;  // longest length worth locating: min(n, max_depth)
   // Per length in [0, top_]: kUnlocated, kIndexed or kAbsent. loci_[m] is read only once state_[m] is
   // kIndexed, so its storage is left uninitialised (a default-constructed array would cost a write per

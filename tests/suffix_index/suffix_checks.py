@@ -1,5 +1,5 @@
-"""Shared comparisons for suffix index tests: a draft against the oracle's, two indexes that must be
-indistinguishable."""
+"""Shared steps of the suffix index tests: applying a random operation, a draft against the oracle's,
+two indexes that must be indistinguishable."""
 
 from __future__ import annotations
 
@@ -8,6 +8,18 @@ import math
 import numpy as np
 
 from suffix_index import SuffixIndex
+
+
+def apply_op(ix: SuffixIndex, op: tuple) -> None:
+    """One ("add" | "extend" | "remove", seq_id, tokens) operation; an add of a present id and a remove of
+    an absent one are skipped."""
+    kind, sid, toks = op
+    if kind == "add" and sid not in ix:
+        ix.add(sid, toks)
+    elif kind == "extend":
+        ix.extend(sid, toks)
+    elif kind == "remove" and sid in ix:
+        ix.remove(sid)
 
 
 def assert_same_draft(draft, expected, where: str) -> None:
