@@ -43,11 +43,21 @@ def _params(c: DraftingConfig) -> DrafterParams:
                          skip_min=c.skip_min)
 
 
+def _matched(draft: np.ndarray, tokens: np.ndarray) -> int:
+    """How many leading ``tokens`` equal ``draft``'s."""
+    n = min(len(draft), len(tokens))
+    if n == 0:
+        return 0
+    miss = np.flatnonzero(draft[:n] != tokens[:n])
+    return int(miss[0]) if len(miss) else n
+
+
 class RepriseSession:
     """Drafting state of one request (see ``retrieval.session.DraftSession``)."""
 
     __slots__ = (
         "_cap",
+        "_chain",
         "_finished",
         "_learn",
         "_monitor",
@@ -71,19 +81,32 @@ class RepriseSession:
         config = owner.settings(tenant)[0]
         self._learn, self._cap = config.learn, config.max_draft_tokens
         self._finished = False
+        self._chain: DraftTree | None = None  # the path a chain verifier was sent, when not the whole tree
 
     def propose(self, budget: int) -> DraftTree:
         """A calibrated draft tree of at most ``budget`` nodes continuing the committed context."""
         if budget > 0:
             budget = self._monitor.budget(min(budget, self._cap))
+        self._chain = None
         if budget <= 0:
             return DraftTree.empty(SOURCE)
         return self._native.propose(budget)
+
+    def verify_only(self, chain: DraftTree) -> None:
+        """Only ``chain``, one path of the tree just proposed, is verified (``retrieval.chain``): the
+        acceptance monitor then weighs that path's expected count against what it accepted. Calibration
+        still learns from the whole tree along the committed tokens (they are the target's own)."""
+        self._chain = chain
 
     def commit(self, token_ids: Sequence[int] | np.ndarray) -> None:
         tokens = as_tokens(token_ids, "token_ids")
         if len(tokens):
             expected, accepted = self._native.commit(tokens, self._learn)
+            chain = self._chain
+            if chain is not None:  # a chain verifier accepted a prefix of the chain, then one bonus token
+                self._chain = None
+                expected = chain.score
+                accepted = _matched(chain.token_ids, tokens[:-1])
             if expected > 0:
                 self._monitor.observe(expected, accepted)
             self._output.append(tokens)
