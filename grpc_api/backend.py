@@ -1,6 +1,6 @@
 """What the gRPC servicers need from the rest of Reprise, as plain records and protocols.
 
-``grpc_api`` imports only grpc and protobuf (../shared/DESIGN.md); the application (``reprise.service``)
+``grpc_api`` imports only grpc and protobuf (../shared/DESIGN.md); the application (``reprise.server.service``)
 implements these protocols over the decode pipeline and the privacy store. Methods marked *blocking*
 are called from worker threads, never on the event loop; they may raise ``grpc_api.errors.ServiceError``
 subclasses or ``ValueError`` for bad input.

@@ -35,7 +35,7 @@ class DraftingConfig:
     the budget; ``history_max_bytes`` is each tenant's history index budget (oldest trajectories are
     evicted first; 0: none); ``session_cache_bytes`` bounds the request indexes kept for a session's next call.
 
-    Hybrid proposer ("hybrid", reprise/hybrid.py): a retrieval draft whose score (expected accepted
+    Hybrid proposer ("hybrid", neural_drafters/hybrid.py): a retrieval draft whose score (expected accepted
     tokens) reaches ``hybrid_threshold`` is used alone; below it hidden-state reuse and the neural head
     draft too (``reprise tune --hybrid`` picks it per tenant with the target model).
 

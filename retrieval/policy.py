@@ -2,7 +2,7 @@
 
 Each step's draft comes with its expected number of accepted tokens (``DraftTree.score``, from the
 calibrated drafter); the monitor compares it with what the verifier actually accepted. The engine's
-per-step budget (reprise/draft_budget.py) already cuts each request's tree to what the cost model pays
+per-step budget (reprise/engine/draft_budget.py) already cuts each request's tree to what the cost model pays
 for, using the request's own acceptance; this monitor adds memory across requests: when a tenant's
 drafts keep failing (its traffic changed, or someone floods its history to collapse acceptance — the
 "Mistletoe" style of attack, arXiv 2605.14005), its new requests stop drafting at once instead of each
@@ -10,7 +10,7 @@ relearning it, and a small probe every ``probe_every`` steps notices recovery.
 
 Batch size is the engine's part: the base cost of a step is shared by the whole batch, so as the batch
 grows each draft token costs relatively more (ArcticInference issue #185, vLLM #16258) and the cost
-model keeps fewer of them (``reprise.draft_budget``).
+model keeps fewer of them (``reprise.engine.draft_budget``).
 """
 
 from __future__ import annotations

@@ -53,11 +53,11 @@ _ENTRIES: dict[str, _Entry] = {
         "n-gram lookup with vLLM's defaults (prompt_lookup_min = prompt_lookup_max = 5)",
     ),
     # Neural fallbacks: their factories live in the application (they need torch and a head checkpoint).
-    "hybrid": _Entry("reprise.neural_proposers:make_hybrid_proposer",
+    "hybrid": _Entry("neural_drafters.proposers:make_hybrid_proposer",
                      "retrieval, then hidden-state reuse and the neural head below a score threshold"),
-    "neural": _Entry("reprise.neural_proposers:make_neural_proposer",
+    "neural": _Entry("neural_drafters.proposers:make_neural_proposer",
                      "the trained draft head alone (EAGLE/Medusa/MTP on the target's hidden states)"),
-    "hidden_reuse": _Entry("reprise.neural_proposers:make_reuse_proposer",
+    "hidden_reuse": _Entry("neural_drafters.proposers:make_reuse_proposer",
                            "hidden-state keyed reuse (Oilbird): copy what followed the most similar past state"),
 }
 

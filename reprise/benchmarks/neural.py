@@ -8,7 +8,7 @@ each call's output joins its tenant's history for the later ones.
 
 1. Reference: the engine decodes every call without drafts, recording the target's hidden states
    (cached, so that a second run replays at once).
-2. tau (replay): every drafter replays the references (reprise/model_replay.py): exactly the engine's
+2. tau (replay): every drafter replays the references (reprise/offline/model_replay.py): exactly the engine's
    greedy acceptance with ``--budget`` nodes, without the cost model's cuts. The hybrid's threshold is
    swept (``--thresholds``) and the best by estimated speedup (``--a``/``--b`` cost model) is kept for
    step 3: the per-tenant tuning of the threshold.
@@ -85,7 +85,7 @@ def run(args) -> int:
     if missing:
         raise CliError(f"trace file not found: {missing[0]}")
     lm = _load(args)
-    from reprise.model_replay import select_calls
+    from reprise.offline.model_replay import select_calls
 
     selected = {t: select_calls(t, lm.tokenizer, calls=args.calls, trials=args.trials, call_index=args.call_index,
                                 prompt_tokens=args.prompt_tokens) for t in traces}
@@ -129,8 +129,8 @@ def _head(args, lm, drafters):
     if not {"neural", "hybrid"} & set(drafters):
         return None
     from neural_drafters.drafting import DraftSettings
+    from neural_drafters.proposers import default_checkpoint, load_head_drafter
     from reprise.cli import CliError
-    from reprise.neural_proposers import default_checkpoint, load_head_drafter
 
     path = args.checkpoint or default_checkpoint()
     try:
@@ -179,9 +179,9 @@ def make_proposers(head: Any, drafters: list[str], threshold: float, mode: str,
                    tokenizer: Any = None) -> dict[str, Any]:
     """Fresh proposers (empty histories) for the named drafters; retrieval learns the tokenizer's
     number tokens when it can (canonical matching)."""
+    from neural_drafters.hybrid import HybridProposer, HybridSettings, NeuralProposer, ReuseProposer
+    from neural_drafters.proposers import retrieval_name
     from neural_drafters.reuse import HiddenStateMemory
-    from reprise.hybrid import HybridProposer, HybridSettings, NeuralProposer, ReuseProposer
-    from reprise.neural_proposers import retrieval_name
     from retrieval.registry import make_proposer
 
     out: dict[str, Any] = {}
@@ -201,8 +201,8 @@ def make_proposers(head: Any, drafters: list[str], threshold: float, mode: str,
 
 
 def run_trace(lm, head, calls, drafters: list[str], thresholds: list[float], args) -> dict[str, Any]:
-    from reprise.hybrid_tune import estimated_speedup, label
-    from reprise.model_replay import decode_reference, simulate
+    from reprise.offline.hybrid_tune import estimated_speedup, label
+    from reprise.offline.model_replay import decode_reference, simulate
     from verifier.models import reprise_home
 
     def progress(i, ref):
@@ -240,9 +240,9 @@ def run_trace(lm, head, calls, drafters: list[str], thresholds: list[float], arg
 
 def end_to_end(lm, head, refs, drafters: list[str], threshold: float, args) -> dict[str, Any]:
     """Every call decoded by the engine with each drafter and without, rotating the order per call."""
-    from reprise.draft_budget import CostModel, DraftBudget
-    from reprise.model_replay import _Recorder
-    from reprise.pipeline import Engine, EngineConfig
+    from reprise.engine.draft_budget import CostModel, DraftBudget
+    from reprise.engine.engine import Engine, EngineConfig
+    from reprise.offline.model_replay import _Recorder
     from verifier.runner import ModelRunner
 
     max_len = max(len(r.call.prompt_ids) for r in refs) + args.max_new_tokens + args.budget + 8

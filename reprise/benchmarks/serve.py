@@ -199,14 +199,14 @@ def run(args: argparse.Namespace) -> int:
 async def _bench(args: argparse.Namespace, home: Path) -> dict[str, Any]:
     from grpc_api.client import AdminClient
     from reprise.config import load_config
-    from reprise.service import Service
+    from reprise.server.service import Service
 
     flags = {"home": str(home), "server.grpc_port": "0", "server.http_port": "0",
              "server.max_concurrent_requests": str(max(64, args.concurrency)),
              "model.num_slots": str(args.num_slots), "model.path": args.model_path}
     model = None
     if args.tiny:
-        from reprise.tiny import tiny_loaded_model
+        from reprise.offline.tiny import tiny_loaded_model
 
         model = tiny_loaded_model()
         flags["model.max_len"] = "1000"

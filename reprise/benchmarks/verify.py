@@ -186,8 +186,8 @@ def run_end_to_end(lm, traces: list[Path], args, report: dict[str, Any], save) -
     """Decode every selected call with every method in turn (rotating the order), filling ``report``."""
     import torch
 
-    from reprise.draft_budget import CostModel, DraftBudget
-    from reprise.pipeline import Engine, EngineConfig
+    from reprise.engine.draft_budget import CostModel, DraftBudget
+    from reprise.engine.engine import Engine, EngineConfig
     from retrieval.draft_tree import DraftTree
     from retrieval.registry import make_proposer, proposer_names
     from verifier.runner import ModelRunner

@@ -1,6 +1,6 @@
 """Credentials that survive a short store outage: the last verdict for a key stands while Redis is down.
 
-``reprise.auth.StoreAuthenticator`` caches verdicts for a few seconds and answers UNAVAILABLE when the
+``reprise.server.auth.StoreAuthenticator`` caches verdicts for a few seconds and answers UNAVAILABLE when the
 store cannot be asked. A replica keeps serving through a Redis restart (its model and in-memory indexes
 need no store), so this subclass also remembers the last *positive* verdict per key (by SHA-256, never
 the key) and falls back to it while the store is unreachable. Deleting a tenant or rotating its API
@@ -16,7 +16,7 @@ import threading
 from typing import Any
 
 from grpc_api import errors
-from reprise.auth import StoreAuthenticator
+from reprise.server.auth import StoreAuthenticator
 
 log = logging.getLogger(__name__)
 

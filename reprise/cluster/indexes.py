@@ -1,6 +1,6 @@
 """``TenantIndexes`` on a replica: indexes load on first use and change only through the stream.
 
-The admin plane and ``AppendTrajectory`` reach the indexes through this class (``reprise.indexes``).
+The admin plane and ``AppendTrajectory`` reach the indexes through this class (``reprise.server.indexes``).
 Differences from the single-process version: nothing is loaded at start-up (a tenant loads when a
 request needs it); an appended turn enters the index from the stream once the append returns
 (read-your-writes on this replica, the others follow through the feed); figures of a tenant this
@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from grpc_api.backend import CorpusDocument, CorpusImport, Progress, ProgressCallback, TenantStats
-from reprise.indexes import TenantIndexes
+from reprise.server.indexes import TenantIndexes
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ class ReplicatedIndexes(TenantIndexes):
     def record(self, tenant: str, session_id: str, token_ids: Sequence[int]) -> None:
         """``AppendTrajectory``: append durably (announced to every replica), then apply it here."""
         from privacy.tenants import TenantId
-        from reprise.admin import privacy_errors
+        from reprise.server.admin import privacy_errors
 
         self.replica.note_write(tenant)
         with privacy_errors():

@@ -6,7 +6,7 @@ random model, announcing its ports on stdout once it serves) and a private redis
     # stdout: {"ready": true, "grpc_port": 41234, "http_port": 0, "pid": 777}
 
 Every ``reprise serve`` flag works (settings also from REPRISE_* and the TOML file). ``--tiny`` serves
-``reprise.tiny``'s random Llama (same seed, same weights, on every replica: outputs agree across
+``reprise.offline.tiny``'s random Llama (same seed, same weights, on every replica: outputs agree across
 replicas). SIGTERM stops gracefully, as ``reprise serve`` does.
 
 From Python: ``ReplicaProcess(...).wait_ready()``, ``start_replicas(n, ...)``, ``RedisProcess(dir).start()``.
@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m reprise.cluster.launch", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tiny", action="store_true", help="serve reprise.tiny's random Llama")
+    parser.add_argument("--tiny", action="store_true", help="serve reprise.offline.tiny's random Llama")
     parser.add_argument("--tiny-seed", type=int, default=7, help="its seed (default 7)")
     parser.add_argument("--log-level", default="WARNING", help="log level on stderr (default WARNING)")
     add_config_arguments(parser)
@@ -52,11 +52,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 async def _serve(config, args: argparse.Namespace) -> int:
-    from reprise.service import Service
+    from reprise.server.service import Service
 
     model = None
     if args.tiny:
-        from reprise.tiny import tiny_loaded_model
+        from reprise.offline.tiny import tiny_loaded_model
 
         model = tiny_loaded_model(args.tiny_seed)
     service = Service(config, model=model, model_name="tiny-llama" if args.tiny else "")

@@ -1,5 +1,5 @@
 """Everything a replica adds to ``reprise serve``, built from ``[cluster]`` and wired by
-``reprise.service.Service`` when ``cluster.enabled`` is set:
+``reprise.server.service.Service`` when ``cluster.enabled`` is set:
 
     node = ClusterNode(config.cluster, store, proposer, metrics)
     auth = node.authenticator()                    # verdicts survive a store outage

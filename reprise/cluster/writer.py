@@ -1,7 +1,7 @@
 """The history sink of a replica: finished requests' trajectories, sealed and appended off the engine
 thread, announced to the other replicas, applied to this replica's index from the stream.
 
-Like ``reprise.history_writer.HistoryWriter`` (batched per tenant, one atomic append each) with two
+Like ``reprise.server.history_writer.HistoryWriter`` (batched per tenant, one atomic append each) with two
 differences. A write that fails because the store is unreachable is retried with backoff until it
 lands (Redis restarting, a failover): the trajectories wait in memory, at most ``max_pending``; more are
 dropped and counted, and a shutdown that cannot reach the store reports how many it could not write.
@@ -20,7 +20,7 @@ import threading
 import time
 from typing import Any
 
-from reprise.history_writer import STOP, drain, trajectories_by_tenant
+from reprise.server.history_writer import STOP, drain, trajectories_by_tenant
 
 log = logging.getLogger(__name__)
 _STOP = STOP  # the shared stop marker: drain() recognises it
@@ -49,7 +49,7 @@ class ReplicaWriter:
         return self._queue.qsize()
 
     def put(self, record: Any) -> None:
-        """Queue a ``reprise.request.HistoryRecord`` (engine thread; never blocks)."""
+        """Queue a ``reprise.engine.request.HistoryRecord`` (engine thread; never blocks)."""
         if record.tenant in self._replica.deleted:
             return
         try:

@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
 async def _serve(config) -> int:
     from privacy.errors import MasterKeyError, StorageError
     from reprise.cli import CliError
-    from reprise.service import Service
+    from reprise.server.service import Service
 
     service = Service(config)
     print(f"reprise: starting (data in {config.home}; loading the model can take ~30 s on first start)",

@@ -84,8 +84,8 @@ def run(args: argparse.Namespace) -> int:
     from neural_drafters.checkpoint import load_head, load_trainer_state, save_checkpoint
     from neural_drafters.config import HeadConfig
     from neural_drafters.heads import TargetParts, build_head
+    from neural_drafters.proposers import default_checkpoint
     from neural_drafters.training import FeatureSet, Trainer, TrainSettings, choose_draft_vocab
-    from reprise.neural_proposers import default_checkpoint
 
     out = args.out if args.out is not None else default_checkpoint()
     kind = args.kind if args.kind == "eagle" else ("medusa" if args.mtp_style == "medusa" else "mtp")
@@ -188,7 +188,7 @@ def _extract(args: argparse.Namespace, lm: Any, path: Path) -> dict[str, Any]:
 
     from neural_drafters.training import extract_features
     from reprise.cli import CliError
-    from reprise.drafter_data import split_by_session, training_examples
+    from reprise.offline.drafter_data import split_by_session, training_examples
 
     if lm.tokenizer is None:
         raise CliError(f"the model at {lm.source} has no tokenizer: its chat template is needed")

@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
         make_tokenizer,
         report_skipped,
     )
-    from reprise.tenant_config import data_dir_path, save_drafting_config
+    from reprise.server.tenant_config import data_dir_path, save_drafting_config
     from retrieval.registry import make_proposer, proposer_names
 
     try:
@@ -165,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
     chosen = best.config
     hybrid_result = None
     if hybrid is not None:
-        from reprise.hybrid_tune import tune_threshold
+        from reprise.offline.hybrid_tune import tune_threshold
         from verifier.models import reprise_home
 
         lm, head, hybrid_settings = hybrid
@@ -216,9 +216,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _hybrid_setup(args: argparse.Namespace):
     """(target, head, settings) for --hybrid; CliError for a bad flag, a missing model or checkpoint."""
+    from neural_drafters.proposers import default_checkpoint, load_head_drafter
     from reprise.cli import CliError
-    from reprise.hybrid_tune import HybridTuneSettings
-    from reprise.neural_proposers import default_checkpoint, load_head_drafter
+    from reprise.offline.hybrid_tune import HybridTuneSettings
     from verifier.models import load_default_model, load_model
 
     try:

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import pytest
-from grpc_fakes import FakeAdmin, FakeAuth, FakeDecode, ServerThread, Settings
+from testkit.grpc_fakes import FakeAdmin, FakeAuth, FakeDecode, ServerThread, Settings
 
 
 @pytest.fixture

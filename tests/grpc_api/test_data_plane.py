@@ -10,7 +10,7 @@ import time
 
 import grpc
 import pytest
-from grpc_fakes import FakeDecode, ServerThread, Settings, fake_text
+from testkit.grpc_fakes import FakeDecode, ServerThread, Settings, fake_text
 
 from grpc_api.client import AsyncRepriseClient, RepriseClient, RepriseError, build_request
 from grpc_api.v1 import decoding_pb2

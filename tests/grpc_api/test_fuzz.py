@@ -10,7 +10,7 @@ import random
 
 import grpc
 import pytest
-from grpc_fakes import ServerThread, Settings
+from testkit.grpc_fakes import ServerThread, Settings
 
 from grpc_api.backend import Principal
 from grpc_api.v1 import decoding_pb2

@@ -7,7 +7,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from nd_helpers import VOCAB, hidden_of, random_head
+from testkit.neural import VOCAB, hidden_of, random_head
 
 from neural_drafters.drafting import DraftSettings, HeadDrafter
 from neural_drafters.tree import sampled_tree, topk_tree

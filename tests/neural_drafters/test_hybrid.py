@@ -8,13 +8,11 @@ import logging
 import numpy as np
 import pytest
 import torch
-from nd_helpers import VOCAB, hidden_of, random_head
+from testkit.neural import VOCAB, hidden_of, random_head
 
+from neural_drafters import proposers as neural_proposers
 from neural_drafters.drafting import DraftSettings, HeadDrafter
-from neural_drafters.reuse import HiddenStateMemory
-from reprise import neural_proposers
-from reprise.draft_budget import DraftBudget
-from reprise.hybrid import (
+from neural_drafters.hybrid import (
     HybridProposer,
     HybridSettings,
     NeuralDraftTree,
@@ -22,8 +20,10 @@ from reprise.hybrid import (
     ReuseProposer,
     merge_trees,
 )
-from reprise.pipeline import Engine, EngineConfig
-from reprise.request import GenerationRequest, StoppingParams
+from neural_drafters.reuse import HiddenStateMemory
+from reprise.engine.draft_budget import DraftBudget
+from reprise.engine.engine import Engine, EngineConfig
+from reprise.engine.request import GenerationRequest, StoppingParams
 from retrieval.draft_tree import DraftTree
 from retrieval.registry import make_proposer
 from verifier.runner import ModelRunner

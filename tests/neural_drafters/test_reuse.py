@@ -12,7 +12,7 @@ import pytest
 from neural_drafters.reuse import HiddenStateMemory, Projection, ReuseSettings
 from privacy import StoreConfig, open_store
 from privacy.tenants import TenantId
-from reprise.hidden_store import HiddenStatePersistence, segment_key
+from reprise.server.hidden_store import HiddenStatePersistence, segment_key
 
 D = 32
 

@@ -5,41 +5,19 @@ from __future__ import annotations
 
 import base64
 import os
-import secrets
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from testkit.privacy import REDIS_DB, REDIS_HOST, REDIS_PORT
 
 from privacy import HistoryStore, RedisConfig, StoreConfig, open_store
 
-REDIS_HOST, REDIS_PORT, REDIS_DB = "127.0.0.1", 6379, 0
 BACKENDS = ["sqlite", pytest.param("redis", marks=pytest.mark.redis)]
 
 
 def new_master_env() -> dict[str, str]:
     return {"REPRISE_MASTER_KEY": base64.b64encode(os.urandom(32)).decode()}
-
-
-@pytest.fixture(scope="session")
-def redis_client():
-    redis = pytest.importorskip("redis")
-    client = redis.Redis(host=REDIS_HOST, port=REDIS_PORT, db=REDIS_DB)
-    try:
-        client.ping()
-    except redis.RedisError:
-        pytest.skip(f"no Redis at {REDIS_HOST}:{REDIS_PORT} (run `make redis`)")
-    return client
-
-
-@pytest.fixture
-def redis_prefix(redis_client) -> Iterator[str]:
-    """A key prefix no one else uses; every key under it is removed after the test."""
-    prefix = f"reprise-test-privacy-{secrets.token_hex(6)}"
-    yield prefix
-    keys = list(redis_client.scan_iter(match=f"{prefix}:*", count=1000))
-    if keys:
-        redis_client.unlink(*keys)
 
 
 @pytest.fixture(params=BACKENDS)

@@ -7,7 +7,7 @@ import re
 import stat
 
 import pytest
-from privacy_helpers import contains, raw_dump
+from testkit.privacy import contains, raw_dump
 
 from privacy import AuthenticationError, IssuedKey, TenantId, ensure_admin_key, open_store
 from privacy.storage import CredentialRow

@@ -4,7 +4,7 @@ file byte (WAL included), not in any Redis key or value of any type."""
 from __future__ import annotations
 
 import numpy as np
-from privacy_helpers import contains, raw_dump
+from testkit.privacy import contains, raw_dump
 
 from privacy import open_store
 

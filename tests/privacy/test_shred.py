@@ -9,7 +9,7 @@ import os
 import shutil
 
 import pytest
-from privacy_helpers import contains, raw_dump
+from testkit.privacy import contains, raw_dump
 
 from privacy import (
     AuthenticationError,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from replay_helpers import CharTokenizer, conversation, write_trace
+from testkit.replay import CharTokenizer, conversation, write_trace
 
 from replay_traces.oracle import CopyLimitOracle, copy_limits
 from replay_traces.replay import replay_calls

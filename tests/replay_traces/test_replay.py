@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from replay_helpers import CharTokenizer, ScriptedProposer, conversation, write_trace
+from testkit.replay import CharTokenizer, ScriptedProposer, conversation, write_trace
 
 from replay_traces.replay import accepted_length, pool_reports, replay_calls, replay_file
 from replay_traces.traces import iter_calls

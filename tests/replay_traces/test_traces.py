@@ -6,7 +6,7 @@ import gzip
 import json
 
 import pytest
-from replay_helpers import conversation, write_trace
+from testkit.replay import conversation, write_trace
 
 from replay_traces.traces import Call, TraceError, TraceStats, iter_calls
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from suffix_checks import same_index
+from testkit.suffix_checks import same_index
 
 from suffix_index import SuffixIndex
 

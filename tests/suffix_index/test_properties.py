@@ -8,7 +8,7 @@ import math
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from suffix_oracle import Oracle
+from testkit.suffix_oracle import Oracle
 
 from suffix_index import SuffixIndex
 

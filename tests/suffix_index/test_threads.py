@@ -6,7 +6,7 @@ import threading
 import time
 
 import numpy as np
-from suffix_checks import same_index
+from testkit.suffix_checks import same_index
 
 from suffix_index import SuffixIndex
 

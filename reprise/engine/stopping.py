@@ -1,0 +1,108 @@
+"""Stop conditions and incremental detokenization of one request's output.
+
+``StopChecker.append(step_ids)`` takes the tokens a step committed and returns the ones to keep (cut
+after a stop token, EOS, the token completing a stop string, or the length limit), the text delta that
+may be streamed now, and whether the request is finished. Text is decoded incrementally (re-decoding
+only the tokens since the last newline, and holding back a trailing incomplete UTF-8 sequence); while
+stop strings are set, the last ``len(longest stop) - 1`` characters are held back, so streamed text never
+runs past a stop string.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from reprise.engine.request import StoppingParams
+
+
+@dataclass(frozen=True, slots=True)
+class StepOutcome:
+    """Result of appending one step's tokens."""
+
+    token_ids: list[int]  # the step's tokens that are kept
+    text_delta: str  # text that may be streamed now
+    finish_reason: str | None  # None while the request goes on
+    matched_stop: int | str | None
+
+
+class StopChecker:
+    """Stop conditions of one request; ``tokenizer`` may be None (token ids only, no stop strings)."""
+
+    def __init__(
+        self, params: StoppingParams, tokenizer: Any, eos_token_ids: Sequence[int], max_tokens: int
+    ) -> None:
+        if params.stop_strings and tokenizer is None:
+            raise ValueError("stop_strings need a tokenizer; this engine has none")
+        self.params = params
+        self.tokenizer = tokenizer
+        self.max_tokens = min(params.max_new_tokens, max_tokens)
+        stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_token_ids))
+        self._stop_ids = np.array(sorted(stops), dtype=np.int64)
+        self._eos = set(eos_token_ids)
+        self._hold = max((len(s) for s in params.stop_strings), default=1) - 1
+        self.token_ids: list[int] = []
+        self.text = ""
+        self._streamed = 0  # characters of self.text already handed out
+        self._line_start = 0  # token index where the current decoded segment starts
+        self._line_text_len = 0  # len(self.text) when the segment started
+
+    def append(self, step_ids: Sequence[int]) -> StepOutcome:
+        ids = [int(t) for t in step_ids]
+        reason: str | None = None
+        matched: int | str | None = None
+        room = self.max_tokens - len(self.token_ids)
+        if len(ids) >= room:
+            ids, reason = ids[:room], "length"
+        if len(self._stop_ids) and len(self.token_ids) + len(ids) > self.params.min_new_tokens:
+            first_allowed = max(0, self.params.min_new_tokens - len(self.token_ids))
+            hits = np.nonzero(np.isin(np.asarray(ids[first_allowed:], dtype=np.int64), self._stop_ids))[0]
+            if len(hits):
+                cut = first_allowed + int(hits[0])
+                ids, reason, matched = ids[: cut + 1], "stop", ids[cut]
+        start = len(self.token_ids)
+        self.token_ids.extend(ids)
+        if self.tokenizer is not None:
+            self._decode(final=reason is not None)
+            if self.params.stop_strings:
+                found = self._find_stop_string()
+                if found is not None:
+                    pos, stop = found
+                    end = pos + (len(stop) if self.params.include_stop_string else 0)
+                    keep = self._tokens_covering(start, pos + len(stop))
+                    del self.token_ids[keep:]
+                    ids = self.token_ids[start:]
+                    self.text = self.text[:end]
+                    reason, matched = "stop", stop
+        limit = len(self.text) if reason is not None else max(self._streamed, len(self.text) - self._hold)
+        delta = self.text[self._streamed : limit]
+        self._streamed = limit
+        return StepOutcome(ids, delta, reason, matched)
+
+    def _decode(self, final: bool = False) -> None:
+        segment = self.tokenizer.decode(self.token_ids[self._line_start :], skip_special_tokens=True)
+        if segment.endswith("\ufffd") and not final:
+            return  # an incomplete multi-byte character: wait for the next token
+        self.text = self.text[: self._line_text_len] + segment
+        if segment.endswith("\n"):
+            self._line_start = len(self.token_ids)
+            self._line_text_len = len(self.text)
+
+    def _find_stop_string(self) -> tuple[int, str] | None:
+        lo = max(0, self._streamed - self._hold)  # earlier text was checked when it was streamed
+        best: tuple[int, str] | None = None
+        for stop in self.params.stop_strings:
+            pos = self.text.find(stop, lo)
+            if pos >= 0 and (best is None or pos < best[0]):
+                best = (pos, stop)
+        return best
+
+    def _tokens_covering(self, start: int, text_end: int) -> int:
+        """Fewest tokens whose decoded text reaches ``text_end`` (rare path: only when a stop matched)."""
+        for n in range(start + 1, len(self.token_ids) + 1):
+            if len(self.tokenizer.decode(self.token_ids[:n], skip_special_tokens=True)) >= text_end:
+                return n
+        return len(self.token_ids)

@@ -1,0 +1,127 @@
+"""The dashboard: its JSON (admin only), its figures per interval, and the page in headless Chromium."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from grpc_api.backend import Principal, TenantInfo, TenantStats
+from reprise.server.dashboard import HttpServer, StatsHistory, interval_point
+from reprise.server.metrics import ServiceMetrics
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+ADMIN = "rpa_admin_key"
+
+
+class KeyTable:
+    def __init__(self) -> None:
+        self.keys = {ADMIN: Principal("admin", "k1"), "rpk_tenant": Principal("tenant", "a" * 32)}
+
+    def authenticate(self, key: str) -> Principal | None:
+        return self.keys.get(key)
+
+
+def stats(tid: str, steps: int, drafted: int, accepted: int, mix: dict, index: int) -> TenantStats:
+    return TenantStats(tid, index_tokens=index, index_sequences=3, index_memory_bytes=index * 20,
+                       num_requests=steps // 10, num_steps=steps, num_drafted_steps=drafted,
+                       num_draft_tokens=drafted * 8, num_accepted_tokens=accepted,
+                       acceptance_by_position=(0.9, 0.7, 0.5, 0.3, 0.2), drafter_steps=mix)
+
+
+def test_interval_point_uses_differences() -> None:
+    a = stats("t", 100, 50, 100, {"suffix": 50}, 10)
+    b = stats("t", 200, 130, 300, {"suffix": 90, "corpus": 40}, 20)
+    p = interval_point(a, b, 10.0)
+    assert p["hit_rate"] == pytest.approx(0.8) and p["tau"] == pytest.approx(3.0)
+    assert p["drafter_mix"] == pytest.approx({"suffix": 0.5, "corpus": 0.5})
+    idle = interval_point(b, b, 20.0)
+    assert idle["hit_rate"] is None and idle["tau"] is None and idle["drafter_mix"] == {}
+
+
+@pytest.fixture
+def dashboard():
+    current: list[TenantStats] = []
+    tenants = [TenantInfo("a" * 32, "acme"), TenantInfo("b" * 32, "globex")]
+    history = StatsHistory(lambda: list(current), lambda: tenants, interval_s=10)
+    t = 1_700_000_000.0
+    for k in range(8):  # a tenant whose hit rate and tau rise as its history grows, and a quiet one
+        current[:] = [
+            stats("a" * 32, 100 * k, 100 * k * k // 16, 150 * k * k // 4,
+                  {"suffix": 60 * k * k // 16, "corpus": 40 * k * k // 16}, 1000 * (k + 1)),
+            stats("b" * 32, 30 * k, 5 * k, 6 * k, {"suffix": 5 * k}, 300),
+        ]
+        history.sample(t + 10 * k)
+    metrics = ServiceMetrics()
+    server = HttpServer("127.0.0.1", 0, KeyTable(), history.snapshot, metrics.render)
+    server.start()
+    yield server, history
+    server.stop()
+
+
+def get(url: str, key: str | None = None) -> tuple[int, bytes, dict]:
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"} if key else {})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, r.read(), dict(r.headers)
+    except urllib.error.HTTPError as e:
+        return e.code, e.read(), dict(e.headers)
+
+
+def test_json_needs_an_admin_key(dashboard) -> None:
+    server, _ = dashboard
+    base = f"http://127.0.0.1:{server.port}"
+    assert get(base + "/dashboard/api/stats")[0] == 401
+    assert get(base + "/dashboard/api/stats", "wrong")[0] == 401
+    code, body, _ = get(base + "/dashboard/api/stats", "rpk_tenant")
+    assert code == 403 and b"admin key" in body
+    code, body, _ = get(base + "/dashboard/api/stats", ADMIN)
+    doc = json.loads(body)
+    assert code == 200 and [t["name"] for t in doc["tenants"]] == ["acme", "globex"]
+    assert len(doc["tenants"][0]["series"]) == 7
+    code, page, headers = get(base + "/dashboard")
+    assert code == 200 and b"<svg" in page
+    assert b"<script src" not in page and b"<link" not in page and b"@import" not in page  # nothing external
+    assert "script-src 'nonce-" in headers["Content-Security-Policy"]
+    code, text, _ = get(base + "/metrics")
+    assert code == 200 and b"reprise_spec_decode_num_drafts_total" in text
+    assert get(base + "/healthz")[0] == 200 and get(base + "/nope")[0] == 404
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium)")
+def test_page_draws_its_charts_in_headless_chromium(dashboard, tmp_path: Path) -> None:
+    server, _ = dashboard
+    url = f"http://127.0.0.1:{server.port}/dashboard#key={ADMIN}"
+    flags = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             "--disable-dev-shm-usage", "--hide-scrollbars", "--virtual-time-budget=5000"]
+    dom = subprocess.run(flags + [f"--user-data-dir={tmp_path / 'profile-dom'}", "--dump-dom", url],
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert 'data-ready="1"' in dom.stdout, dom.stderr[-2000:]
+    for chart in ("hit-rate", "tau", "drafter-mix", "acceptance", "index-size"):
+        part = dom.stdout.split(f'data-chart="{chart}"', 1)[1].split("</svg>", 1)[0]
+        points = int(part.split('data-points="', 1)[1].split('"', 1)[0])
+        assert points > 0, chart
+    assert dom.stdout.count('class="line"') >= 5  # hit rate x2, tau x2, acceptance x2 (minus idle gaps)
+    assert "acme" in dom.stdout and "globex" in dom.stdout and "2 tenant(s)" in dom.stdout
+    shot = tmp_path / "dashboard.png"
+    subprocess.run(flags + [f"--user-data-dir={tmp_path / 'profile-shot'}", "--window-size=1280,1400",
+                            f"--screenshot={shot}", url], capture_output=True, timeout=120, check=False)
+    assert shot.is_file() and shot.stat().st_size > 20_000
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium)")
+def test_page_without_key_asks_for_one(dashboard, tmp_path: Path) -> None:
+    server, _ = dashboard
+    dom = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                          "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                          f"--user-data-dir={tmp_path / 'p'}", "--virtual-time-budget=3000", "--dump-dom",
+                          f"http://127.0.0.1:{server.port}/dashboard#key=rpk_tenant"],
+                         capture_output=True, text=True, timeout=120, check=False).stdout
+    assert "admin key needed" in dom and "belongs to a tenant" in dom

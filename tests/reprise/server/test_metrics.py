@@ -1,0 +1,87 @@
+"""reprise.server.metrics: vLLM-compatible names, counters bumped per step, and dashboards that only use
+metrics the service exports."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from reprise.server.metrics import ServiceMetrics
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def exported_names(m: ServiceMetrics) -> set[str]:
+    names: set[str] = set()
+    for family in m.registry.collect():
+        if family.type == "counter":
+            names |= {family.name + "_total", family.name + "_created"}
+        elif family.type == "histogram":
+            names |= {family.name + s for s in ("_bucket", "_sum", "_count", "_created")}
+        else:
+            names.add(family.name)
+    return names
+
+
+def samples(m: ServiceMetrics) -> dict[tuple[str, tuple], float]:
+    body, _ = m.render()
+    out = {}
+    for family in text_string_to_metric_families(body.decode()):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def test_vllm_compatible_names_and_step_accounting() -> None:
+    m = ServiceMetrics()
+    m.observe_step(num_draft_tokens=8, num_accepted=3, lookup_seconds=2e-5, match_len=12)
+    m.observe_step(num_draft_tokens=4, num_accepted=0)
+    m.observe_step(num_draft_tokens=0, num_accepted=0)
+    m.observe_step(num_draft_tokens=0, num_accepted=0, skipped=True)
+    s = samples(m)
+    assert s[("reprise_spec_decode_num_drafts_total", ())] == 2
+    assert s[("reprise_spec_decode_num_draft_tokens_total", ())] == 12
+    assert s[("reprise_spec_decode_num_accepted_tokens_total", ())] == 3
+    per_pos = {p: s[("reprise_spec_decode_num_accepted_tokens_per_pos_total", (("position", str(p)),))] for p in range(4)}
+    assert per_pos == {0: 1, 1: 1, 2: 1, 3: 0}
+    assert s[("reprise_index_lookups_total", (("result", "match"),))] == 2
+    assert s[("reprise_index_lookups_total", (("result", "no_match"),))] == 1
+    assert s[("reprise_index_lookups_total", (("result", "skipped"),))] == 1
+    assert s[("reprise_verify_steps_total", ())] == 4
+
+
+def test_bulk_accounting_matches_per_step() -> None:
+    a, b = ServiceMetrics(), ServiceMetrics()
+    for drafted, accepted in [(8, 3), (4, 0), (0, 0), (6, 6)]:
+        a.observe_step(drafted, accepted)
+    b.observe_drafts(num_drafts=3, num_draft_tokens=18, accepted_per_pos=[2, 2, 2, 1, 1, 1], num_steps=4)
+    keep = ("reprise_spec_decode", "reprise_index_lookups_total", "reprise_verify_steps_total")
+    pick = lambda s: {k: v for k, v in s.items() if k[0].startswith(keep) and not k[0].endswith("_created")}
+    assert pick(samples(a)) == pick(samples(b))
+
+
+def test_request_figures_and_no_tenant_labels() -> None:
+    m = ServiceMetrics()
+    m.observe_request("stop", prompt_tokens=10, completion_tokens=5, ttft=0.2, e2e=1.0)
+    m.observe_request("cancelled", prompt_tokens=3, completion_tokens=0, ttft=None, e2e=0.1)
+    m.observe_rpc("reprise.v1.DecodingService", "Generate", "unary", "OK", 0.5)
+    s = samples(m)
+    assert s[("reprise_requests_total", (("finish_reason", "stop"),))] == 1
+    assert s[("reprise_requests_total", (("finish_reason", "cancelled"),))] == 1
+    assert s[("reprise_request_time_per_output_token_seconds_sum", ())] == 0.2  # (1.0 - 0.2) / 4
+    labels = {k for (_, ls) in s for k, _ in ls}
+    assert labels <= {"position", "result", "finish_reason", "reason", "grpc_service", "grpc_method", "grpc_type",
+                      "grpc_code", "le", "backend", "op", "kind"}
+
+
+def test_dashboards_use_only_exported_metrics() -> None:
+    names = exported_names(ServiceMetrics())
+    dashboard = json.loads((ROOT / "deploy" / "grafana" / "reprise.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+    alerts = (ROOT / "deploy" / "grafana" / "alerts.yaml").read_text()
+    used = set(re.findall(r"\b((?:reprise|grpc_server)_[a-z0-9_]+)", " ".join(exprs) + alerts))
+    assert used and used <= names, sorted(used - names)
+    assert len(exprs) >= 20 and all(p["datasource"]["uid"] == "${datasource}" for p in dashboard["panels"] if "datasource" in p)
