@@ -9,7 +9,7 @@ decided here in the service after authentication, never taken from the client:
 - the prefix cache's ``cache_salt``: a keyed hash of the tenant, so one tenant's requests never reuse
   (or time) another's cached blocks (CVE-2025-46570), while a tenant's own repeated prefixes still hit;
 - the finished turn: sealed into the encrypted store through the same history sink as the own engine
-  (``reprise.history_writer.HistoryWriter``), and added to the worker's index of that tenant;
+  (``reprise.server.history_writer.HistoryWriter``), and added to the worker's index of that tenant;
 - the per-step figures: the worker's step records (draft length, accepted, drafter) are drained every
   ``poll_s`` into the same ``TenantAccounting`` and Prometheus metrics the own engine feeds.
 
@@ -63,16 +63,17 @@ def tokenize_prompt(tokenizer: Any, prompt: PromptInput, add_generation_prompt: 
 class VllmBackend:
     """``DecodeBackend`` over a started ``VllmEngine`` whose proposer is Reprise's (or off).
 
-    ``history_sink`` receives each recorded ``reprise.request.HistoryRecord`` (the store's writer);
+    ``history_sink`` receives each recorded ``reprise.engine.request.HistoryRecord`` (the store's writer);
     ``record_trajectory`` stores an ``AppendTrajectory`` turn and indexes it (``TenantIndexes.record``);
-    ``accounting`` (``reprise.metered.TenantAccounting``) and ``metrics`` receive the worker's steps.
+    ``accounting`` (``reprise.server.metering.TenantAccounting``) and ``metrics`` receive the worker's steps.
+    ``close`` shuts the engine down too unless ``owns_engine`` is False (an engine shared by tests).
     """
 
     def __init__(self, engine: Any, tokenizer: Any, model_name: str, *, accounting: Any, metrics: Any = None,
                  history_sink: Callable[[Any], None] | None = None,
                  record_trajectory: Callable[[str, str, Sequence[int]], None] | None = None,
                  on_close: Callable[[], None] | None = None, salt_key: bytes | None = None,
-                 poll_s: float = 1.0) -> None:
+                 poll_s: float = 1.0, owns_engine: bool = True) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
         self._drafting = engine.settings.speculation == "reprise"
@@ -88,7 +89,9 @@ class VllmBackend:
         self._sink = history_sink
         self._record = record_trajectory
         self._on_close = on_close
+        self._owns_engine = owns_engine
         self._salt_key = salt_key if salt_key is not None else secrets.token_bytes(32)
+        self.prefix_cached_tokens: dict[str, int] = {}  # per tenant: prompt tokens served from its prefix cache
         self._stop = threading.Event()
         self._drain_lock = threading.Lock()
         self._poller = threading.Thread(target=self._poll, args=(poll_s,), name="reprise-vllm-steps", daemon=True)
@@ -118,7 +121,7 @@ class VllmBackend:
             self.engine.loop)
         while True:
             try:
-                reason, matched, output = future.result(timeout=0.2)
+                reason, matched, output, cached = future.result(timeout=0.2)
                 break
             except concurrent.futures.TimeoutError:
                 if cancel.is_set():
@@ -131,6 +134,7 @@ class VllmBackend:
                 self._accounting.record_request(tenant)
                 return Generation("aborted", None, len(prompt), 0)
         self._accounting.record_request(tenant)
+        self.prefix_cached_tokens[tenant] = self.prefix_cached_tokens.get(tenant, 0) + cached
         if reason != "aborted" and params.record:
             self._remember(tenant, session_id, request_id, prompt, output)
         return Generation(reason, matched, len(prompt), len(output))
@@ -148,7 +152,8 @@ class VllmBackend:
             self.drain_steps()
         if self._on_close is not None:
             self._on_close()
-        self.engine.close()
+        if self._owns_engine:
+            self.engine.close()
 
     # ---- one request on the engine's loop ------------------------------------------------------------
 
@@ -165,12 +170,13 @@ class VllmBackend:
             output_kind=RequestOutputKind.DELTA, extra_args=tag.to_extra_args())
 
     async def _run(self, engine_id: str, prompt: list[int], sampling: Any, salt: str,
-                   on_tokens: TokenCallback) -> tuple[FinishReason, str | int | None, list[int]]:
+                   on_tokens: TokenCallback) -> tuple[FinishReason, str | int | None, list[int], int]:
         from vllm.inputs import TokensPrompt
 
         output: list[int] = []
         reason: FinishReason = "aborted"
         matched: str | int | None = None
+        cached = 0
         async for out in self.engine.llm.generate(TokensPrompt(prompt_token_ids=prompt, cache_salt=salt),
                                                   sampling, engine_id):
             delta = out.outputs[0]
@@ -178,9 +184,10 @@ class VllmBackend:
             if ids or delta.text:
                 output += ids
                 on_tokens(ids, delta.text)
+            cached = int(out.num_cached_tokens or 0)
             if out.finished:
                 reason, matched = self._finish(delta.finish_reason, delta.stop_reason, output)
-        return reason, matched, output
+        return reason, matched, output, cached
 
     def _finish(self, finish_reason: str | None, stop_reason: Any, output: list[int]) -> tuple[FinishReason,
                                                                                                  str | int | None]:
@@ -197,7 +204,7 @@ class VllmBackend:
 
     def _remember(self, tenant: str, session_id: str, request_id: str, prompt: list[int], output: list[int]) -> None:
         """The finished turn: to the encrypted store (queued) and to the worker's index of the tenant."""
-        from reprise.request import HistoryRecord
+        from reprise.engine.request import HistoryRecord
 
         if self._sink is not None:
             self._sink(HistoryRecord(tenant, session_id, request_id, tuple(prompt), tuple(output)))

@@ -33,7 +33,9 @@ WORKER_EXTENSION = "reprise.backends.vllm.worker.RepriseWorkerExtension"
 class VllmSettings:
     """How the engine is built. ``speculation``: "reprise" (Reprise's proposer), "ngram", "suffix"
     (vLLM's own drafters, for comparison) or "off"; ``enforce_eager`` skips graph compilation (a faster
-    start, slower steps: tests); ``kv_cache_gib`` is the CPU KV cache (``VLLM_CPU_KVCACHE_SPACE``)."""
+    start, slower steps: tests); ``kv_cache_gib`` is the CPU KV cache (``VLLM_CPU_KVCACHE_SPACE``);
+    ``worker_extension`` names the class vLLM mixes into its worker (``worker.RepriseWorkerExtension``
+    or a subclass of it)."""
 
     model: str
     dtype: str = "bfloat16"
@@ -45,6 +47,7 @@ class VllmSettings:
     enforce_eager: bool = False
     kv_cache_gib: float = 2.0
     seed: int = 0
+    worker_extension: str = WORKER_EXTENSION
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -92,7 +95,7 @@ class VllmEngine:
             max_num_seqs=s.max_num_seqs, enable_prefix_caching=True, seed=s.seed,
             tensor_parallel_size=s.tensor_parallel_size, enforce_eager=s.enforce_eager,
             speculative_config=s.speculative_config(),
-            worker_extension_cls=WORKER_EXTENSION if s.speculation == "reprise" else "",
+            worker_extension_cls=s.worker_extension if s.speculation == "reprise" else "",
             disable_log_stats=True, **s.extra,
         )
         return AsyncLLM.from_engine_args(args)
@@ -107,16 +110,17 @@ class VllmEngine:
 
     @property
     def alive(self) -> bool:
-        return self._thread.is_alive() and not getattr(self.llm, "errored", False)
+        return self.llm is not None and self._thread.is_alive() and not getattr(self.llm, "errored", False)
 
     def close(self) -> None:
         """Shut the engine down (its child processes end) and stop the loop."""
-        llm = getattr(self, "llm", None)
+        llm, self.llm = getattr(self, "llm", None), None
         if llm is not None:
             try:
                 llm.shutdown()
             except Exception:  # noqa: BLE001 - shutting down must go on
                 log.warning("vLLM's shutdown failed", exc_info=True)
+            del llm  # collected now, while the interpreter is whole (its __del__ shuts down again)
         self._stop_loop()
 
     def _stop_loop(self) -> None:

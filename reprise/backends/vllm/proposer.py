@@ -73,7 +73,7 @@ class RepriseVllmProposer:
         self.chain_factor = 2
         self.stall_timeout_s = DEFAULT_STALL_TIMEOUT_S
         self.health = ProposerHealth()
-        self._budget: Any = None  # reprise.draft_budget.DraftBudget
+        self._budget: Any = None  # reprise.engine.draft_budget.DraftBudget
         self._requests: dict[str, _Request] = {}
         self._steps: list[tuple[str, int, int, str]] = []
         self._steps_lock = threading.Lock()

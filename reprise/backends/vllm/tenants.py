@@ -2,7 +2,7 @@
 
 With the ``vllm`` engine each tenant's history and corpus indexes live in the worker process, next to
 the proposer that drafts from them (``worker.RepriseWorkerExtension``); the service keeps none of its
-own. ``WorkerTenants`` offers the methods ``reprise.indexes.TenantIndexes`` calls on a proposer
+own. ``WorkerTenants`` offers the methods ``reprise.server.indexes.TenantIndexes`` calls on a proposer
 (``load_history``, ``record``, ``add_corpus``, ``evict``, ``delete``, ``index_stats``,
 ``set_tenant_config``) and forwards each to the worker over vLLM's ``collective_rpc``. So the encrypted
 store stays the source of truth and the same code loads it: at start-up ``TenantIndexes.load_all``

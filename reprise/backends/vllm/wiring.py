@@ -69,11 +69,6 @@ class DrainingAccounting:
 def start_vllm(config: Any, store: Any, accounting: Any, metrics: Any, history_sink: Any,
                on_close: Any = None) -> tuple[VllmBackend, Any]:
     """The started vLLM backend and the ``TenantIndexes`` over the worker's drafting state."""
-    from transformers import AutoTokenizer
-
-    from reprise.indexes import TenantIndexes
-    from reprise.tenant_config import apply_tenant_configs
-
     m = config.model
     folder = model_folder(m.path)
     drafting = (m.drafter or "reprise") == "reprise"
@@ -85,21 +80,35 @@ def start_vllm(config: Any, store: Any, accounting: Any, metrics: Any, history_s
         num_speculative_tokens=min(config.drafting.max_draft_tokens, MAX_SPECULATIVE_TOKENS),
         speculation="reprise" if drafting else "off", tensor_parallel_size=m.tensor_parallel_size))
     try:
-        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
-        metered = DrainingAccounting(accounting)
-        tenants = WorkerTenants(engine) if drafting else None
-        if tenants is not None:
-            attach_reprise(engine, config.drafting, tokenizer)
-            tuned = apply_tenant_configs(tenants, store.list_tenants(), config.home)
-            if tuned:
-                log.info("%d tenants draft with their own tuned settings", tuned)
-        tokenize = lambda text: list(tokenizer.encode(text, add_special_tokens=False))  # noqa: E731
-        indexes = TenantIndexes(store, tenants if tenants is not None else object(), metered, metrics, tokenize)
-        indexes.load_all()
-        backend = VllmBackend(engine, tokenizer, Path(folder).name, accounting=accounting, metrics=metrics,
-                              history_sink=history_sink, record_trajectory=indexes.record, on_close=on_close)
-        metered.backend = backend
+        return wire_vllm(engine, config, store, accounting, metrics, history_sink, on_close)
     except BaseException:
         engine.close()
         raise
+
+
+def wire_vllm(engine: VllmEngine, config: Any, store: Any, accounting: Any, metrics: Any, history_sink: Any,
+              on_close: Any = None, owns_engine: bool = True) -> tuple[VllmBackend, Any]:
+    """Over a started engine: attach the proposer, load every tenant's history into the worker, and
+    build the backend (``start_vllm`` without the engine start; tests share one engine)."""
+    from transformers import AutoTokenizer
+
+    from reprise.server.indexes import TenantIndexes
+    from reprise.server.tenant_config import apply_tenant_configs
+
+    folder = engine.settings.model
+    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    metered = DrainingAccounting(accounting)
+    tenants = WorkerTenants(engine) if engine.settings.speculation == "reprise" else None
+    if tenants is not None:
+        attach_reprise(engine, config.drafting, tokenizer)
+        tuned = apply_tenant_configs(tenants, store.list_tenants(), config.home)
+        if tuned:
+            log.info("%d tenants draft with their own tuned settings", tuned)
+    tokenize = lambda text: list(tokenizer.encode(text, add_special_tokens=False))  # noqa: E731
+    indexes = TenantIndexes(store, tenants if tenants is not None else object(), metered, metrics, tokenize)
+    indexes.load_all()
+    backend = VllmBackend(engine, tokenizer, Path(folder).name, accounting=accounting, metrics=metrics,
+                          history_sink=history_sink, record_trajectory=indexes.record, on_close=on_close,
+                          owns_engine=owns_engine)
+    metered.backend = backend
     return backend, indexes

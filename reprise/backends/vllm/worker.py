@@ -47,7 +47,7 @@ class RepriseWorkerExtension:
     def reprise_attach(self, drafting: dict[str, Any], vocabulary: list[str] | None, chain_factor: int,
                        stall_timeout_s: float, adaptive: bool) -> int:
         """Start drafting with these settings; returns the draft length vLLM verifies at most."""
-        from reprise.draft_budget import DraftBudget
+        from reprise.engine.draft_budget import DraftBudget
         from retrieval.config import DraftingConfig
         from retrieval.proposer import RepriseProposer
 
