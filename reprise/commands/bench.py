@@ -14,6 +14,7 @@ AREAS = {
     "serve": "gRPC service: throughput, TTFT and per-token latency under concurrency",
     "cluster": "replicas on one Redis: throughput, propagation delay, cold start",
     "neural": "neural drafters on traces with the target: tau and tokens/s for retrieval, head, reuse, hybrid",
+    "engine": "vLLM plain, ngram, suffix, vLLM + Reprise's proposer, Reprise's engine: tokens/s at 1 and 8 concurrent",
 }
 
 

@@ -81,7 +81,7 @@ class VllmBackend:
         self._info = ModelInfo(
             model_name=model_name, max_context_tokens=engine.settings.max_model_len,
             eos_token_ids=(int(eos),) if eos is not None else (),
-            vocab_size=int(len(tokenizer)) if tokenizer is not None else 0,
+            vocab_size=len(tokenizer) if tokenizer is not None else 0,
             has_chat_template=bool(tokenizer is not None and getattr(tokenizer, "chat_template", None)),
         )
         self._accounting = accounting
@@ -149,7 +149,11 @@ class VllmBackend:
         self._stop.set()
         if self._poller.is_alive():
             self._poller.join(5)
-            self.drain_steps()
+            if self.engine.alive:  # the last steps' figures; a stopped engine has none to give
+                try:
+                    self.drain_steps()
+                except RuntimeError as exc:
+                    log.warning("the last drafting figures were lost: %s", exc)
         if self._on_close is not None:
             self._on_close()
         if self._owns_engine:
@@ -211,7 +215,7 @@ class VllmBackend:
         if self._drafting and output:
             try:
                 self.engine.rpc("reprise_record", tenant, session_id, token_bytes(prompt), token_bytes(output))
-            except Exception:  # noqa: BLE001 - the store has the turn; a rebuild restores the index
+            except Exception:
                 log.warning("could not add a turn of tenant %s to vLLM's drafting index", tenant, exc_info=True)
 
     def drain_steps(self) -> int:
@@ -235,6 +239,6 @@ class VllmBackend:
         while not self._stop.wait(interval_s):
             try:
                 self.drain_steps()
-            except Exception:  # noqa: BLE001 - figures may lag; decoding goes on
+            except Exception:
                 if not self._stop.is_set():
                     log.debug("draining vLLM's step records failed", exc_info=True)

@@ -18,7 +18,7 @@ import os
 import threading
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from reprise.backends.vllm.versions import require_vllm
 
@@ -91,7 +91,7 @@ class VllmEngine:
 
         s = self.settings
         args = AsyncEngineArgs(
-            model=s.model, tokenizer=s.model, dtype=s.dtype, max_model_len=s.max_model_len,
+            model=s.model, tokenizer=s.model, dtype=cast(Any, s.dtype), max_model_len=s.max_model_len,
             max_num_seqs=s.max_num_seqs, enable_prefix_caching=True, seed=s.seed,
             tensor_parallel_size=s.tensor_parallel_size, enforce_eager=s.enforce_eager,
             speculative_config=s.speculative_config(),
@@ -104,9 +104,15 @@ class VllmEngine:
         """Run ``coro`` on the engine's loop and wait for its result (from any thread but the loop's)."""
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
-    def rpc(self, method: str, *args: Any, timeout: float | None = 60.0) -> list[Any]:
-        """``collective_rpc(method, args)`` on every worker: one result per rank."""
-        return self.call(self.llm.collective_rpc(method, args=args), timeout)
+    def rpc(self, method: str, *args: Any, timeout: float = 60.0) -> list[Any]:
+        """``collective_rpc(method, args)`` on every worker: one result per rank. RuntimeError when the
+        engine has stopped or does not answer within ``timeout`` seconds."""
+        if not self.alive:
+            raise RuntimeError(f"vLLM's engine has stopped: cannot call {method}")
+        try:
+            return self.call(self.llm.collective_rpc(method, args=args), timeout)
+        except TimeoutError:
+            raise RuntimeError(f"vLLM's workers did not answer {method} within {timeout:g} s") from None
 
     @property
     def alive(self) -> bool:
@@ -118,7 +124,7 @@ class VllmEngine:
         if llm is not None:
             try:
                 llm.shutdown()
-            except Exception:  # noqa: BLE001 - shutting down must go on
+            except Exception:
                 log.warning("vLLM's shutdown failed", exc_info=True)
             del llm  # collected now, while the interpreter is whole (its __del__ shuts down again)
         self._stop_loop()

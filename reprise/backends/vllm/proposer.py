@@ -190,7 +190,7 @@ class RepriseVllmProposer:
         if req.session is not None:
             try:
                 req.session.finish(record=False)  # the service records the turn (the stored one)
-            except Exception:  # noqa: BLE001 - ending a session must not fail the step
+            except Exception:
                 log.debug("ending the drafting session of %s failed", req_id, exc_info=True)
 
     def _record(self, step: StepRecord) -> None:

@@ -58,7 +58,7 @@ class DrainingAccounting:
         if self.backend is not None:
             try:
                 self.backend.drain_steps()
-            except Exception:  # noqa: BLE001 - stale figures beat a failed stats call
+            except Exception:
                 log.debug("draining vLLM's step records failed", exc_info=True)
         return self.inner.stats(tenant, **index_figures)
 
@@ -104,7 +104,7 @@ def wire_vllm(engine: VllmEngine, config: Any, store: Any, accounting: Any, metr
         tuned = apply_tenant_configs(tenants, store.list_tenants(), config.home)
         if tuned:
             log.info("%d tenants draft with their own tuned settings", tuned)
-    tokenize = lambda text: list(tokenizer.encode(text, add_special_tokens=False))  # noqa: E731
+    tokenize = lambda text: list(tokenizer.encode(text, add_special_tokens=False))
     indexes = TenantIndexes(store, tenants if tenants is not None else object(), metered, metrics, tokenize)
     indexes.load_all()
     backend = VllmBackend(engine, tokenizer, Path(folder).name, accounting=accounting, metrics=metrics,

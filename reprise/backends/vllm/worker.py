@@ -39,7 +39,7 @@ class RepriseWorkerExtension:
 
         drafter = getattr(self.model_runner, "drafter", None)
         if not isinstance(drafter, RepriseVllmProposer):
-            raise RuntimeError("vLLM's speculative proposer is not Reprise's: start the engine with "
+            raise RuntimeError(  # noqa: TRY004 - a misconfigured engine, not a bad argument"vLLM's speculative proposer is not Reprise's: start the engine with "
                                "speculative_config method 'custom_class' and model "
                                "'reprise.backends.vllm.proposer.RepriseVllmProposer'")
         return drafter

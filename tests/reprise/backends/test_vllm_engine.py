@@ -36,8 +36,9 @@ TASKS = ("Write a short poem about the sea at night.", "Describe a quiet morning
 
 @pytest.fixture(scope="module")
 def vllm_engine() -> Iterator[object]:
-    from reprise.backends.vllm.engine import VllmEngine, VllmSettings
     from testkit.vllm_faults import FAULTY_EXTENSION
+
+    from reprise.backends.vllm.engine import VllmEngine, VllmSettings
     from verifier.models import ensure_default_model
 
     engine = VllmEngine(VllmSettings(
