@@ -76,6 +76,7 @@ class VllmEngine:
         require_vllm()
         self.settings = settings
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{settings.kv_cache_gib:g}")
+        os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout is the CLI's (--json)
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="reprise-vllm", daemon=True)
         self._thread.start()
