@@ -44,6 +44,11 @@ _ENTRIES: dict[str, _Entry] = {
         "retrieval.registry:_suffixdecoding",
         "SuffixDecoding's semantics on Reprise's index (request or past responses, either-or): the anchor",
     ),
+    "suffixdecoding_vllm": _Entry(
+        "retrieval.registry:_suffixdecoding_vllm",
+        "SuffixDecoding as vLLM's `suffix` method runs it by default: depth 24, one path, spec factor 1.0, "
+        "min token prob 0.1 (the chain anchor)",
+    ),
     "prompt_lookup": _Entry(
         "retrieval.registry:_prompt_lookup_2_5",
         "n-gram lookup over the request's own prompt and output, n 2-5 (the baseline in the figures)",
@@ -94,6 +99,15 @@ def _suffixdecoding(config: DraftingConfig) -> Proposer:
     from retrieval.drafters import SuffixDecodingProposer
 
     return SuffixDecodingProposer(config)
+
+
+def _suffixdecoding_vllm(config: DraftingConfig) -> Proposer:
+    from dataclasses import replace
+
+    from retrieval.drafters import SuffixDecodingProposer
+
+    return SuffixDecodingProposer(replace(config, max_depth=24, use_tree=False, max_spec_factor=1.0,
+                                          max_spec_offset=0.0, min_token_prob=0.1))
 
 
 def _prompt_lookup_2_5(config: DraftingConfig) -> Proposer:
