@@ -105,8 +105,10 @@ class RepriseVllmProposer:
             req_ids = list(self.runner.input_batch.req_ids[:num_rows])
             rows = [(i, req_ids[i], self._tag(req_ids[i])) for i in range(num_rows) if sampled_token_ids[i]]
             lengths = np.asarray(num_tokens_no_spec[:num_rows], dtype=np.int64).copy()
+            # A copy: after a stall vLLM goes on writing its buffer while the late call still reads.
+            tokens = np.array(token_ids_cpu[:num_rows, : int(lengths.max(initial=0))], dtype=np.int32)
             live = set(self.runner.requests)
-            self._running = self._pool.submit(self._draft_step, rows, lengths, token_ids_cpu, live, num_rows)
+            self._running = self._pool.submit(self._draft_step, rows, lengths, tokens, live, num_rows)
             drafts = self._running.result(timeout=self.stall_timeout_s)
         except FutureTimeout:
             self.health.stalled_steps += 1
