@@ -12,9 +12,10 @@ greedy tokens each, decoded by every method at one request at a time (calls in f
   vllm_reprise    vLLM with Reprise's proposer (chains from the tenant's history, corpus and request)
   reprise_engine  Reprise's own engine (transformers, tree verification)
 
-Each vLLM method runs on its own engine (the speculative method is fixed when vLLM starts), one after
-the other. Both history-keeping methods start each pass with an empty history and record each call's
-output as the calls finish, as a service would. Printed per trace and concurrency: tokens/s of each
+Each vLLM method runs on its own engine (the speculative method is fixed when vLLM starts); all start
+first, then every group of calls runs through every method in turn (the order rotating), so the load of
+a shared machine falls on all methods alike. Both history-keeping methods start each pass with an empty
+history and record each call's output as the calls finish, as a service would. Printed per trace and concurrency: tokens/s of each
 method, ``reprise_vs_ngram``, ``reprise_vs_plain``, and ``outputs_identical`` (every method's greedy
 output equals vLLM plain's). The machine's load average is printed with the figures.
 """
@@ -32,6 +33,7 @@ from typing import Any
 
 METHODS = ("vllm_plain", "vllm_ngram", "vllm_suffix", "vllm_reprise", "reprise_engine")
 TENANT = "bench"
+SPECULATION = {"vllm_plain": "off", "vllm_ngram": "ngram", "vllm_suffix": "suffix", "vllm_reprise": "reprise"}
 
 
 def add_arguments(parser) -> None:
@@ -91,12 +93,26 @@ def run(args) -> int:
         if args.out is not None:
             args.out.write_text(json.dumps(report, indent=2))
 
-    for method in methods:
-        print(f"bench engine: {method}", file=sys.stderr, flush=True)
-        outputs = _run_method(method, folder, calls, levels, args, tokenizer)
-        report["outputs"][method] = outputs
-        report["traces"] = _summarise(report["outputs"], calls, levels, args.dtype)
-        save()
+    runners: dict[str, Any] = {}
+    try:
+        for method in methods:
+            print(f"bench engine: starting {method}", file=sys.stderr, flush=True)
+            runners[method] = _make_runner(method, folder, levels, args, tokenizer)
+        for method, runner in runners.items():
+            if isinstance(runner, str):
+                report["outputs"][method] = {"unavailable": runner}
+        live = {m: r for m, r in runners.items() if not isinstance(r, str)}
+        for runner in live.values():
+            runner.run([list(next(iter(calls.values()))[0][-64:])])  # warm-up on a short prompt
+        for trace, prompts in calls.items():
+            for level in levels:
+                _interleaved_pass(live, trace, prompts, level, report["outputs"])
+                report["traces"] = _summarise(report["outputs"], calls, levels, args.dtype)
+                save()
+    finally:
+        for runner in runners.values():
+            if not isinstance(runner, str):
+                runner.close()
     report["load_after"] = os.getloadavg()[0]
     outputs_by_method = report.pop("outputs")
     save()
@@ -109,106 +125,127 @@ def run(args) -> int:
     return 0
 
 
-# ---- one method over every trace and concurrency ---------------------------------------------------
+# ---- the methods -------------------------------------------------------------------------------------
 
-def _run_method(method: str, folder: str, calls: dict[str, list[list[int]]], levels: tuple[int, ...], args,
-                tokenizer: Any) -> dict[str, Any]:
-    """{trace: {level: {"seconds", "tokens", "outputs"}}} or {"unavailable": why}."""
+def _interleaved_pass(runners: dict[str, Any], trace: str, prompts: list[list[int]], level: int,
+                      outputs: dict[str, Any]) -> None:
+    """One pass over ``prompts``, ``level`` at a time; each group runs through every method in turn (the
+    order rotating), so a shared machine's load falls on every method alike. Histories start empty."""
+    for runner in runners.values():
+        runner.reset()
+    seconds = dict.fromkeys(runners, 0.0)
+    outs: dict[str, list[list[int]]] = {m: [] for m in runners}
+    names = list(runners)
+    for g, i in enumerate(range(0, len(prompts), level)):
+        group = prompts[i:i + level]
+        for method in names[g % len(names):] + names[:g % len(names)]:
+            start = time.perf_counter()
+            outs[method] += runners[method].run(group)
+            seconds[method] += time.perf_counter() - start
+    for method in runners:
+        tokens = sum(map(len, outs[method]))
+        outputs.setdefault(method, {}).setdefault(trace, {})[str(level)] = {
+            "seconds": seconds[method], "tokens": tokens, "outputs": outs[method]}
+        print(f"bench engine: {method} {trace} x{level}: {tokens / seconds[method]:.1f} tokens/s",
+              file=sys.stderr, flush=True)
+
+
+def _make_runner(method: str, folder: str, levels: tuple[int, ...], args, tokenizer: Any) -> Any:
+    """A started method (``run(prompts) -> outputs``, ``reset()``, ``close()``), or why it cannot run."""
     if method == "reprise_engine":
-        return _run_own_engine(folder, calls, levels, args, tokenizer)
+        return _OwnEngine(folder, levels, args, tokenizer)
     if method == "vllm_suffix":
         try:
             import arctic_inference.suffix_decoding  # noqa: F401 - only whether it imports
         except Exception as exc:  # noqa: BLE001 - any failure means the method cannot run here
-            return {"unavailable": f"arctic-inference's suffix module does not import ({type(exc).__name__}: {exc})"}
-    from reprise.backends.vllm.engine import VllmEngine, VllmSettings
-    from reprise.backends.vllm.tags import RequestTag
-    from reprise.backends.vllm.tenants import token_bytes
-    from reprise.backends.vllm.wiring import attach_reprise
-    from retrieval.config import DraftingConfig
-
-    speculation = {"vllm_plain": "off", "vllm_ngram": "ngram", "vllm_suffix": "suffix", "vllm_reprise": "reprise"}
-    engine = VllmEngine(VllmSettings(
-        model=folder, dtype=args.dtype, max_model_len=args.prompt_tokens + args.max_new_tokens + 64,
-        max_num_seqs=max(levels), num_speculative_tokens=args.speculative_tokens,
-        speculation=speculation[method], enforce_eager=args.eager))
-    drafting = method == "vllm_reprise"
-    try:
-        if drafting:
-            attach_reprise(engine, DraftingConfig(), tokenizer)
-        tag = RequestTag(TENANT, "", drafting).to_extra_args()
-
-        async def one(ids: list[int]) -> list[int]:
-            from vllm import SamplingParams
-            from vllm.inputs import TokensPrompt
-
-            params = SamplingParams(temperature=0.0, max_tokens=args.max_new_tokens, extra_args=tag)
-            final = None
-            async for out in engine.llm.generate(TokensPrompt(prompt_token_ids=ids), params, uuid.uuid4().hex):
-                final = out
-            tokens = list(final.outputs[0].token_ids) if final is not None else []
-            if drafting:  # the finished turn joins the tenant's history, as the service records it
-                await engine.llm.collective_rpc("reprise_record", args=(TENANT, "", token_bytes(ids),
-                                                                       token_bytes(tokens)))
-            return tokens
-
-        async def batch(group: list[list[int]]) -> list[list[int]]:
-            return list(await asyncio.gather(*(one(ids) for ids in group)))
-
-        engine.call(batch([list(next(iter(calls.values()))[0][-64:])]))  # warm-up on a short prompt
-        result: dict[str, Any] = {}
-        for trace, prompts in calls.items():
-            result[trace] = {}
-            for level in levels:
-                if drafting:
-                    engine.rpc("reprise_evict", TENANT)  # every pass starts from an empty history
-                outs: list[list[int]] = []
-                start = time.perf_counter()
-                for i in range(0, len(prompts), level):
-                    outs += engine.call(batch(prompts[i:i + level]))
-                took = time.perf_counter() - start
-                result[trace][str(level)] = {"seconds": took, "tokens": sum(map(len, outs)), "outputs": outs}
-                print(f"bench engine: {method} {trace} x{level}: {sum(map(len, outs)) / took:.1f} tokens/s",
-                      file=sys.stderr, flush=True)
-        return result
-    finally:
-        engine.close()
+            return f"arctic-inference's suffix module does not import ({type(exc).__name__}: {exc})"
+    return _Vllm(method, folder, levels, args, tokenizer)
 
 
-def _run_own_engine(folder: str, calls: dict[str, list[list[int]]], levels: tuple[int, ...], args,
-                    tokenizer: Any) -> dict[str, Any]:
-    """Reprise's own engine (fp32, one thread), the full proposer, histories recorded as calls end."""
-    from reprise.engine.draft_budget import DraftBudget
-    from reprise.engine.engine import Engine, EngineConfig
-    from reprise.engine.request import GenerationRequest, StoppingParams
-    from retrieval.registry import make_proposer
-    from verifier.models import load_model
-    from verifier.runner import ModelRunner
+class _Vllm:
+    """One vLLM engine with the method's speculative setting; Reprise's history under one tenant."""
 
-    lm = load_model(folder, num_threads=1)
-    result: dict[str, Any] = {}
-    for trace, prompts in calls.items():
-        result[trace] = {}
-        for level in levels:
-            proposer = make_proposer("reprise")  # every pass starts from an empty history
-            if hasattr(proposer, "set_vocabulary"):
-                proposer.set_vocabulary(lambda i: tokenizer.decode([i]), lm.model.config.vocab_size)
-            runner = ModelRunner(lm.model, num_slots=level, max_len=args.prompt_tokens + args.max_new_tokens + 64,
-                                 max_draft_nodes=32)
-            engine = Engine(runner, proposer, lm.tokenizer, EngineConfig(budget=DraftBudget(max_draft_tokens=32)))
-            outs: list[list[int]] = []
-            start = time.perf_counter()
-            for i in range(0, len(prompts), level):
-                handles = [engine.submit(GenerationRequest(
-                    prompt_ids=tuple(ids), stopping=StoppingParams(max_new_tokens=args.max_new_tokens),
-                    tenant=TENANT)) for ids in prompts[i:i + level]]
-                engine.run_until_idle()
-                outs += [list(h.wait().token_ids) for h in handles]
-            took = time.perf_counter() - start
-            result[trace][str(level)] = {"seconds": took, "tokens": sum(map(len, outs)), "outputs": outs}
-            print(f"bench engine: reprise_engine {trace} x{level}: {sum(map(len, outs)) / took:.1f} tokens/s",
-                  file=sys.stderr, flush=True)
-    return result
+    def __init__(self, method: str, folder: str, levels: tuple[int, ...], args, tokenizer: Any) -> None:
+        from reprise.backends.vllm.engine import VllmEngine, VllmSettings
+        from reprise.backends.vllm.tags import RequestTag
+        from reprise.backends.vllm.wiring import attach_reprise
+        from retrieval.config import DraftingConfig
+
+        self.engine = VllmEngine(VllmSettings(
+            model=folder, dtype=args.dtype, max_model_len=args.prompt_tokens + args.max_new_tokens + 64,
+            max_num_seqs=max(levels), num_speculative_tokens=args.speculative_tokens,
+            speculation=SPECULATION[method], enforce_eager=args.eager))
+        self.drafting = method == "vllm_reprise"
+        self.max_new_tokens = args.max_new_tokens
+        self.tag = RequestTag(TENANT, "", self.drafting).to_extra_args()
+        if self.drafting:
+            attach_reprise(self.engine, DraftingConfig(), tokenizer)
+
+    async def _one(self, ids: list[int]) -> list[int]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        from reprise.backends.vllm.tenants import token_bytes
+
+        params = SamplingParams(temperature=0.0, max_tokens=self.max_new_tokens, extra_args=self.tag)
+        final = None
+        async for out in self.engine.llm.generate(TokensPrompt(prompt_token_ids=ids), params, uuid.uuid4().hex):
+            final = out
+        tokens = list(final.outputs[0].token_ids) if final is not None else []
+        if self.drafting:  # the finished turn joins the tenant's history, as the service records it
+            await self.engine.llm.collective_rpc("reprise_record", args=(TENANT, "", token_bytes(ids),
+                                                                        token_bytes(tokens)))
+        return tokens
+
+    async def _group(self, prompts: list[list[int]]) -> list[list[int]]:
+        return list(await asyncio.gather(*(self._one(ids) for ids in prompts)))
+
+    def run(self, prompts: list[list[int]]) -> list[list[int]]:
+        return self.engine.call(self._group(prompts))
+
+    def reset(self) -> None:
+        if self.drafting:
+            self.engine.rpc("reprise_evict", TENANT)
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+class _OwnEngine:
+    """Reprise's own engine (float32, one thread), the full proposer, histories recorded as calls end."""
+
+    def __init__(self, folder: str, levels: tuple[int, ...], args, tokenizer: Any) -> None:
+        from verifier.models import load_model
+
+        self.lm = load_model(folder, num_threads=1)
+        self.tokenizer = tokenizer
+        self.max_len = args.prompt_tokens + args.max_new_tokens + 64
+        self.max_new_tokens = args.max_new_tokens
+        self.num_slots = max(levels)
+        self.reset()
+
+    def reset(self) -> None:
+        from reprise.engine.draft_budget import DraftBudget
+        from reprise.engine.engine import Engine, EngineConfig
+        from retrieval.registry import make_proposer
+        from verifier.runner import ModelRunner
+
+        proposer: Any = make_proposer("reprise")  # an empty history
+        proposer.set_vocabulary(lambda i: self.tokenizer.decode([i]), self.lm.model.config.vocab_size)
+        runner = ModelRunner(self.lm.model, num_slots=self.num_slots, max_len=self.max_len, max_draft_nodes=32)
+        self.engine = Engine(runner, proposer, self.lm.tokenizer, EngineConfig(budget=DraftBudget(max_draft_tokens=32)))
+
+    def run(self, prompts: list[list[int]]) -> list[list[int]]:
+        from reprise.engine.request import GenerationRequest, StoppingParams
+
+        handles = [self.engine.submit(GenerationRequest(
+            prompt_ids=tuple(ids), stopping=StoppingParams(max_new_tokens=self.max_new_tokens), tenant=TENANT))
+            for ids in prompts]
+        self.engine.run_until_idle()
+        return [list(h.wait().token_ids) for h in handles]
+
+    def close(self) -> None:
+        pass
 
 
 # ---- figures ----------------------------------------------------------------------------------------
@@ -224,6 +261,8 @@ def _summarise(outputs: dict[str, Any], calls: dict[str, Any], levels: tuple[int
         traces[trace] = {}
         for level in map(str, levels):
             row: dict[str, Any] = {"tokens_per_s": {}, "outputs_identical": {}}
+            if level not in plain.get(trace, {}):
+                continue  # not measured yet
             for method, res in outputs.items():
                 if "unavailable" in res:
                     row["tokens_per_s"][method] = "unavailable"
