@@ -14,7 +14,8 @@ chains. Per step:
 
     for each row with new tokens: commit them (the accepted part of the last draft, then the bonus),
         record (tenant, draft length, accepted) for the service's accounting, propose the next chain
-    cut each chain to what the batch pays for (``DraftBudget``: fewer, surer tokens as the batch grows)
+    cut each chain to what the batch pays for (``DraftBudget``: fewer, surer tokens as the batch grows,
+        its probabilities scaled by how the request's own drafts fared: ``AcceptanceTracker``)
     requests that left the batch: end their sessions (their turns reach the history from the service)
 
 Failures never reach vLLM: drafting runs on a helper thread with a deadline; a step whose drafting
@@ -49,7 +50,9 @@ class _Request:
     session: Any  # a retrieval.chain.ChainSession, or None when the request does not draft
     seen: int  # tokens (prompt + output) committed to the session so far
     draft: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))  # last chain sent
+    chain: Any = None  # the DraftTree of the last chain sent (for the request's acceptance tracker)
     source: str = ""
+    tracker: Any = None  # reprise.engine.draft_budget.AcceptanceTracker: this request's own calibration
 
 
 @dataclass(slots=True)
@@ -141,9 +144,11 @@ class RepriseVllmProposer:
                 chains.append((i, req_id, chain))
         batch = len(rows)
         for i, req_id, chain in chains:
-            kept = self._budget.choose(chain, self.num_speculative_tokens, 1.0, batch) if self._budget else chain
-            ids = kept.token_ids[: self.num_speculative_tokens]
             req = self._requests[req_id]
+            scale = req.tracker.scale if req.tracker is not None else 1.0
+            kept = self._budget.choose(chain, self.num_speculative_tokens, scale, batch) if self._budget else chain
+            ids = kept.token_ids[: self.num_speculative_tokens]
+            req.chain = kept
             req.draft = np.asarray(ids, dtype=np.int32)
             req.source = chain.source
             drafts[i] = [int(t) for t in ids]
@@ -158,14 +163,16 @@ class RepriseVllmProposer:
             num_prompt = int(getattr(self.runner.requests.get(req_id), "num_prompt_tokens", 0) or 0)
             num_prompt = min(num_prompt, length) if num_prompt else max(length - 1, 0)
             session = self._begin(tag, row[:num_prompt]) if tag.speculate else None
-            req = self._requests[req_id] = _Request(tag, session, num_prompt)
+            req = self._requests[req_id] = _Request(tag, session, num_prompt, tracker=_tracker())
         new = np.asarray(row[req.seen:length], dtype=np.int32)
         if not len(new):
             return None
         req.seen = length
         accepted = _matched(req.draft, new[:-1])
         self._record(StepRecord(req.tag.tenant, len(req.draft), accepted, req.source if len(req.draft) else ""))
-        req.draft = np.zeros(0, dtype=np.int32)
+        if req.chain is not None and req.tracker is not None:  # a request whose drafts fail verifies fewer
+            req.tracker.update(req.chain, np.arange(accepted))
+        req.draft, req.chain = np.zeros(0, dtype=np.int32), None
         if req.session is None:
             return None
         try:
@@ -225,6 +232,12 @@ class RepriseVllmProposer:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _tracker() -> Any:
+    from reprise.engine.draft_budget import AcceptanceTracker
+
+    return AcceptanceTracker()
 
 
 def _matched(draft: np.ndarray, tokens: np.ndarray) -> int:
