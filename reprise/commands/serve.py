@@ -56,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
 
 async def _serve(config) -> int:
     from privacy.errors import MasterKeyError, StorageError
+    from reprise.backends.vllm.versions import VllmUnavailableError
     from reprise.cli import CliError
     from reprise.server.service import Service
 
@@ -64,7 +65,7 @@ async def _serve(config) -> int:
           file=sys.stderr)
     try:
         await service.start()
-    except (MasterKeyError, StorageError, FileNotFoundError) as exc:
+    except (MasterKeyError, StorageError, FileNotFoundError, VllmUnavailableError) as exc:
         raise CliError(str(exc), 1) from None
     service.install_signal_handlers()
     s = config.server
