@@ -272,7 +272,12 @@ def _summarise(outputs: dict[str, Any], calls: dict[str, Any], levels: tuple[int
                 if method == "reprise_engine" and dtype != "float32":
                     row["outputs_identical"][method] = None
                 elif trace in plain:
-                    row["outputs_identical"][method] = r["outputs"] == plain[trace][level]["outputs"]
+                    ref = plain[trace][level]["outputs"]
+                    row["outputs_identical"][method] = r["outputs"] == ref
+                    differ = [_first_difference(a, b) for a, b in zip(r["outputs"], ref) if a != b]
+                    if differ:  # near-ties in low precision flip an argmax between batch shapes: say where
+                        row.setdefault("differing_calls", {})[method] = {
+                            "calls": f"{len(differ)}/{len(ref)}", "first_difference_at_token": differ}
             rates = row["tokens_per_s"]
             reprise = rates.get("vllm_reprise")
             if isinstance(reprise, float):
@@ -282,6 +287,10 @@ def _summarise(outputs: dict[str, Any], calls: dict[str, Any], levels: tuple[int
                         row[f"reprise_vs_{base}"] = round(reprise / other, 3)
             traces[trace][level] = row
     return traces
+
+
+def _first_difference(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 def format_report(report: dict[str, Any]) -> str:
