@@ -15,7 +15,8 @@ chains. Per step:
     for each row with new tokens: commit them (the accepted part of the last draft, then the bonus),
         record (tenant, draft length, accepted) for the service's accounting, propose the next chain
     cut each chain to what the batch pays for (``DraftBudget``: fewer, surer tokens as the batch grows,
-        its probabilities scaled by how the request's own drafts fared: ``AcceptanceTracker``)
+        its probabilities scaled by how the request's own drafts fared: ``AcceptanceTracker``; its cost
+        per verified row measured on this engine as it runs: ``step_cost.StepCostMeter``)
     requests that left the batch: end their sessions (their turns reach the history from the service)
 
 Failures never reach vLLM: drafting runs on a helper thread with a deadline; a step whose drafting
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
@@ -34,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from reprise.backends.vllm.step_cost import StepCostMeter
 from reprise.backends.vllm.tags import RequestTag, StepRecord
 
 log = logging.getLogger(__name__)
@@ -84,6 +87,8 @@ class RepriseVllmProposer:
         self._running: Future[list[list[int]]] | None = None
         self._warned = False
         self._unattached_warned = False
+        self.step_cost = StepCostMeter()
+        self._last_step: tuple[float, tuple[str, ...], int] | None = None  # (call time, batch, rows verified next)
 
     # ---- vLLM's side ---------------------------------------------------------------------------------
 
@@ -104,8 +109,10 @@ class RepriseVllmProposer:
         if self._running is not None and not self._running.done():
             self.health.skipped_steps += 1  # the stalled call still holds the sessions
             return empty
+        now = time.perf_counter()
         try:
             req_ids = list(self.runner.input_batch.req_ids[:num_rows])
+            self._time_step(now, req_ids, sampled_token_ids)
             rows = [(i, req_ids[i], self._tag(req_ids[i])) for i in range(num_rows) if sampled_token_ids[i]]
             lengths = np.asarray(num_tokens_no_spec[:num_rows], dtype=np.int64).copy()
             # A copy: after a stall vLLM goes on writing its buffer while the late call still reads.
@@ -123,7 +130,22 @@ class RepriseVllmProposer:
             self._warn(f"Reprise drafting failed ({type(exc).__name__}: {exc}): the step drafts nothing")
             return empty
         self._warned = False  # a good step ends the episode: the next failure warns again
+        self._last_step = (now, tuple(req_ids), num_rows + sum(len(d) for d in drafts))
         return drafts
+
+    def _time_step(self, now: float, req_ids: list[str], sampled_token_ids: list[list[int]]) -> None:
+        """Feed the step cost meter with the step that just ran (when it was a steady decoding step),
+        and now and then hand the step budget the measured cost line."""
+        last, self._last_step = self._last_step, None
+        if last is None or last[1] != tuple(req_ids) or not all(sampled_token_ids):
+            return  # a request joined, left or is prefilling: not a plain decoding step
+        self.step_cost.observe(last[2], now - last[0])
+        if self._budget is not None and self._budget.adaptive and self.step_cost.num_steps % 32 == 0:
+            line = self.step_cost.line()
+            if line is not None:
+                from reprise.engine.draft_budget import DraftBudget
+
+                self._budget = DraftBudget(self._budget.max_draft_tokens, line.cost_model(), adaptive=True)
 
     # ---- drafting (helper thread) --------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ import time
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
 from reprise.backends.vllm.proposer import RepriseVllmProposer
 from reprise.backends.vllm.tags import RequestTag, StepRecord
@@ -117,3 +118,45 @@ def test_a_raising_or_stalling_step_drafts_nothing_and_warns_once(caplog):
 def test_an_unattached_proposer_drafts_nothing():
     p = RepriseVllmProposer(SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=4)))
     assert p.propose([[1], []], np.array([3, 3]), np.zeros((2, 8), dtype=np.int32)) == [[], []]
+
+
+def test_the_step_cost_meter_fits_seconds_per_row_and_waits_for_enough_steps():
+    from reprise.backends.vllm.step_cost import StepCostMeter
+
+    meter = StepCostMeter(min_steps=16)
+    rng = np.random.default_rng(0)
+    for i in range(15):
+        meter.observe(8 + i % 9, 0.02 + 0.003 * (8 + i % 9))
+    assert meter.line() is None  # too few steps yet
+    for _ in range(200):
+        rows = int(rng.integers(8, 40))
+        meter.observe(rows, 0.02 + 0.003 * rows + float(rng.normal(0, 1e-4)))
+    meter.observe(10, 60.0)  # an idle gap is not a step
+    line = meter.line()
+    assert line is not None
+    assert line.a == pytest.approx(0.02, rel=0.1) and line.b == pytest.approx(0.003, rel=0.05)
+    model = line.cost_model()
+    assert model.cost(np.array([0.0]))[0] == pytest.approx(0.023, rel=0.1)  # one row: a + b
+
+    flat = StepCostMeter(min_steps=4)
+    for _ in range(10):
+        flat.observe(8, 0.05)
+    assert flat.line() is None  # no spread in rows: the slope is unknown
+
+
+def test_steady_steps_replace_the_default_cost_model():
+    from reprise.backends.vllm.step_cost import StepCostMeter
+
+    tenants = RepriseProposer()
+    tenants.record("acme", "old", [1, 2, 3], TEXT)
+    batch = Batch()
+    batch.add("r1", RequestTag("acme", "s1"), [1, 2, 3])
+    p = _proposer(batch, tenants)
+    p._budget = default = DraftBudget(max_draft_tokens=8)
+    p.step_cost = StepCostMeter(min_steps=4, min_spread=0.01)
+    rng = np.random.default_rng(1)
+    for _ in range(70):  # one token per step, alternating text the history knows and noise
+        p.propose([[1]], batch.lengths, batch.tokens)
+        batch.commit(0, [int(rng.integers(30, 40))] if rng.random() < 0.5 else TEXT[:1])
+    assert p.step_cost.num_steps >= 64
+    assert p._budget is not default and p._budget.cost_model != default.cost_model
