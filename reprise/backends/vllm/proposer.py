@@ -38,6 +38,7 @@ import numpy as np
 
 from reprise.backends.vllm.step_cost import StepCostMeter
 from reprise.backends.vllm.tags import RequestTag, StepRecord
+from reprise.engine.draft_budget import AcceptanceTracker, DraftBudget
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ class _Request:
     draft: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))  # last chain sent
     chain: Any = None  # the DraftTree of the last chain sent (for the request's acceptance tracker)
     source: str = ""
-    tracker: Any = None  # reprise.engine.draft_budget.AcceptanceTracker: this request's own calibration
+    tracker: AcceptanceTracker | None = None  # this request's own calibration of its drafts' probabilities
 
 
 @dataclass(slots=True)
@@ -79,7 +80,7 @@ class RepriseVllmProposer:
         self.chain_factor = 2
         self.stall_timeout_s = DEFAULT_STALL_TIMEOUT_S
         self.health = ProposerHealth()
-        self._budget: Any = None  # reprise.engine.draft_budget.DraftBudget
+        self._budget: DraftBudget | None = None
         self._requests: dict[str, _Request] = {}
         self._steps: list[tuple[str, int, int, str]] = []
         self._steps_lock = threading.Lock()
@@ -143,8 +144,6 @@ class RepriseVllmProposer:
         if self._budget is not None and self._budget.adaptive and self.step_cost.num_steps % 32 == 0:
             line = self.step_cost.line()
             if line is not None:
-                from reprise.engine.draft_budget import DraftBudget
-
                 self._budget = DraftBudget(self._budget.max_draft_tokens, line.cost_model(), adaptive=True)
 
     # ---- drafting (helper thread) --------------------------------------------------------------------
@@ -185,7 +184,7 @@ class RepriseVllmProposer:
             num_prompt = int(getattr(self.runner.requests.get(req_id), "num_prompt_tokens", 0) or 0)
             num_prompt = min(num_prompt, length) if num_prompt else max(length - 1, 0)
             session = self._begin(tag, row[:num_prompt]) if tag.speculate else None
-            req = self._requests[req_id] = _Request(tag, session, num_prompt, tracker=_tracker())
+            req = self._requests[req_id] = _Request(tag, session, num_prompt, tracker=AcceptanceTracker())
         new = np.asarray(row[req.seen:length], dtype=np.int32)
         if not len(new):
             return None
@@ -237,7 +236,8 @@ class RepriseVllmProposer:
 
     # ---- the service's side (through the worker extension) -------------------------------------------
 
-    def attach(self, runner: Any, tenants: Any, *, chain_factor: int, stall_timeout_s: float, budget: Any) -> None:
+    def attach(self, runner: Any, tenants: Any, *, chain_factor: int, stall_timeout_s: float,
+               budget: DraftBudget | None) -> None:
         """Start drafting: ``runner`` names the batch's requests, ``tenants`` (a ``RepriseProposer``)
         holds every tenant's drafting state."""
         self.runner = runner
@@ -254,12 +254,6 @@ class RepriseVllmProposer:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
-
-
-def _tracker() -> Any:
-    from reprise.engine.draft_budget import AcceptanceTracker
-
-    return AcceptanceTracker()
 
 
 def _matched(draft: np.ndarray, tokens: np.ndarray) -> int:
