@@ -20,8 +20,9 @@ chains. Per step:
     requests that left the batch: end their sessions (their turns reach the history from the service)
 
 Failures never reach vLLM: drafting runs on a helper thread with a deadline; a step whose drafting
-raises or overruns ``stall_timeout_s`` drafts nothing (one warning per episode), and while a stalled
-drafting call is still running, later steps draft nothing rather than wait.
+raises or overruns ``stall_timeout_s`` drafts nothing (one warning per episode: an episode ends after
+``RECOVERY_STEPS`` good steps in a row), and while a stalled drafting call is still running, later steps
+draft nothing rather than wait.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from reprise.engine.draft_budget import AcceptanceTracker, DraftBudget
 log = logging.getLogger(__name__)
 
 DEFAULT_STALL_TIMEOUT_S = 1.0
+RECOVERY_STEPS = 16  # good steps in a row that end a failure episode (the next failure warns again)
 _MAX_PENDING_STEPS = 200_000  # step records kept for the service between two drains
 
 
@@ -87,6 +89,7 @@ class RepriseVllmProposer:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reprise-draft")
         self._running: Future[list[list[int]]] | None = None
         self._warned = False
+        self._good_steps = 0  # good steps since the last failure
         self._unattached_warned = False
         self.step_cost = StepCostMeter()
         self._last_step: tuple[float, tuple[str, ...], int] | None = None  # (call time, batch, rows verified next)
@@ -122,15 +125,19 @@ class RepriseVllmProposer:
             self._running = self._pool.submit(self._draft_step, rows, lengths, tokens, live, num_rows)
             drafts = self._running.result(timeout=self.stall_timeout_s)
         except FutureTimeout:
+            self._good_steps = 0
             self.health.stalled_steps += 1
             self._warn(f"Reprise drafting took longer than {self.stall_timeout_s:g} s: the step drafts nothing "
                        "(and so do later steps until the call returns)")
             return empty
         except Exception as exc:  # noqa: BLE001 - a failing drafter means no draft, never a failed step
+            self._good_steps = 0
             self.health.failed_steps += 1
             self._warn(f"Reprise drafting failed ({type(exc).__name__}: {exc}): the step drafts nothing")
             return empty
-        self._warned = False  # a good step ends the episode: the next failure warns again
+        self._good_steps += 1
+        if self._good_steps >= RECOVERY_STEPS:  # a sustained recovery ends the episode
+            self._warned = False
         self._last_step = (now, tuple(req_ids), num_rows + sum(len(d) for d in drafts))
         return drafts
 
