@@ -63,4 +63,4 @@ test-gpu: install
 
 lint: install
 	$(BIN)/ruff check .
-	$(BIN)/mypy retrieval replay_traces privacy reprise
+	$(BIN)/mypy fileio retrieval replay_traces privacy reprise tools

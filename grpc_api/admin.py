@@ -44,6 +44,7 @@ def stats_message(s: TenantStats) -> admin_pb2.TenantIndexStats:
         num_steps=s.num_steps, num_drafted_steps=s.num_drafted_steps, hit_rate=s.hit_rate, tau=s.tau,
         num_draft_tokens=s.num_draft_tokens, num_accepted_tokens=s.num_accepted_tokens,
         acceptance_by_position=s.acceptance_by_position, drafter_steps=s.drafter_steps,
+        counting_since_unix_ms=s.counting_since_unix_ms,
     )
 
 

@@ -12,8 +12,8 @@ neural drafter is not even run). Below it:
   then the neural tree's best nodes up to the budget;
 * ``switch``: the reuse continuation and the neural tree only.
 
-The neural and reuse parts need the target's hidden states: the engine hands them to sessions that
-have ``observe_hidden`` (reprise/engine/engine.py). Without them (canonical replay, a wrapper that does not
+The neural and reuse parts need the target's hidden states: the engine hands the prompt's to sessions
+that have ``observe_hidden`` and each step's in ``Verified.hidden_states`` (reprise/engine/engine.py). Without them (canonical replay, a wrapper that does not
 forward them, a missing or failing head) the hybrid degrades to retrieval alone, with one logged warning.
 The threshold is ``settings.threshold``, or a tenant's own ``DraftingConfig.hybrid_threshold`` when
 its retrieval proposer holds settings for the tenant (``reprise tune --hybrid`` writes them).
@@ -28,9 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from reprise.engine.draft_budget import conditional_probs, path_probs
-from retrieval.draft_tree import DraftTree
-from retrieval.session import DraftSession, Proposer
+from retrieval.draft_tree import DraftTree, conditional_probs, path_probs
+from retrieval.session import DraftSession, Proposer, Verified
 
 log = logging.getLogger(__name__)
 
@@ -120,8 +119,10 @@ class NeuralSession:
                                    q=draft.q, q_mode=draft.q_mode)
         return DraftTree(draft.token_ids, draft.parents, draft.probs, draft.score, "neural")
 
-    def commit(self, token_ids: Sequence[int] | np.ndarray) -> None:
-        self.request.commit(token_ids)
+    def commit(self, verified: Verified) -> None:
+        if verified.hidden_states is not None:
+            self.observe_hidden(verified.hidden_states)
+        self.request.commit(verified.token_ids)
 
     def finish(self, record: bool = True) -> None:
         pass
@@ -161,8 +162,10 @@ class ReuseSession:
         probs = np.full(len(draft), max(0.05, draft.similarity), np.float32)
         return DraftTree.chain(draft.token_ids, probs=probs, source="reuse")
 
-    def commit(self, token_ids: Sequence[int] | np.ndarray) -> None:
-        self.request.commit(token_ids)
+    def commit(self, verified: Verified) -> None:
+        if verified.hidden_states is not None:
+            self.observe_hidden(verified.hidden_states)
+        self.request.commit(verified.token_ids)
 
     def finish(self, record: bool = True) -> None:
         segment = self.request.finish(record)
@@ -212,17 +215,21 @@ class HybridProposer:
 
 
 class HybridSession:
+    """One request's parts; remembers which part's nodes each step's tree holds, so that every part is
+    told which of its own nodes the verifier accepted (never re-walked)."""
+
     def __init__(self, owner: HybridProposer, retrieval: DraftSession, reuse: ReuseSession | None,
                  neural: NeuralSession | None, threshold: float | None = None) -> None:
         self.owner, self.retrieval, self.reuse, self.neural = owner, retrieval, reuse, neural
         self.threshold = owner.settings.threshold if threshold is None else threshold
         self._hidden_seen = False
         self.steps_by_source: dict[str, int] = {}
+        self._origins: list[tuple[Any, np.ndarray]] = []  # (part, its node -> node of the tree proposed)
 
     def observe_hidden(self, states: Any) -> None:
+        """The prompt's hidden states (the engine's prefill)."""
         self._hidden_seen = True
-        if hasattr(states, "detach"):
-            states = states.detach().float().cpu()
+        states = _cpu(states)
         for part in (self.reuse, self.neural):
             if part is not None:
                 part.observe_hidden(states)
@@ -231,38 +238,70 @@ class HybridSession:
         s = self.owner.settings
         tree = self.retrieval.propose(budget)
         if tree.score >= self.threshold or budget <= 0:
-            return self._count(tree)
+            return self._use(tree, [(self.retrieval, tree)])
         if not self._hidden_seen:
             if self.reuse is not None or self.neural is not None:
                 self.owner._warn.warn("hybrid drafter receives no hidden states: drafting by retrieval alone")
-            return self._count(tree)
+            return self._use(tree, [(self.retrieval, tree)])
         reuse = self.reuse.propose(budget) if self.reuse is not None else DraftTree.empty()
         neural = self.neural.propose(budget) if self.neural is not None else DraftTree.empty()
         if s.mode == "switch":
-            picked = [t for t in (reuse, neural) if len(t)]
+            picked = [(p, t) for p, t in ((self.reuse, reuse), (self.neural, neural)) if len(t)]
             if len(picked) == 1:
-                return self._count(picked[0])  # a sampled neural tree keeps its q
-            return self._count(merge_trees(picked, budget) if picked else tree)
+                return self._use(picked[0][1], picked)  # a sampled neural tree keeps its q
+            if not picked:
+                return self._use(tree, [(self.retrieval, tree)])
+            return self._merged(picked, budget)
         # merge: the copy drafts (retrieval, reuse) by expected accepted tokens, then the head's best nodes
         # in the nodes kept for it (``reserve``); equal paths share nodes, so agreeing drafts cost nothing.
-        copies = sorted((t for t in (tree, reuse) if len(t)), key=lambda t: -t.score)
+        copies = sorted(((p, t) for p, t in ((self.retrieval, tree), (self.reuse, reuse)) if len(t)),
+                        key=lambda pt: -pt[1].score)
         if not len(neural):
-            return self._count(merge_trees(copies, budget) if copies else tree)
+            return self._merged(copies, budget) if copies else self._use(tree, [(self.retrieval, tree)])
         if not copies:
-            return self._count(neural)
+            return self._use(neural, [(self.neural, neural)])
         reserve = min(s.reserve, len(neural), budget // 2)
-        first = merge_trees(copies, budget - reserve)
-        return self._count(merge_trees([first, neural], budget))
+        first_origins: list[np.ndarray] = []
+        first = merge_trees([t for _, t in copies], budget - reserve, first_origins)
+        second_origins: list[np.ndarray] = []
+        merged = merge_trees([first, neural], budget, second_origins)
+        to_merged = second_origins[0]
+        parts = [(p, _compose(o, to_merged)) for (p, _), o in zip(copies, first_origins)]
+        parts.append((self.neural, second_origins[1]))
+        self._origins = parts
+        return self._count(merged)
+
+    def _use(self, tree: DraftTree, parts: list[tuple[Any, DraftTree]]) -> DraftTree:
+        """``tree`` is one part's own tree: its nodes are that part's."""
+        part = next(p for p, t in parts if t is tree)
+        self._origins = [(part, np.arange(len(tree), dtype=np.int32))]
+        return self._count(tree)
+
+    def _merged(self, parts: list[tuple[Any, DraftTree]], budget: int) -> DraftTree:
+        origins: list[np.ndarray] = []
+        merged = merge_trees([t for _, t in parts], budget, origins)
+        self._origins = [(p, o) for (p, _), o in zip(parts, origins)]
+        return self._count(merged)
 
     def _count(self, tree: DraftTree) -> DraftTree:
         source = tree.source or "none"
         self.steps_by_source[source] = self.steps_by_source.get(source, 0) + 1
         return tree
 
-    def commit(self, token_ids: Sequence[int] | np.ndarray) -> None:
+    def commit(self, verified: Verified) -> None:
+        hidden = None if verified.hidden_states is None else _cpu(verified.hidden_states)
+        if hidden is not None:
+            self._hidden_seen = True
+        mapped = {part: origin for part, origin in self._origins} if verified.draft_verified else {}
+        self._origins = []
         for part in (self.retrieval, self.reuse, self.neural):
-            if part is not None:
-                part.commit(token_ids)
+            if part is None:
+                continue
+            origin = mapped.get(part)
+            if origin is None:
+                part.commit(Verified(verified.token_ids, hidden_states=hidden))
+            else:
+                part.commit(Verified(verified.token_ids, _accepted_in(origin, verified.accepted), True, hidden))
 
     def finish(self, record: bool = True) -> None:
         for part in (self.retrieval, self.reuse, self.neural):
@@ -270,13 +309,38 @@ class HybridSession:
                 part.finish(record)
 
 
+def _cpu(states: Any) -> Any:
+    return states.detach().float().cpu() if hasattr(states, "detach") else states
+
+
+def _compose(first: np.ndarray, second: np.ndarray) -> np.ndarray:
+    """Node maps ``a -> b`` then ``b -> c`` as ``a -> c`` (-1 stays -1)."""
+    return np.where(first >= 0, second[np.maximum(first, 0)], -1).astype(np.int32)
+
+
+def _accepted_in(origin: np.ndarray, accepted: np.ndarray) -> np.ndarray:
+    """The accepted path of the proposed tree, as one part's nodes (``origin``: part node -> proposed
+    node, -1 when dropped): the part's nodes on the path, root to leaf, as far as the part drafted it."""
+    depth_of = {int(node): depth for depth, node in enumerate(accepted.tolist())}
+    at_depth: dict[int, int] = {}
+    for node, target in enumerate(origin.tolist()):
+        depth = depth_of.get(target)
+        if depth is not None and depth not in at_depth:
+            at_depth[depth] = node
+    path = []
+    while len(path) in at_depth:
+        path.append(at_depth[len(path)])
+    return np.asarray(path, dtype=np.int32)
+
+
 # ---- tree surgery ---------------------------------------------------------------------------------
 # Trees arrive with conditional probabilities (the DraftTree contract) or path probabilities (the suffix
-# index stores those); reprise.engine.draft_budget tells them apart by their score. Merged trees are conditional.
-def merge_trees(trees: Sequence[DraftTree], budget: int) -> DraftTree:
+# index stores those); retrieval.draft_tree.path_probs tells them apart by their score. Merged trees are conditional.
+def merge_trees(trees: Sequence[DraftTree], budget: int, origins: list[np.ndarray] | None = None) -> DraftTree:
     """Merge trees as a trie (equal root paths share a node, keeping the higher probability) in priority
     order, each best node first, stopping at ``budget`` nodes. Sampled-q trees lose their q (a
-    merged node was not drawn from it), which keeps verification exact under the per-node target rule."""
+    merged node was not drawn from it), which keeps verification exact under the per-node target rule.
+    ``origins``, when given, receives one array per input tree: its node -> the merged node (-1: cut)."""
     tokens: list[int] = []
     parents: list[int] = []
     probs: list[float] = []
@@ -284,6 +348,8 @@ def merge_trees(trees: Sequence[DraftTree], budget: int) -> DraftTree:
     sources: list[str] = []
     for tree in trees:
         if not len(tree):
+            if origins is not None:
+                origins.append(np.zeros(0, dtype=np.int32))
             continue
         # Best nodes first (path probability, ties in tree order: parents still precede children), so
         # that a budget cut keeps each tree's likeliest nodes.
@@ -311,6 +377,8 @@ def merge_trees(trees: Sequence[DraftTree], budget: int) -> DraftTree:
             else:
                 probs[node] = max(probs[node], prob)
             mapped[i] = node
+        if origins is not None:
+            origins.append(np.asarray([max(mapped[i], -1) for i in range(len(tree))], dtype=np.int32))
     cond = np.asarray(probs, np.float64)
     path = cond.copy()
     for i, p in enumerate(parents):

@@ -1,13 +1,13 @@
 """Building the neural, hidden-state reuse and hybrid proposers: checkpoint loading and registry factories.
 
-The registry (retrieval/registry.py) makes proposers from a ``DraftingConfig`` alone, so the head's
+Proposers are made from a ``DraftingConfig`` alone, so the head's
 checkpoint is found by convention: ``$REPRISE_DRAFTER_CHECKPOINT``, else
 ``$REPRISE_HOME/drafters/default`` (where ``reprise train-drafter`` writes by default). Its embeddings and
 ``lm_head`` rows come from the target folder recorded in the checkpoint (read from its safetensors, no
 model built), or from a loaded model passed to ``load_neural_proposer``.
 
-``register()`` adds the names ``neural``, ``hidden_reuse`` and ``hybrid`` to the registry. A missing or
-unreadable checkpoint is a logged warning: ``hybrid`` then drafts by retrieval (and hidden-state reuse)
+The application's registry (reprise/drafters.py) makes them by the names ``neural``, ``hidden_reuse``
+and ``hybrid``. A missing or unreadable checkpoint is a logged warning: ``hybrid`` then drafts by retrieval (and hidden-state reuse)
 alone, ``neural`` drafts nothing.
 """
 
@@ -18,6 +18,9 @@ import os
 from pathlib import Path
 from typing import Any
 
+from neural_drafters.checkpoint import load_head
+from neural_drafters.drafting import DraftSettings, HeadDrafter
+from neural_drafters.heads import MTPHead, TargetParts
 from neural_drafters.hybrid import (
     DEFAULT_THRESHOLD,
     HybridProposer,
@@ -25,17 +28,18 @@ from neural_drafters.hybrid import (
     NeuralProposer,
     ReuseProposer,
 )
+from neural_drafters.reuse import HiddenStateMemory
+from retrieval.draft_tree import DraftTree
+from retrieval.registry import DEFAULT_DRAFTER, make_proposer
+from verifier.models import reprise_home
 
 log = logging.getLogger(__name__)
 
 CHECKPOINT_ENV = "REPRISE_DRAFTER_CHECKPOINT"
-RETRIEVAL_PREFERENCE = ("reprise", "suffix", "prompt_lookup")
 
 
 def default_checkpoint() -> Path:
     """``$REPRISE_DRAFTER_CHECKPOINT``, else ``$REPRISE_HOME/drafters/default``."""
-    from verifier.models import reprise_home
-
     env = os.environ.get(CHECKPOINT_ENV)
     return Path(env).expanduser() if env else reprise_home() / "drafters" / "default"
 
@@ -45,10 +49,6 @@ def load_head_drafter(checkpoint: str | Path, *, model: Any = None, settings: An
 
     Raises FileNotFoundError / ValueError naming what is wrong (missing checkpoint, other target shape).
     """
-    from neural_drafters.checkpoint import load_head
-    from neural_drafters.drafting import DraftSettings, HeadDrafter
-    from neural_drafters.heads import MTPHead, TargetParts
-
     head, _info = load_head(checkpoint)
     config = head.config
     if model is not None:
@@ -76,14 +76,6 @@ def load_neural_proposer(checkpoint: str | Path | None = None, *, model: Any = N
         return None
 
 
-def retrieval_name() -> str:
-    """The best registered retrieval proposer: the full Reprise one, else SuffixDecoding, else prompt lookup."""
-    from retrieval.registry import proposer_names
-
-    names = set(proposer_names())
-    return next(n for n in RETRIEVAL_PREFERENCE if n in names)
-
-
 class _Nothing:
     """A proposer whose sessions draft nothing (the neural proposer without a head)."""
 
@@ -91,11 +83,9 @@ class _Nothing:
         return self
 
     def propose(self, budget: int) -> Any:
-        from retrieval.draft_tree import DraftTree
-
         return DraftTree.empty("neural")
 
-    def commit(self, token_ids: Any) -> None:
+    def commit(self, verified: Any) -> None:
         pass
 
     def finish(self, record: bool = True) -> None:
@@ -110,30 +100,13 @@ def make_neural_proposer(config: Any) -> Any:
 
 def make_reuse_proposer(config: Any) -> ReuseProposer:
     """Registry factory: hidden-state keyed reuse alone (memory per tenant, in this process)."""
-    from neural_drafters.reuse import HiddenStateMemory
-
     return ReuseProposer(HiddenStateMemory())
 
 
 def make_hybrid_proposer(config: Any) -> HybridProposer:
     """Registry factory: retrieval + reuse + neural; the threshold is ``config.hybrid_threshold`` when the
     drafting settings have that field, else the default."""
-    from neural_drafters.reuse import HiddenStateMemory
-    from retrieval.registry import make_proposer
-
     threshold = float(getattr(config, "hybrid_threshold", DEFAULT_THRESHOLD))
-    retrieval = make_proposer(retrieval_name(), config)
+    retrieval = make_proposer(DEFAULT_DRAFTER, config)
     return HybridProposer(retrieval, load_neural_proposer(), ReuseProposer(HiddenStateMemory()),
                           HybridSettings(threshold=threshold))
-
-
-def register() -> None:
-    """Add ``neural``, ``hidden_reuse`` and ``hybrid`` to the proposer registry (idempotent)."""
-    from retrieval.registry import register_proposer
-
-    register_proposer("neural", f"{__name__}:make_neural_proposer",
-                      "trained draft head (EAGLE/Medusa/MTP) on the target's hidden states")
-    register_proposer("hidden_reuse", f"{__name__}:make_reuse_proposer",
-                      "hidden-state keyed reuse (Oilbird): copy what followed the most similar past state")
-    register_proposer("hybrid", f"{__name__}:make_hybrid_proposer",
-                      "retrieval, then hidden-state reuse and the neural head below a score threshold")

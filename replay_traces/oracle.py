@@ -1,4 +1,4 @@
-"""The copy-limit oracle of ../shared/traces/FORMAT.md: the ceiling of every retrieval drafter.
+"""The copy-limit oracle (docs/replay.md): the ceiling of every retrieval drafter.
 
 At every step it drafts the longest continuation of the *recorded* response (up to ``max_len`` = 32
 tokens) that occurs anywhere in what a retrieval drafter may see: the tenant's earlier prompts and
@@ -250,8 +250,8 @@ class _OracleSession:
         n = min(int(self._limits[pos]), budget)
         return chain_tree(self._response[pos : pos + n], SOURCE)
 
-    def commit(self, token_ids) -> None:
-        self._pos += len(token_ids)
+    def commit(self, verified) -> None:
+        self._pos += len(verified.token_ids)
 
     def finish(self, record: bool = True) -> None:
         pass

@@ -1,4 +1,4 @@
-"""The canonical replay of ../shared/traces/FORMAT.md: drafting simulated against recorded responses.
+"""The canonical replay (docs/replay.md): drafting simulated against recorded responses.
 
 For every call of a file, in file order, through one fresh ``Proposer`` per file::
 
@@ -7,7 +7,7 @@ For every call of a file, in file order, through one fresh ``Proposer`` per file
         tree = s.propose(budget)            # timed: the speculation latency of the step
         accept the longest root path of the tree that matches the next recorded tokens,
         then one bonus token (the target's own next token), never past the response end
-        s.commit(accepted + bonus)
+        s.commit(Verified(accepted + bonus, accepted nodes))
     s.finish(record=True)                   # prompt and response join the tenant's history
 
 When a draft matches every remaining token, the step emits just those: the bonus of that step would be
@@ -27,7 +27,7 @@ import numpy as np
 
 from replay_traces.tokenizer import CanonicalTokenizer
 from replay_traces.traces import Call, TraceStats, iter_calls
-from retrieval.session import Proposer
+from retrieval.session import Proposer, Verified
 
 DEFAULT_BUDGET = 32
 _MAX_CHAIN_CHECK = 1025
@@ -133,9 +133,10 @@ class _Tally:
         )
 
 
-def accepted_length(token_ids: Sequence[int], parents: Sequence[int], target: list[int], pos: int) -> int:
-    """Greedy verification: the depth of the deepest tree node whose root path equals
-    ``target[pos : pos + depth]``. Raises ValueError when a parent does not precede its node.
+def accepted_path(token_ids: Sequence[int], parents: Sequence[int], target: list[int], pos: int) -> list[int]:
+    """Greedy verification against the recorded response: the nodes (root to leaf) of the deepest tree
+    node whose root path equals ``target[pos : pos + depth]`` (the first such node on ties). Raises
+    ValueError when a parent does not precede its node.
 
     ``token_ids``/``parents`` are lists (one entry per node); ``target`` is the recorded response. A plain
     loop over at most ``budget`` nodes: for trees of tens of nodes it beats numpy's per-call overhead,
@@ -147,10 +148,10 @@ def accepted_length(token_ids: Sequence[int], parents: Sequence[int], target: li
         # A chain (the common case): stop at the first mismatch.
         for d in range(min(n, limit)):
             if token_ids[d] != target[pos + d]:
-                return d
-        return min(n, limit)
+                return list(range(d))
+        return list(range(min(n, limit)))
     depth = [0] * n  # depth of node i when its whole root path matches, else 0
-    best = 0
+    best, deepest = 0, -1
     for i in range(n):
         p = parents[i]
         if p == -1:
@@ -164,8 +165,13 @@ def accepted_length(token_ids: Sequence[int], parents: Sequence[int], target: li
             raise ValueError(f"draft tree node {i} has parent {p}: parents must be -1 or precede the node")
         if d <= limit and token_ids[i] == target[pos + d - 1]:
             depth[i] = d
-            best = max(best, d)
-    return best
+            if d > best:
+                best, deepest = d, i
+    path = []
+    while deepest >= 0:
+        path.append(deepest)
+        deepest = parents[deepest]
+    return path[::-1]
 
 
 def replay_calls(
@@ -211,13 +217,14 @@ def replay_calls(
                     raise ValueError(f"{call.path}:{call.line_no}: drafter {drafter!r}: draft tree has {n} tokens "
                                      f"but {len(parents)} parents")
                 try:
-                    a = accepted_length(tree.token_ids.tolist(), parents, target, pos)
+                    nodes = accepted_path(tree.token_ids.tolist(), parents, target, pos)
                 except ValueError as exc:
                     raise ValueError(f"{call.path}:{call.line_no}: drafter {drafter!r}: {exc}") from None
             else:
-                a = 0
+                nodes = []
+            a = len(nodes)
             end = pos + a + 1 if pos + a < num_tokens else num_tokens
-            session.commit(response[pos:end])
+            session.commit(Verified(response[pos:end], np.asarray(nodes, dtype=np.int32), n > 0))
             drafted.append(n)
             accepted.append(a)
             spec_ns.append(t1 - t0)

@@ -18,6 +18,7 @@ came from (flag, environment variable or file).
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 import types
@@ -73,6 +74,9 @@ class ServerConfig:
         "PEM CA bundle; when set, clients must present a certificate it signed (mTLS)"))
     stats_interval_s: float = field(default=10.0, metadata=_help(
         "how often the dashboard samples per-tenant statistics for its time series"))
+    store_before_reply: bool = field(default=True, metadata=_help(
+        "answer a recorded request only once its turn is in the history store (a crash loses nothing "
+        "acknowledged); false answers at once and stores a moment later"))
 
     def __post_init__(self) -> None:
         for name in ("grpc_port", "http_port"):
@@ -305,7 +309,7 @@ def _base_type(kind: Any) -> type:
 
 def read_toml(path: Path) -> dict[str, Any]:
     """Settings from a TOML file as ``{"section.field": value}``; unknown keys are an error naming them."""
-    import tomllib
+    import tomllib  # standard library from Python 3.11: on 3.10 only reading a TOML file needs it
 
     try:
         data = tomllib.loads(path.read_text())
@@ -400,8 +404,6 @@ def flag_name(key: str) -> str:
 
 def add_config_arguments(parser: Any) -> None:
     """One flag per setting, each with its help text, its default and its environment variable."""
-    import argparse
-
     parser.add_argument("--config", metavar="FILE", default=None,
                         help="TOML config file (default: $REPRISE_CONFIG, else $REPRISE_HOME/reprise.toml if present)")
     defaults = ServiceConfig(home=Path("~/.reprise"))

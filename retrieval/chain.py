@@ -14,17 +14,19 @@ best-first growth then reaches deeper along the likely path. Measured on agent t
     proposer = ChainProposer(RepriseProposer(config))
     session = proposer.begin(tenant, session_id, prompt_ids)
     chain = session.propose(32)            # a DraftTree that is a chain of <= 32 nodes
-    session.commit(accepted_ids)           # as for any session: accepted draft tokens + bonus
+    session.commit(Verified(token_ids, accepted_chain_nodes, draft_verified=True))
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from retrieval.draft_tree import DraftTree
+from retrieval.session import Verified
 
 DEFAULT_TREE_FACTOR = 2
 
@@ -33,15 +35,20 @@ def best_path(tree: DraftTree, max_len: int) -> DraftTree:
     """The root path of ``tree``, at most ``max_len`` nodes, with the most expected accepted tokens.
 
     The chain keeps each node's ``probs`` entry as the tree had it (path probabilities stay path
-    probabilities); its score is the path's expected accepted count. An empty
-    tree or ``max_len`` <= 0 gives an empty tree (same source).
+    probabilities); its score is the path's expected accepted count. An empty tree or ``max_len`` <= 0
+    gives an empty tree (same source).
     """
+    return best_path_nodes(tree, max_len)[0]
+
+
+def best_path_nodes(tree: DraftTree, max_len: int) -> tuple[DraftTree, np.ndarray]:
+    """``best_path`` and the tree's node index of each of its nodes ([len(chain)] int64)."""
     n = len(tree)
     if n == 0 or max_len <= 0:
-        return DraftTree.empty(tree.source)
+        return DraftTree.empty(tree.source), np.zeros(0, dtype=np.int64)
     parents = tree.parents
     if n <= max_len and bool(np.all(parents == np.arange(-1, n - 1, dtype=parents.dtype))):
-        return tree  # already a chain within the limit
+        return tree, np.arange(n, dtype=np.int64)  # already a chain within the limit
     path_probs = _path_probs(tree)  # [num_nodes] chance the whole root path to the node is accepted
     value = np.empty(n)  # [num_nodes] expected accepted tokens of the root path ending at the node
     depth = np.empty(n, dtype=np.int64)  # [num_nodes]
@@ -60,8 +67,9 @@ def best_path(tree: DraftTree, max_len: int) -> DraftTree:
     path.reverse()
     idx = np.asarray(path, dtype=np.int64)
     chain_parents = np.arange(-1, len(idx) - 1, dtype=np.int32)
-    return DraftTree(tree.token_ids[idx], chain_parents, tree.probs[idx], float(value[idx[-1]]), tree.source,
-                     tree.match_len)
+    chain = DraftTree(tree.token_ids[idx], chain_parents, tree.probs[idx], float(value[idx[-1]]), tree.source,
+                      tree.match_len)
+    return chain, idx
 
 
 def _path_probs(tree: DraftTree) -> np.ndarray:
@@ -82,24 +90,28 @@ def _path_probs(tree: DraftTree) -> np.ndarray:
 class ChainSession:
     """A drafting session whose proposals are single paths (see the module docstring)."""
 
-    __slots__ = ("_factor", "_inner")
+    __slots__ = ("_factor", "_inner", "_nodes")
 
     def __init__(self, inner: Any, tree_factor: int) -> None:
         self._inner = inner
         self._factor = tree_factor
+        self._nodes = np.zeros(0, dtype=np.int64)  # the tree node of each node of the last chain
 
     def propose(self, budget: int) -> DraftTree:
         """The best path, at most ``budget`` tokens, of a tree of ``tree_factor * budget`` nodes."""
         if budget <= 0:
+            self._nodes = np.zeros(0, dtype=np.int64)
             return DraftTree.empty()
-        chain = best_path(self._inner.propose(budget * self._factor), budget)
+        chain, self._nodes = best_path_nodes(self._inner.propose(budget * self._factor), budget)
         verify_only = getattr(self._inner, "verify_only", None)
         if verify_only is not None:  # its acceptance monitor must judge the chain, not the tree
             verify_only(chain)
         return chain
 
-    def commit(self, token_ids: Sequence[int] | np.ndarray) -> None:
-        self._inner.commit(token_ids)
+    def commit(self, verified: Verified) -> None:
+        """``verified.accepted`` names nodes of the chain; the inner session is told its tree's nodes."""
+        accepted = self._nodes[np.asarray(verified.accepted, dtype=np.int64)].astype(np.int32)
+        self._inner.commit(replace(verified, accepted=accepted))
 
     def finish(self, record: bool = True) -> None:
         self._inner.finish(record=record)

@@ -1,4 +1,4 @@
-"""The draft tree that crosses from drafters to the verifier (../shared/DESIGN.md, Contracts)."""
+"""The draft tree that crosses from drafters to the verifier (docs/architecture.md, "Contracts")."""
 
 from __future__ import annotations
 
@@ -70,3 +70,49 @@ class DraftTree:
         for i, p in enumerate(self.parents.tolist()):
             d[i] = 1 if p < 0 else d[p] + 1
         return d
+
+
+def path_probs(tree: DraftTree) -> np.ndarray:
+    """Probability that each node is accepted: the product of ``probs`` along its path when ``probs``
+    are conditional (the DraftTree contract), or ``probs`` itself when the drafter stored path
+    probabilities. Which one is read off ``score`` (expected accepted tokens = the sum of path
+    probabilities): the suffix-index drafters store path probabilities, ``DraftTree.chain`` conditional
+    ones. [num_nodes] float64."""
+    parents = np.asarray(tree.parents, dtype=np.int64)
+    probs = np.clip(np.asarray(tree.probs, dtype=np.float64), 0.0, 1.0)
+    chained = probs.copy()
+    for i in range(len(chained)):  # parents precede children
+        if parents[i] >= 0:
+            chained[i] *= chained[parents[i]]
+    as_given, as_chained = abs(tree.score - probs.sum()), abs(tree.score - chained.sum())
+    return probs if as_given + 1e-6 < as_chained else chained
+
+
+def conditional_probs(tree: DraftTree) -> np.ndarray:
+    """Probability that each node is accepted given its parent is. [num_nodes] float64."""
+    path = path_probs(tree)
+    parents = np.asarray(tree.parents, dtype=np.int64)
+    parent_path = np.where(parents >= 0, path[np.maximum(parents, 0)], 1.0)
+    return np.divide(path, parent_path, out=np.zeros_like(path), where=parent_path > 0)
+
+
+def subtree(tree: DraftTree, nodes: np.ndarray) -> DraftTree:
+    """The nodes ``nodes`` (sorted, closed under parents) of ``tree`` as a new tree, parents remapped."""
+    if len(nodes) == 0:
+        return DraftTree.empty(tree.source)
+    remap = np.full(len(tree), -1, dtype=np.int64)
+    remap[nodes] = np.arange(len(nodes))
+    old_parents = np.asarray(tree.parents, dtype=np.int64)[nodes]
+    new_parents = np.where(old_parents >= 0, remap[np.maximum(old_parents, 0)], -1)
+    if np.any((old_parents >= 0) & (new_parents < 0)):
+        raise ValueError("subtree nodes must include every kept node's parent")
+    # Conditional probabilities, whatever the input stored: the DraftTree contract.
+    probs = conditional_probs(tree)[nodes].astype(np.float32)
+    return DraftTree(
+        np.asarray(tree.token_ids, dtype=np.int32)[nodes],
+        new_parents.astype(np.int32),
+        probs,
+        float(path_probs(tree)[nodes].sum()),
+        tree.source,
+        tree.match_len,
+    )

@@ -18,12 +18,11 @@ The corpus-only (REST-style) and suffix-only (request + history, merged by score
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
 
 from retrieval.config import DraftingConfig
 from retrieval.draft_tree import DraftTree
+from retrieval.session import Verified
 from suffix_index import SuffixIndex, as_tokens
 
 
@@ -56,8 +55,8 @@ class _Session:
             self._context = [np.concatenate(self._context)]
         return self._context[0]
 
-    def commit(self, token_ids: Sequence[int] | np.ndarray) -> None:
-        tokens = as_tokens(token_ids, "token_ids")
+    def commit(self, verified: Verified) -> None:
+        tokens = as_tokens(verified.token_ids, "token_ids")
         if not len(tokens):
             return
         self._local.extend(0, tokens)

@@ -10,7 +10,7 @@ at most ``max_n - 1`` filters of the candidates), O(context) per step like vLLM.
 
 Defaults: ``min_n = max_n = 5`` are vLLM's when neither ``prompt_lookup_min`` nor ``prompt_lookup_max``
 is set; vLLM has no default for ``k`` (``num_speculative_tokens``), here it is the step's budget. The
-project baseline in the figures (../shared/traces/FORMAT.md, "prompt lookup (n 2-5)") is min_n 2,
+project baseline in the figures (docs/replay.md, "prompt lookup (n 2-5)") is min_n 2,
 max_n 5: that is the registry's ``prompt_lookup``; ``prompt_lookup_vllm`` keeps vLLM's 5-5.
 """
 
@@ -21,6 +21,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from retrieval.draft_tree import DraftTree
+from retrieval.session import Verified
 
 VLLM_MIN_N = 5
 VLLM_MAX_N = 5
@@ -83,21 +84,6 @@ def chain_tree(token_ids: np.ndarray, source: str = SOURCE) -> DraftTree:
     )
 
 
-class PromptLookupDrafter:
-    """Stateless ``Drafter``: ``propose(context, budget)`` runs the n-gram lookup over ``context``."""
-
-    def __init__(self, min_n: int = VLLM_MIN_N, max_n: int = VLLM_MAX_N) -> None:
-        _check_n(min_n, max_n)
-        self.min_n = min_n
-        self.max_n = max_n
-
-    def propose(self, context: Sequence[int] | np.ndarray, budget: int) -> DraftTree:
-        ctx = np.asarray(context)
-        if ctx.ndim != 1:
-            raise ValueError(f"context must be 1-D, got shape {ctx.shape}")
-        return chain_tree(ngram_continuation(ctx, self.min_n, self.max_n, budget))
-
-
 class PromptLookupSession:
     """One request: prompt plus committed tokens in a growing buffer, looked up every step."""
 
@@ -116,8 +102,8 @@ class PromptLookupSession:
         """The n-gram continuation of prompt + committed tokens, at most ``budget`` nodes."""
         return chain_tree(ngram_continuation(self._buf[: self._len], self.min_n, self.max_n, budget))
 
-    def commit(self, token_ids: Sequence[int] | np.ndarray) -> None:
-        ids = np.asarray(token_ids, dtype=np.int32)
+    def commit(self, verified: Verified) -> None:
+        ids = np.asarray(verified.token_ids, dtype=np.int32)
         end = self._len + len(ids)
         if end > len(self._buf):
             grown = np.empty(max(2 * len(self._buf), end), dtype=np.int32)

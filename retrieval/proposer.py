@@ -5,7 +5,7 @@ history and the tenant's corpus, each also matched with numbers canonicalised.
     proposer.set_vocabulary(decode, vocab_size)     # optional: enables canonical matching
     session = proposer.begin("acme", "session-7", prompt_ids)
     tree = session.propose(32)                       # DraftTree, <= 32 nodes
-    session.commit(accepted_ids)                     # accepted draft tokens + bonus
+    session.commit(verified)                         # retrieval.session.Verified: tokens, accepted nodes
     session.finish(record=True)                      # lead-in + output join acme's history
 
 Scope: a session drafts only from its own request and its tenant's ``TenantHistory``; tenants share
@@ -25,6 +25,7 @@ import numpy as np
 from retrieval.config import DraftingConfig
 from retrieval.draft_tree import DraftTree
 from retrieval.policy import AcceptanceMonitor
+from retrieval.session import Verified
 from retrieval.tenant_history import HistoryStats, TenantHistory, Trajectory
 from retrieval.vocabulary import identity_classes, no_categories, number_classes, token_categories
 from suffix_index import as_tokens
@@ -41,15 +42,6 @@ def _params(c: DraftingConfig) -> DrafterParams:
     return DrafterParams(min_prob=c.min_path_prob, levels=c.levels, max_copy=c.max_copy,
                          canonical_below=c.canonical_below, wide=c.wide_node, skip_below=c.skip_below,
                          skip_min=c.skip_min)
-
-
-def _matched(draft: np.ndarray, tokens: np.ndarray) -> int:
-    """How many leading ``tokens`` equal ``draft``'s."""
-    n = min(len(draft), len(tokens))
-    if n == 0:
-        return 0
-    miss = np.flatnonzero(draft[:n] != tokens[:n])
-    return int(miss[0]) if len(miss) else n
 
 
 class RepriseSession:
@@ -94,19 +86,18 @@ class RepriseSession:
 
     def verify_only(self, chain: DraftTree) -> None:
         """Only ``chain``, one path of the tree just proposed, is verified (``retrieval.chain``): the
-        acceptance monitor then weighs that path's expected count against what it accepted. Calibration
-        still learns from the whole tree along the committed tokens (they are the target's own)."""
+        acceptance monitor then weighs that path's expected count, not the tree's, against what was
+        accepted. Calibration still learns from the whole tree along the committed tokens."""
         self._chain = chain
 
-    def commit(self, token_ids: Sequence[int] | np.ndarray) -> None:
-        tokens = as_tokens(token_ids, "token_ids")
+    def commit(self, verified: Verified) -> None:
+        tokens = as_tokens(verified.token_ids, "token_ids")
         if len(tokens):
-            expected, accepted = self._native.commit(tokens, self._learn)
-            chain = self._chain
-            if chain is not None:  # a chain verifier accepted a prefix of the chain, then one bonus token
-                self._chain = None
+            expected, accepted = self._native.commit(tokens, as_tokens(verified.accepted, "accepted"),
+                                                     verified.draft_verified, self._learn)
+            chain, self._chain = self._chain, None
+            if chain is not None and verified.draft_verified:
                 expected = chain.score
-                accepted = _matched(chain.token_ids, tokens[:-1])
             if expected > 0:
                 self._monitor.observe(expected, accepted)
             self._output.append(tokens)

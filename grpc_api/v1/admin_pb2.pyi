@@ -110,7 +110,7 @@ class GetIndexStatsResponse(_message.Message):
     def __init__(self, tenants: _Optional[_Iterable[_Union[TenantIndexStats, _Mapping]]] = ...) -> None: ...
 
 class TenantIndexStats(_message.Message):
-    __slots__ = ("tenant_id", "index_tokens", "index_sequences", "index_memory_bytes", "corpus_tokens", "num_requests", "num_steps", "num_drafted_steps", "hit_rate", "tau", "num_draft_tokens", "num_accepted_tokens", "acceptance_by_position", "drafter_steps")
+    __slots__ = ("tenant_id", "index_tokens", "index_sequences", "index_memory_bytes", "corpus_tokens", "num_requests", "num_steps", "num_drafted_steps", "hit_rate", "tau", "num_draft_tokens", "num_accepted_tokens", "acceptance_by_position", "drafter_steps", "counting_since_unix_ms")
     class DrafterStepsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -132,6 +132,7 @@ class TenantIndexStats(_message.Message):
     NUM_ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ACCEPTANCE_BY_POSITION_FIELD_NUMBER: _ClassVar[int]
     DRAFTER_STEPS_FIELD_NUMBER: _ClassVar[int]
+    COUNTING_SINCE_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     tenant_id: str
     index_tokens: int
     index_sequences: int
@@ -146,7 +147,8 @@ class TenantIndexStats(_message.Message):
     num_accepted_tokens: int
     acceptance_by_position: _containers.RepeatedScalarFieldContainer[float]
     drafter_steps: _containers.ScalarMap[str, int]
-    def __init__(self, tenant_id: _Optional[str] = ..., index_tokens: _Optional[int] = ..., index_sequences: _Optional[int] = ..., index_memory_bytes: _Optional[int] = ..., corpus_tokens: _Optional[int] = ..., num_requests: _Optional[int] = ..., num_steps: _Optional[int] = ..., num_drafted_steps: _Optional[int] = ..., hit_rate: _Optional[float] = ..., tau: _Optional[float] = ..., num_draft_tokens: _Optional[int] = ..., num_accepted_tokens: _Optional[int] = ..., acceptance_by_position: _Optional[_Iterable[float]] = ..., drafter_steps: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    counting_since_unix_ms: int
+    def __init__(self, tenant_id: _Optional[str] = ..., index_tokens: _Optional[int] = ..., index_sequences: _Optional[int] = ..., index_memory_bytes: _Optional[int] = ..., corpus_tokens: _Optional[int] = ..., num_requests: _Optional[int] = ..., num_steps: _Optional[int] = ..., num_drafted_steps: _Optional[int] = ..., hit_rate: _Optional[float] = ..., tau: _Optional[float] = ..., num_draft_tokens: _Optional[int] = ..., num_accepted_tokens: _Optional[int] = ..., acceptance_by_position: _Optional[_Iterable[float]] = ..., drafter_steps: _Optional[_Mapping[str, int]] = ..., counting_since_unix_ms: _Optional[int] = ...) -> None: ...
 
 class IndexOperationRequest(_message.Message):
     __slots__ = ("tenant_id",)

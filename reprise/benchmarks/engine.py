@@ -55,7 +55,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from reprise.cli import CliError
+    from reprise.arguments import CliError
 
     for name in ("calls", "trials", "prompt_tokens", "max_new_tokens", "concurrency", "speculative_tokens"):
         if getattr(args, name) < 1:
@@ -72,10 +72,11 @@ def run(args) -> int:
         vllm_version = require_vllm()
     except VllmUnavailableError as exc:
         raise CliError(str(exc)) from None
-    from reprise.backends.vllm.wiring import model_folder
-    from reprise.benchmarks.verify import DEFAULT_TRACES, TRACES, select_calls
+    from replay_traces.traces import TRACES_DIR
+    from reprise.backends.vllm.attach import model_folder
+    from reprise.benchmarks.verify import DEFAULT_TRACES, select_calls
 
-    traces = args.trace or [TRACES / name for name in DEFAULT_TRACES]
+    traces = args.trace or [TRACES_DIR / name for name in DEFAULT_TRACES]
     for t in traces:
         if not Path(t).is_file():
             raise CliError(f"no such trace file: {t}")
@@ -166,9 +167,9 @@ class _Vllm:
     """One vLLM engine with the method's speculative setting; Reprise's history under one tenant."""
 
     def __init__(self, method: str, folder: str, levels: tuple[int, ...], args, tokenizer: Any) -> None:
+        from reprise.backends.vllm.attach import attach_reprise
         from reprise.backends.vllm.engine import VllmEngine, VllmSettings
         from reprise.backends.vllm.tags import RequestTag
-        from reprise.backends.vllm.wiring import attach_reprise
         from retrieval.config import DraftingConfig
 
         self.engine = VllmEngine(VllmSettings(

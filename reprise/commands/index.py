@@ -18,14 +18,25 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Iterator
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from reprise.arguments import CliError
+from reprise.commands._remote import (
+    ProgressBar,
+    add_connection_arguments,
+    admin_client,
+    call,
+    emit_json,
+    read_password,
+    resolve_tenant,
+)
+
 
 def add_parser(sub) -> None:
-    from reprise.commands._remote import add_connection_arguments
-
     parser = sub.add_parser("index", help="per-tenant index statistics, build, compact, corpus, export (admin)",
                             description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     actions = parser.add_subparsers(dest="action", metavar="ACTION")
@@ -69,14 +80,10 @@ def add_parser(sub) -> None:
 
 
 def _stats_dict(s: Any, name: str = "") -> dict[str, Any]:
-    from dataclasses import asdict
-
     return {"name": name, **asdict(s)}
 
 
 def run_stats(args: argparse.Namespace) -> int:
-    from reprise.commands._remote import admin_client, call, emit_json, resolve_tenant
-
     with admin_client(args) as client:
         names = {t.tenant_id: t.name for t in call(client.list_tenants)}
         tenant_id = resolve_tenant(client, args.tenant)[0] if args.tenant else None
@@ -96,6 +103,10 @@ def run_stats(args: argparse.Namespace) -> int:
         print(f"{names.get(s.tenant_id, s.tenant_id[:8]):<{width}} {s.num_requests:>9} {s.num_steps:>9} "
               f"{s.hit_rate:>8.1%} {s.tau:>6.2f} {accept:>6.1%} {s.index_tokens:>10} "
               f"{_bytes(s.index_memory_bytes):>9} {s.corpus_tokens:>10}  {mix}")
+    since = min(s.counting_since_unix_ms for s in stats)
+    if since:
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since / 1000))
+        print(f"requests through drafter mix count since {started} (the server's start; the index persists)")
     if len(stats) == 1 and stats[0].acceptance_by_position:
         shown = ", ".join(f"{i + 1}: {a:.0%}" for i, a in enumerate(stats[0].acceptance_by_position[:16]))
         print(f"acceptance by position  {shown}")
@@ -110,8 +121,6 @@ def _bytes(n: int) -> str:
 
 
 def run_index_op(args: argparse.Namespace) -> int:
-    from reprise.commands._remote import ProgressBar, admin_client, call, emit_json, resolve_tenant
-
     with admin_client(args) as client:
         tenant_id, name = resolve_tenant(client, args.tenant)
         fn = client.build_index if args.op == "build" else client.compact_index
@@ -128,8 +137,6 @@ def run_index_op(args: argparse.Namespace) -> int:
 
 def read_documents(paths: list[str]) -> Iterator[str | list[int]]:
     """Documents from text files (one each) and .jsonl files (one per line); errors name file and line."""
-    from reprise.cli import CliError
-
     for name in paths:
         path = Path(name)
         try:
@@ -158,8 +165,10 @@ def read_documents(paths: list[str]) -> Iterator[str | list[int]]:
 
 
 def run_import_corpus(args: argparse.Namespace) -> int:
-    from reprise.commands._remote import ProgressBar, admin_client, call, emit_json, resolve_tenant
-
+    # Every file is read and checked before the upload starts: a missing or malformed file is one line
+    # naming it (exit 2), not an upload broken off halfway. The upload then reads the files again.
+    for _ in read_documents(args.files):
+        pass
     with admin_client(args) as client:
         tenant_id, name = resolve_tenant(client, args.tenant)
         with ProgressBar(args, f"uploading to {name}", "doc") as bar:
@@ -175,16 +184,6 @@ def run_import_corpus(args: argparse.Namespace) -> int:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from reprise.cli import CliError
-    from reprise.commands._remote import (
-        ProgressBar,
-        admin_client,
-        call,
-        emit_json,
-        read_password,
-        resolve_tenant,
-    )
-
     out = Path(args.out)
     if out.exists():
         raise CliError(f"{out} exists; choose another --out (exports never overwrite)", 2)
@@ -207,16 +206,6 @@ def run_export(args: argparse.Namespace) -> int:
 
 
 def run_import(args: argparse.Namespace) -> int:
-    from reprise.cli import CliError
-    from reprise.commands._remote import (
-        ProgressBar,
-        admin_client,
-        call,
-        emit_json,
-        read_password,
-        resolve_tenant,
-    )
-
     path = Path(args.file)
     if not path.is_file():
         raise CliError(f"no such file: {path}", 2)

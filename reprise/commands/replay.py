@@ -1,6 +1,6 @@
 """`reprise replay`: the canonical replay of agent traces through a drafter.
 
-Every LLM call of each trace (../shared/traces/FORMAT.md) is decoded against its recorded response:
+Every LLM call of each trace (docs/replay.md) is decoded against its recorded response:
 each step the drafter proposes a tree of at most --budget tokens, greedy verification accepts the
 longest matching root path plus one bonus token. Printed per file:
 
@@ -27,7 +27,14 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-from reprise.cli import positive_int
+from replay_traces.oracle import CopyLimitOracle
+from replay_traces.replay import read_calls, replay_calls
+from replay_traces.tokenizer import CanonicalTokenizer
+from replay_traces.traces import Call, TraceStats
+from reprise.arguments import CliError, positive_int
+from retrieval.chain import DEFAULT_TREE_FACTOR, ChainProposer
+from retrieval.config import DraftingConfig
+from retrieval.session import Proposer
 
 ORACLE = "oracle"
 _SHOWN_POSITIONS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
@@ -62,31 +69,15 @@ def add_parser(sub) -> None:
     parser.add_argument("--budget", type=_budget, default=32, metavar="B",
                         help="at most B draft tokens per step (default: 32)")
     parser.add_argument("--drafter", default=None, metavar="NAME",
-                        help="proposer from the registry, or 'oracle' (default: 'reprise' when "
-                        "registered, else 'prompt_lookup')")
+                        help="a drafter by name (an unknown name lists the known ones) or 'oracle' "
+                        "(default: 'reprise', the full proposer)")
     parser.add_argument("--chain", action="store_true",
                         help="one path per step (what a chain verifier such as vLLM's is sent), not a tree")
     parser.set_defaults(func=run)
 
 
-def default_drafter() -> str:
-    """'reprise' (the full proposer) once registered, else the prompt-lookup baseline."""
-    from retrieval.registry import proposer_names
-
-    return "reprise" if "reprise" in proposer_names() else "prompt_lookup"
-
-
-def chain_tree_factor() -> int:
-    """How many times the chain length a chain session's tree may have (retrieval.chain)."""
-    from retrieval.chain import DEFAULT_TREE_FACTOR
-
-    return DEFAULT_TREE_FACTOR
-
-
 def check_traces(paths: list[str]) -> list[Path]:
     """The trace paths as Paths; a missing or unreadable one is a CliError naming it."""
-    from reprise.cli import CliError
-
     out = []
     for p in paths:
         path = Path(p)
@@ -99,9 +90,6 @@ def check_traces(paths: list[str]) -> list[Path]:
 
 
 def make_tokenizer(name: str):
-    from replay_traces.tokenizer import CanonicalTokenizer
-    from reprise.cli import CliError
-
     try:
         return CanonicalTokenizer(name)
     except ValueError as exc:
@@ -141,19 +129,13 @@ def replay_one(path: Path, drafter: str, *, tokenizer, budget: int, max_calls: i
                skip_bad_lines: bool, progress: Progress, config=None, chain: bool = False):
     """Replay one file with the named proposer (or the oracle), as trees or with ``chain`` as single
     paths (``retrieval.chain.ChainProposer``); trace errors become CliError."""
-    from replay_traces.replay import read_calls, replay_calls
-    from replay_traces.traces import Call, TraceStats
-    from reprise.cli import CliError
-    from retrieval.registry import make_proposer
-    from retrieval.session import Proposer
+    from reprise.drafters import make_proposer
 
     stats = TraceStats()
     calls: Iterable[Call]
     proposer: Proposer
     try:
         if drafter == ORACLE:
-            from replay_traces.oracle import CopyLimitOracle
-
             listed = list(read_calls(path, max_calls=max_calls, skip_bad_lines=skip_bad_lines, stats=stats))
             progress.note(f"{path.name}: building the copy-limit oracle over {len(listed)} calls")
             proposer = CopyLimitOracle(listed, tokenizer, max_len=budget)
@@ -161,10 +143,8 @@ def replay_one(path: Path, drafter: str, *, tokenizer, budget: int, max_calls: i
         else:
             calls = read_calls(path, max_calls=max_calls, skip_bad_lines=skip_bad_lines, stats=stats)
             proposer = make_proposer(drafter, config)
-        if chain:
-            from retrieval.chain import ChainProposer
-
-            proposer = ChainProposer(proposer)
+            if chain:
+                proposer = ChainProposer(proposer)
         progress.start(path.name, max_calls)
         return replay_calls(calls, proposer, tokenizer, budget=budget, drafter=drafter, path=str(path),
                             stats=stats, on_call=progress.on_call)
@@ -215,17 +195,15 @@ def columns(rows) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from reprise.cli import CliError
-    from retrieval.config import DraftingConfig
-    from retrieval.registry import proposer_names
+    from reprise.drafters import DEFAULT_DRAFTER, proposer_names
 
     paths = check_traces(args.traces)
-    drafter = args.drafter or default_drafter()
+    drafter = args.drafter or DEFAULT_DRAFTER
     if drafter != ORACLE and drafter not in proposer_names():
         raise CliError(f"unknown drafter {drafter!r}; known: {', '.join(proposer_names() + [ORACLE])}")
     tokenizer = make_tokenizer(args.tokenizer)
-    # A chain is the best path of a tree of tree_factor x budget nodes: the drafter's cap must allow it.
-    factor = chain_tree_factor() if args.chain else 1
+    # A chain is the best path of a tree of DEFAULT_TREE_FACTOR x budget nodes: the drafter's cap allows it.
+    factor = DEFAULT_TREE_FACTOR if args.chain else 1
     config = DraftingConfig(max_draft_tokens=min(args.budget * factor, 1024))
     progress = Progress(enabled=not args.json)
     reports = []

@@ -22,9 +22,29 @@ import sys
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
-from replay_traces.tune import DEFAULT_A, DEFAULT_B, DEFAULT_GRID
-from reprise.cli import positive_int
-from reprise.commands.replay import add_trace_arguments
+from privacy.tenants import validate_tenant_name
+from replay_traces.tune import (
+    DEFAULT_A,
+    DEFAULT_B,
+    DEFAULT_GRID,
+    best_result,
+    default_grid,
+    grid_settings,
+    parse_grid,
+    setting_label,
+    sweep,
+)
+from replay_traces.tune_report import write_json, write_report
+from reprise.arguments import CliError, positive_int
+from reprise.commands.replay import (
+    Progress,
+    add_trace_arguments,
+    check_traces,
+    columns,
+    make_tokenizer,
+    report_skipped,
+)
+from reprise.server.tenant_config import data_dir_path, save_drafting_config
 
 DEFAULT_MAX_CALLS = 1000
 
@@ -53,8 +73,7 @@ def add_parser(sub) -> None:
                         "the default grid (" + " ".join(
                             f"{k}={','.join(map(str, v))}" for k, v in DEFAULT_GRID.items()) + ")")
     parser.add_argument("--drafter", default=None, metavar="NAME",
-                        help="proposer from the registry (default: 'reprise' when registered, else "
-                        "'prompt_lookup')")
+                        help="the drafter to tune (default: 'reprise', the full proposer)")
     parser.add_argument("--trace-tenant", default=None, metavar="NAME",
                         help="replay only the calls of this tenant of the traces (default: all calls)")
     parser.add_argument("--out", type=Path, default=None, metavar="DIR",
@@ -87,19 +106,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from privacy.tenants import validate_tenant_name
-    from replay_traces.tune import best_result, default_grid, grid_settings, parse_grid, setting_label, sweep
-    from replay_traces.tune_report import write_json, write_report
-    from reprise.cli import CliError
-    from reprise.commands.replay import (
-        Progress,
-        check_traces,
-        default_drafter,
-        make_tokenizer,
-        report_skipped,
-    )
-    from reprise.server.tenant_config import data_dir_path, save_drafting_config
-    from retrieval.registry import make_proposer, proposer_names
+    from reprise.drafters import DEFAULT_DRAFTER, make_proposer, proposer_names
 
     try:
         validate_tenant_name(args.tenant)
@@ -110,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
     if args.b < 0:
         raise CliError(f"--b must be >= 0, got {args.b}")
     paths = check_traces(args.traces)
-    drafter = args.drafter or default_drafter()
+    drafter = args.drafter or DEFAULT_DRAFTER
     if drafter not in proposer_names():
         raise CliError(f"unknown drafter {drafter!r}; known: {', '.join(proposer_names())}")
     try:
@@ -217,7 +224,6 @@ def run(args: argparse.Namespace) -> int:
 def _hybrid_setup(args: argparse.Namespace):
     """(target, head, settings) for --hybrid; CliError for a bad flag, a missing model or checkpoint."""
     from neural_drafters.proposers import default_checkpoint, load_head_drafter
-    from reprise.cli import CliError
     from reprise.offline.hybrid_tune import HybridTuneSettings
     from verifier.models import load_default_model, load_model
 
@@ -243,8 +249,6 @@ def _hybrid_setup(args: argparse.Namespace):
 
 
 def _table(results, best) -> str:
-    from reprise.commands.replay import columns
-
     varied = list(results[0].varied)
     rows = [("#", *varied, "tau", "draft/step", "accept", "hit", "est. speedup", "p50 us", "")]
     for i, r in enumerate(results):

@@ -21,7 +21,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from retrieval.draft_tree import DraftTree
+from retrieval.draft_tree import DraftTree, conditional_probs, subtree
+
+_NO_NODES = np.zeros(0, dtype=np.int32)
 
 # Measured with `reprise bench verify` (SmolLM2-135M, fp32, one thread, the 2-core development machine,
 # 1,500-token prefix, CPU time, load average about 2): a plain step costs 1 (84 ms); one or two draft
@@ -31,30 +33,6 @@ from retrieval.draft_tree import DraftTree
 DEFAULT_A = 1.20
 DEFAULT_B = 0.041
 DEFAULT_POINTS = ((0, 1.0), (1, 1.01), (2, 1.07), (4, 1.47), (8, 1.87), (16, 2.08), (32, 2.65), (64, 3.66))
-
-
-def path_probs(tree: DraftTree) -> np.ndarray:
-    """Probability that each node is accepted: the product of ``probs`` along its path when ``probs``
-    are conditional (the DraftTree contract), or ``probs`` itself when the drafter stored path
-    probabilities. Which one is read off ``score`` (expected accepted tokens = the sum of path
-    probabilities): the suffix-index drafters store path probabilities, ``DraftTree.chain`` conditional
-    ones. [num_nodes] float64."""
-    parents = np.asarray(tree.parents, dtype=np.int64)
-    probs = np.clip(np.asarray(tree.probs, dtype=np.float64), 0.0, 1.0)
-    chained = probs.copy()
-    for i in range(len(chained)):  # parents precede children
-        if parents[i] >= 0:
-            chained[i] *= chained[parents[i]]
-    as_given, as_chained = abs(tree.score - probs.sum()), abs(tree.score - chained.sum())
-    return probs if as_given + 1e-6 < as_chained else chained
-
-
-def conditional_probs(tree: DraftTree) -> np.ndarray:
-    """Probability that each node is accepted given its parent is. [num_nodes] float64."""
-    path = path_probs(tree)
-    parents = np.asarray(tree.parents, dtype=np.int64)
-    parent_path = np.where(parents >= 0, path[np.maximum(parents, 0)], 1.0)
-    return np.divide(path, parent_path, out=np.zeros_like(path), where=parent_path > 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,9 +107,10 @@ class DraftBudget:
         if self.max_draft_tokens < 0:
             raise ValueError(f"max_draft_tokens must be >= 0, got {self.max_draft_tokens}")
 
-    def choose(self, tree: DraftTree, max_nodes: int, scale: float = 1.0, batch_size: int = 1) -> DraftTree:
-        """The subtree worth verifying: at most ``max_nodes`` nodes of highest path probability, cut
-        to the size that maximises expected tokens per unit of cost. Parents always come along.
+    def select(self, tree: DraftTree, max_nodes: int, scale: float = 1.0, batch_size: int = 1) -> np.ndarray:
+        """The nodes worth verifying, as sorted indices into ``tree``: at most ``max_nodes`` nodes of
+        highest path probability, cut to the size that maximises expected tokens per unit of cost.
+        Parents always come along (the indices are closed under parents).
 
         ``batch_size``: requests verified in the same step. Their plain rows share the step's base
         cost, so each draft token costs relatively more as the batch grows (ArcticInference #185, vLLM
@@ -139,7 +118,7 @@ class DraftBudget:
         draft tokens is ``cost(B * (1 + d) - 1) / B`` (the cost table is by rows beyond the first)."""
         n = len(tree)
         if n == 0 or max_nodes <= 0:
-            return DraftTree.empty(tree.source) if n else tree
+            return _NO_NODES
         parents = np.asarray(tree.parents, dtype=np.int64)
         probs = np.clip(conditional_probs(tree) * scale, 0.0, 1.0)
         path = probs.copy()
@@ -153,10 +132,12 @@ class DraftBudget:
             sizes = np.arange(keep + 1)
             gain = 1.0 + np.concatenate(([0.0], np.cumsum(path[order])))
             keep = int(np.argmax(gain / self.share(sizes, batch_size)))
-        if keep == n:
-            return tree
-        return subtree(tree, np.sort(order[:keep]))
+        return np.sort(order[:keep]).astype(np.int32)
 
+    def choose(self, tree: DraftTree, max_nodes: int, scale: float = 1.0, batch_size: int = 1) -> DraftTree:
+        """The subtree of the nodes ``select`` keeps (``tree`` itself when it keeps them all)."""
+        keep = self.select(tree, max_nodes, scale, batch_size)
+        return tree if len(keep) == len(tree) else subtree(tree, keep)
 
     def share(self, num_draft: np.ndarray, batch_size: int = 1) -> np.ndarray:
         """One request's share of a step's cost when each of ``batch_size`` requests verifies
@@ -164,25 +145,3 @@ class DraftBudget:
         b = max(1, int(batch_size))
         d = np.asarray(num_draft, dtype=np.float64)
         return self.cost_model.cost(b * (1.0 + d) - 1.0) / b
-
-
-def subtree(tree: DraftTree, nodes: np.ndarray) -> DraftTree:
-    """The nodes ``nodes`` (sorted, closed under parents) of ``tree`` as a new tree, parents remapped."""
-    if len(nodes) == 0:
-        return DraftTree.empty(tree.source)
-    remap = np.full(len(tree), -1, dtype=np.int64)
-    remap[nodes] = np.arange(len(nodes))
-    old_parents = np.asarray(tree.parents, dtype=np.int64)[nodes]
-    new_parents = np.where(old_parents >= 0, remap[np.maximum(old_parents, 0)], -1)
-    if np.any((old_parents >= 0) & (new_parents < 0)):
-        raise ValueError("subtree nodes must include every kept node's parent")
-    # Conditional probabilities, whatever the input stored: the DraftTree contract.
-    probs = conditional_probs(tree)[nodes].astype(np.float32)
-    return DraftTree(
-        np.asarray(tree.token_ids, dtype=np.int32)[nodes],
-        new_parents.astype(np.int32),
-        probs,
-        float(path_probs(tree)[nodes].sum()),
-        tree.source,
-        tree.match_len,
-    )

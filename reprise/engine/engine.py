@@ -1,60 +1,108 @@
-"""The decode loop: propose, verify, commit, record.
+"""Reprise's own decoding engine: every step verifies all active requests' draft trees in one pass.
 
     engine = Engine(ModelRunner(model, num_slots=8), make_proposer("reprise"), tokenizer)
     result = engine.generate(prompt_ids, max_new_tokens=128)            # one request, this thread
     handle = engine.submit(request, on_stream=print); engine.run_until_idle()   # many, packed
 
-Every ``Engine.step()`` does, for all active requests together:
+``Engine.step()`` is admit -> propose -> verify -> postprocess (docs/architecture.md draws it):
 
-1. admit waiting requests into free slots (prefill) and drop cancelled ones (slot freed at once);
-2. **propose**: each request's drafting session proposes a tree; the draft budget keeps the part worth
+1. **admit**: waiting requests take free slots (their prompt is prefilled); cancelled ones leave;
+2. **propose**: each request's drafting session proposes a tree; the draft budget keeps the nodes worth
    verifying (reprise/engine/draft_budget.py);
-3. **verify**: one packed forward pass over every request's tree (verifier/runner.py);
-4. **commit**: stop conditions cut the committed tokens (reprise/engine/stopping.py), the session and the
-   stream receive exactly the kept tokens;
-5. **record**: a finished request's prompt and output join its tenant's history
-   (``session.finish(record=True)``) and go to the ``on_finish`` hook / history sink.
+3. **verify**: one packed forward pass over every request's tree; the runner's acceptance decides the
+   accepted path and the bonus token (verifier/runner.py);
+4. **postprocess**: stop conditions cut the committed tokens (reprise/engine/stopping.py); each
+   session is handed the step's ``Verified`` once, the stream gets the kept tokens, the observer one
+   report per step; finished requests are resolved and, when recorded, go to the history sink.
 
-A drafter that fails yields an empty draft (the step still commits one token); a failing verifier is an
-error. ``submit`` and ``cancel`` are thread-safe; ``step`` runs on one thread (the engine's owner).
+The accepted count is the runner's, cut only by stop conditions; everyone downstream (sessions, the
+budget's tracker, usage, metering) reads that one value. A drafter that fails yields an empty draft
+(the step still commits one token); a failing verifier fails the step's requests with ``error``.
+``submit`` and ``cancel`` are thread-safe; ``step`` runs on one thread (the engine's owner).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
 
+import numpy as np
+
+from grpc_api.backend import FinishReason
 from reprise.engine.draft_budget import AcceptanceTracker, DraftBudget
-from reprise.engine.request import GenerationRequest, GenerationResult, HistoryRecord, StoppingParams, Usage
+from reprise.engine.drafting import GuardedSession
+from reprise.engine.grammar import GrammarState
+from reprise.engine.request import GenerationRequest, GenerationResult, StoppingParams, Usage
 from reprise.engine.stopping import StopChecker
-from retrieval.draft_tree import DraftTree
-from retrieval.session import DraftSession, Proposer
-from verifier.runner import ModelRunner, VerifyStep
+from retrieval.draft_tree import DraftTree, subtree
+from retrieval.session import Proposer, Verified
+from verifier.runner import ModelRunner, VerifyResult, VerifyStep
 from verifier.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 
 StreamCallback = Callable[[list[int], str], None]  # (committed token ids, text delta)
-HistorySink = Callable[[HistoryRecord], None]
+
+
+class StoreTicket(Protocol):
+    """What a history sink hands back for a turn it will store: ``wait`` until it is stored (``ok``) or
+    given up (``error`` says why)."""
+
+    ok: bool
+    error: str
+
+    def wait(self, timeout: float | None = None) -> bool: ...
+
+
+HistorySink = Callable[[GenerationResult], "StoreTicket | None"]  # a finished turn to record
+_NO_NODES = np.zeros(0, dtype=np.int32)
+
+
+@dataclass(frozen=True, slots=True)
+class StepReport:
+    """One request's part of a step, for metering: ``num_draft`` nodes verified, ``num_accepted`` of
+    them accepted (the runner's count, cut by stop conditions), the draft's ``source`` and
+    ``match_len``, the drafting session's ``propose_seconds`` (None when it did not propose: no room, or
+    no speculation); ``speculated`` False for a request that asked for no speculation."""
+
+    tenant: str
+    num_draft: int
+    num_accepted: int
+    source: str
+    match_len: int
+    propose_seconds: float | None
+    speculated: bool
+
+
+class StepObserver(Protocol):
+    """Sees every step and every finished request (the service's metering)."""
+
+    def on_step(self, reports: Sequence[StepReport]) -> None: ...
+
+    def on_finish(self, result: GenerationResult) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
-    """Engine settings: the draft budget policy, EOS ids (default: the model's), and a history sink
-    called with every recorded request (the privacy layer persists them)."""
+    """Engine settings: the draft budget policy, EOS ids (default: the model's), the history sink (called
+    with every finished turn that is recorded) and the step observer."""
 
     budget: DraftBudget = field(default_factory=DraftBudget)
     eos_token_ids: tuple[int, ...] | None = None
     history_sink: HistorySink | None = None
+    observer: StepObserver | None = None
 
 
 class RequestHandle:
-    """A submitted request: ``wait()`` for its result, ``cancel()`` it from any thread."""
+    """A submitted request: ``wait()`` for its result, ``cancel()`` it from any thread. ``stored``: the
+    history sink's ticket for a recorded turn (None when nothing is stored), for callers that answer
+    only once the turn is durable."""
 
     def __init__(self, request: GenerationRequest, cancel: threading.Event | None) -> None:
         self.request = request
@@ -63,6 +111,7 @@ class RequestHandle:
         self.done = threading.Event()
         self.result: GenerationResult | None = None
         self.error: BaseException | None = None
+        self.stored: StoreTicket | None = None
 
     def cancel(self) -> None:
         self.cancelled.set()
@@ -82,26 +131,37 @@ class _Active:
 
     handle: RequestHandle
     slot: int
-    session: _GuardedSession
+    session: GuardedSession
     stop: StopChecker
     on_stream: StreamCallback | None
-    on_finish: HistorySink | None
+    grammar: GrammarState | None = None  # the output's grammar at the committed tokens (reprise/engine/grammar.py)
     tracker: AcceptanceTracker = field(default_factory=AcceptanceTracker)
     steps: int = 0
     drafted: int = 0
     accepted: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class _Draft:
+    """One request's draft in a step: the tree verified (``keep``: its nodes' indices in the tree the
+    session proposed, -1 for nodes a grammar forced), where it came from, what proposing it cost, and
+    the grammar's token mask of its rows (None without a grammar)."""
+
+    tree: DraftTree
+    keep: np.ndarray
+    match_len: int = 0
+    propose_seconds: float | None = None
+    token_mask: Any = None
+
+
+_NO_DRAFT = _Draft(DraftTree.empty(), _NO_NODES)
+
+
 class Engine:
     """Steps every active request together: one packed verification pass per step."""
 
-    def __init__(
-        self,
-        runner: ModelRunner,
-        proposer: Proposer,
-        tokenizer: Any = None,
-        config: EngineConfig | None = None,
-    ) -> None:
+    def __init__(self, runner: ModelRunner, proposer: Proposer, tokenizer: Any = None,
+                 config: EngineConfig | None = None) -> None:
         self.runner = runner
         self.proposer = proposer
         self.tokenizer = tokenizer
@@ -109,32 +169,24 @@ class Engine:
         eos = self.config.eos_token_ids
         if eos is None:
             model_eos = runner.model.generation_config.eos_token_id
-            eos = (
-                () if model_eos is None else tuple(model_eos) if isinstance(model_eos, list) else (model_eos,)
-            )
+            eos = () if model_eos is None else tuple(model_eos) if isinstance(model_eos, list) else (model_eos,)
         self.eos_token_ids: tuple[int, ...] = tuple(eos)
         if getattr(proposer, "wants_hidden_states", False):
-            runner.keep_hidden = True  # neural drafters read the target's states (session.observe_hidden)
+            runner.keep_hidden = True  # neural drafters read the target's states (Verified.hidden_states)
         self._lock = threading.Lock()
-        self._waiting: deque[tuple[RequestHandle, StreamCallback | None, HistorySink | None]] = deque()
+        self._waiting: deque[tuple[RequestHandle, StreamCallback | None]] = deque()
         self._active: list[_Active] = []
 
     # ---- submission (any thread) ------------------------------------------------------------------
-    def submit(
-        self,
-        request: GenerationRequest,
-        *,
-        on_stream: StreamCallback | None = None,
-        on_finish: HistorySink | None = None,
-        cancel: threading.Event | None = None,
-    ) -> RequestHandle:
+    def submit(self, request: GenerationRequest, *, on_stream: StreamCallback | None = None,
+               cancel: threading.Event | None = None) -> RequestHandle:
         """Queue a request; it is admitted at the next step with a free slot."""
         StopChecker(request.stopping, self.tokenizer, (), 1)  # reject unusable stop settings now
         if not request.request_id:
-            request = _with_id(request)
+            request = replace(request, request_id=uuid.uuid4().hex)
         handle = RequestHandle(request, cancel)
         with self._lock:
-            self._waiting.append((handle, on_stream, on_finish))
+            self._waiting.append((handle, on_stream))
         return handle
 
     @property
@@ -155,12 +207,8 @@ class Engine:
     def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams | None = None, *, tenant: str = "default",
                  on_stream: StreamCallback | None = None, **stopping: Any) -> GenerationResult:  # fmt: skip
         """One request, decoded on this thread: ``stopping`` takes StoppingParams' fields."""
-        request = GenerationRequest(
-            tuple(int(t) for t in prompt_ids),
-            sampling or SamplingParams(),
-            StoppingParams(**stopping),
-            tenant,
-        )
+        request = GenerationRequest(tuple(int(t) for t in prompt_ids), sampling or SamplingParams(),
+                                    StoppingParams(**stopping), tenant)
         handle = self.submit(request, on_stream=on_stream)
         while not handle.done.is_set():
             self.step()
@@ -168,108 +216,134 @@ class Engine:
 
     # ---- one step (engine thread) -----------------------------------------------------------------
     def step(self) -> int:
-        """Admit, propose, verify, commit, record. Returns how many requests were stepped."""
-        self._admit()
+        """Admit, propose, verify, postprocess. Returns how many requests were stepped."""
+        batch = self._admit()
+        if not batch:
+            return 0
+        drafts = self._propose(batch)
+        results = self._verify(batch, drafts)
+        if results is not None:
+            self._postprocess(batch, drafts, results)
+        return len(batch)
+
+    def _admit(self) -> list[_Active]:
+        """Waiting requests into free slots (prefill); cancelled requests out. The step's batch."""
+        while self.runner.num_free_slots:
+            with self._lock:
+                if not self._waiting:
+                    break
+                handle, on_stream = self._waiting.popleft()
+            if handle.cancelled.is_set():
+                self._resolve(handle, _result(handle.request, [], "", "aborted", None, 0, 0, 0))
+                continue
+            try:
+                self._active.append(self._start(handle, on_stream))
+            except (ValueError, RuntimeError) as exc:
+                handle.error = exc
+                handle.done.set()
         for item in [a for a in self._active if a.handle.cancelled.is_set()]:
-            self._finish(item, "cancelled", None)
-        if not self._active:
-            return 0
-        trees = [self._propose(item) for item in self._active]
+            self._finish(item, "aborted", None)
+        return list(self._active)
+
+    def _start(self, handle: RequestHandle, on_stream: StreamCallback | None) -> _Active:
+        request = handle.request
+        stop_ids = tuple(request.stopping.stop_token_ids) + (() if request.stopping.ignore_eos else self.eos_token_ids)
+        slot = self.runner.start(request.prompt_ids, request.sampling, min_new_tokens=request.stopping.min_new_tokens,
+                                 suppress_ids=stop_ids)  # fmt: skip
+        session = GuardedSession(self.proposer, request, handle.request_id)
+        prompt_hidden = self.runner.take_prompt_hidden(slot)
+        if prompt_hidden is not None:
+            session.observe_hidden(prompt_hidden)
+        stop = StopChecker(request.stopping, self.tokenizer, self.eos_token_ids,
+                           self.runner.max_len - len(request.prompt_ids))
+        grammar = None if request.grammar is None else GrammarState(request.grammar, self.runner.vocab_size,
+                                                                     self.tokenizer)
+        return _Active(handle, slot, session, stop, on_stream, grammar)
+
+    def _propose(self, batch: list[_Active]) -> list[_Draft]:
+        """Each request's draft, cut by the budget to what is worth verifying in a batch this size."""
+        budget, drafts = self.config.budget, []
+        for item in batch:
+            room = min(budget.max_draft_tokens, self.runner.max_draft_nodes, self.runner.remaining(item.slot) - 1,
+                       item.stop.max_tokens - len(item.stop.token_ids) - 1)  # drafts past the last token are waste
+            if room <= 0 or not item.handle.request.speculate:
+                drafts.append(_NO_DRAFT if item.grammar is None else self._constrain(item, _NO_DRAFT, 0))
+                continue
+            t0 = time.perf_counter()
+            tree = item.session.propose(room)  # a failing drafter gives an empty draft (GuardedSession)
+            seconds = time.perf_counter() - t0
+            keep = budget.select(tree, room, item.tracker.scale, len(batch))
+            verified = tree if len(keep) == len(tree) else subtree(tree, keep)
+            draft = _Draft(verified, keep, tree.match_len, seconds)
+            drafts.append(draft if item.grammar is None else self._constrain(item, draft, room))
+        return drafts
+
+    @staticmethod
+    def _constrain(item: _Active, draft: _Draft, room: int) -> _Draft:
+        """The draft under the request's grammar: forced tokens added, forbidden nodes dropped, row masks."""
+        assert item.grammar is not None
+        tree, keep, mask = item.grammar.constrain(draft.tree, draft.keep, room, jump_forward=room > 0)
+        return replace(draft, tree=tree, keep=keep, token_mask=mask)
+
+    def _verify(self, batch: list[_Active], drafts: list[_Draft]) -> list[VerifyResult] | None:
+        """One forward pass over every request's tree. A tree of sampled nodes carries their q
+        (neural_drafters/hybrid.py); the budget's cuts drop it. None when verification failed."""
+        steps = [VerifyStep(item.slot, d.tree, getattr(d.tree, "q", None), getattr(d.tree, "q_mode", "iid"),
+                            d.token_mask) for item, d in zip(batch, drafts)]
         try:
-            results = self.runner.verify(
-                [VerifyStep(item.slot, tree, getattr(tree, "q", None), getattr(tree, "q_mode", "iid"))
-                 for item, tree in zip(self._active, trees)]
-            )  # a tree of sampled nodes carries their q (neural_drafters/hybrid.py); the budget's cuts drop it
+            return self.runner.verify(steps)
         except Exception as exc:  # a failing verifier fails this step's requests, not the engine
-            log.exception("verification failed; failing %d requests", len(self._active))
-            for item in list(self._active):
-                self._finish(item, "cancelled", None, error=exc)
-            return 0
-        for item, tree, result in zip(list(self._active), trees, results):
-            item.tracker.update(tree, result.accepted)
+            log.exception("verification failed; failing %d requests", len(batch))
+            for item in batch:
+                self._finish(item, "error", None, error=exc)
+            return None
+
+    def _postprocess(self, batch: list[_Active], drafts: list[_Draft], results: list[VerifyResult]) -> None:
+        """Stop conditions, one ``Verified`` per session, streams, reports, and finished requests."""
+        reports = []
+        for item, draft, result in zip(batch, drafts, results):
             outcome = item.stop.append(result.token_ids.tolist())
-            if result.hidden_states is not None:  # the states before each kept token
-                item.session.observe_hidden(result.hidden_states[: len(outcome.token_ids)])
-            item.session.commit(outcome.token_ids)
+            kept = outcome.token_ids
+            accepted = result.accepted[: len(kept)]  # a stop condition may end the step inside the path
+            item.tracker.update(draft.tree, result.accepted)
+            if item.grammar is not None:
+                item.grammar.advance(kept)
+            hidden = None if result.hidden_states is None else result.hidden_states[: len(kept)]
+            item.session.commit(Verified(np.asarray(kept, dtype=np.int32), _own_nodes(draft.keep[accepted]),
+                                         len(draft.tree) > 0, hidden))  # fmt: skip
             item.steps += 1
-            item.drafted += len(tree)
-            item.accepted += min(len(result.accepted), len(outcome.token_ids))
-            if item.on_stream is not None and (outcome.token_ids or outcome.text_delta):
+            item.drafted += len(draft.tree)
+            item.accepted += len(accepted)
+            request = item.handle.request
+            reports.append(StepReport(request.tenant, len(draft.tree), len(accepted), draft.tree.source,
+                                      draft.match_len, draft.propose_seconds, request.speculate))
+            if item.on_stream is not None and (kept or outcome.text_delta):
                 try:
-                    item.on_stream(outcome.token_ids, outcome.text_delta)
+                    item.on_stream(kept, outcome.text_delta)
                 except Exception as exc:  # a broken consumer ends its own request only
                     log.exception("stream callback failed for request %s", item.handle.request_id)
-                    self._finish(item, "cancelled", None, error=exc)
+                    self._finish(item, "error", None, error=exc)
                     continue
             reason, matched = outcome.finish_reason, outcome.matched_stop
             if reason is None and self.runner.remaining(item.slot) < 1:
                 reason = "length"  # the context limit
             if reason is not None:
                 self._finish(item, reason, matched)
-        return len(results)
+        if self.config.observer is not None:
+            self.config.observer.on_step(reports)
 
-    def _propose(self, item: _Active) -> DraftTree:
-        room = min(
-            self.config.budget.max_draft_tokens,
-            self.runner.max_draft_nodes,
-            self.runner.remaining(item.slot) - 1,
-            item.stop.max_tokens - len(item.stop.token_ids) - 1,  # drafts past the last token are waste
-        )
-        if room <= 0:
-            return DraftTree.empty()
-        tree = item.session.propose(room)  # a failing drafter gives an empty draft (_GuardedSession)
-        return self.config.budget.choose(tree, room, item.tracker.scale, len(self._active))
-
-    def _admit(self) -> None:
-        while self.runner.num_free_slots:
-            with self._lock:
-                if not self._waiting:
-                    return
-                handle, on_stream, on_finish = self._waiting.popleft()
-            request = handle.request
-            if handle.cancelled.is_set():
-                self._resolve(handle, _result(handle, [], "", "cancelled", None, 0, 0, 0))
-                continue
-            try:
-                stop_ids = tuple(request.stopping.stop_token_ids) + (
-                    () if request.stopping.ignore_eos else self.eos_token_ids
-                )
-                slot = self.runner.start(
-                    request.prompt_ids, request.sampling, min_new_tokens=request.stopping.min_new_tokens,
-                    suppress_ids=stop_ids,
-                )  # fmt: skip
-            except (ValueError, RuntimeError) as exc:
-                handle.error = exc
-                handle.done.set()
-                continue
-            session = _GuardedSession(self.proposer, request, handle.request_id)
-            prompt_hidden = self.runner.take_prompt_hidden(slot)
-            if prompt_hidden is not None:
-                session.observe_hidden(prompt_hidden)
-            max_tokens = self.runner.max_len - len(request.prompt_ids)
-            stop = StopChecker(request.stopping, self.tokenizer, self.eos_token_ids, max_tokens)
-            self._active.append(_Active(handle, slot, session, stop, on_stream, on_finish))
-
-    def _finish(
-        self, item: _Active, reason: str, matched: int | str | None, error: BaseException | None = None
-    ) -> None:
+    def _finish(self, item: _Active, reason: FinishReason, matched: int | str | None,
+                error: BaseException | None = None) -> None:
         self._active.remove(item)
         self.runner.release(item.slot)
-        request = item.handle.request
         item.handle.error = error
-        record = request.record_history and reason != "cancelled" and error is None
-        item.session.finish(record=record)
-        output = item.stop.token_ids
-        if record:
-            history = HistoryRecord(
-                request.tenant, request.session_id, item.handle.request_id, request.prompt_ids, tuple(output)
-            )
-            for sink in (item.on_finish, self.config.history_sink):
-                if sink is not None:
-                    sink(history)
-        result = _result(
-            item.handle, output, item.stop.text, reason, matched, item.steps, item.drafted, item.accepted
-        )
+        result = _result(item.handle.request, item.stop.token_ids, item.stop.text, reason, matched, item.steps,
+                         item.drafted, item.accepted)
+        item.session.finish(record=result.recorded)
+        if result.recorded and self.config.history_sink is not None:
+            item.handle.stored = self.config.history_sink(result)
+        if self.config.observer is not None:
+            self.config.observer.on_finish(result)
         self._resolve(item.handle, result)
 
     @staticmethod
@@ -278,64 +352,13 @@ class Engine:
         handle.done.set()
 
 
-class _GuardedSession:
-    """A drafting session whose failures degrade to "no more drafts" instead of failing the request
-    (DESIGN.md: a failing drafter means an empty draft, never a wrong token or a lost request)."""
-
-    def __init__(self, proposer: Proposer, request: GenerationRequest, request_id: str) -> None:
-        self.request_id = request_id
-        self.session: DraftSession | None = None
-        try:
-            self.session = proposer.begin(
-                request.tenant, request.session_id, list(request.prompt_ids), request_id
-            )
-        except Exception:  # noqa: BLE001 - logged by _failed
-            self._failed("begin")
-
-    def _failed(self, what: str) -> None:
-        log.exception("drafter %s failed for request %s; it drafts nothing more", what, self.request_id)
-        self.session = None
-
-    def propose(self, budget: int) -> DraftTree:
-        if self.session is not None:
-            try:
-                tree = self.session.propose(budget)
-                tree.validate()
-                return tree
-            except Exception:  # noqa: BLE001 - logged by _failed
-                self._failed("propose")
-        return DraftTree.empty()
-
-    def observe_hidden(self, states: Any) -> None:
-        """Hand the target's hidden states to a session that reads them (neural drafters)."""
-        observe = getattr(self.session, "observe_hidden", None)
-        if observe is not None:
-            try:
-                observe(states)
-            except Exception:  # noqa: BLE001 - logged by _failed
-                self._failed("observe_hidden")
-
-    def commit(self, token_ids: list[int]) -> None:
-        if self.session is not None:
-            try:
-                self.session.commit(token_ids)
-            except Exception:  # noqa: BLE001 - logged by _failed
-                self._failed("commit")
-
-    def finish(self, record: bool) -> None:
-        if self.session is not None:
-            try:
-                self.session.finish(record=record)
-            except Exception:  # noqa: BLE001 - logged by _failed
-                self._failed("finish")
+def _own_nodes(nodes: np.ndarray) -> np.ndarray:
+    """The accepted path's nodes that the session drafted: up to the first one a grammar forced (-1)."""
+    forced = np.nonzero(nodes < 0)[0]
+    return np.asarray(nodes[: forced[0]] if len(forced) else nodes, dtype=np.int32)
 
 
-def _with_id(request: GenerationRequest) -> GenerationRequest:
-    from dataclasses import replace
-
-    return replace(request, request_id=uuid.uuid4().hex)
-
-
-def _result(handle, output, text, reason, matched, steps, drafted, accepted) -> GenerationResult:
-    usage = Usage(len(handle.request.prompt_ids), len(output), steps, drafted, accepted)
-    return GenerationResult(handle.request_id, tuple(output), text, reason, matched, usage)
+def _result(request: GenerationRequest, output: Sequence[int], text: str, reason: FinishReason,
+            matched: int | str | None, steps: int, drafted: int, accepted: int) -> GenerationResult:
+    usage = Usage(len(request.prompt_ids), len(output), steps, drafted, accepted)
+    return GenerationResult(request, tuple(output), text, reason, matched, usage)

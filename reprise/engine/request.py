@@ -1,12 +1,14 @@
-"""Records of one generation request: what was asked, what came out, and what joins the history."""
+"""Records of one generation request: what was asked (``GenerationRequest``) and the finished turn
+(``GenerationResult``: the request with what came out), which the backends answer from and the history
+sink stores. Finish reasons are the serving seam's vocabulary (``grpc_api.backend.FinishReason``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
+from grpc_api.backend import FinishReason
 from verifier.sampling import SamplingParams
-
-FINISH_REASONS = ("length", "stop", "cancelled")
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +45,12 @@ class StoppingParams:
 
 @dataclass(frozen=True, slots=True)
 class GenerationRequest:
-    """One request: prompt tokens, sampling and stopping, and whose history it reads and joins."""
+    """One request: prompt tokens, sampling and stopping, and whose history it reads and joins.
+
+    ``speculate``: draft for this request (False decodes one token per step; the output is the same).
+    ``record_history``: a finished turn joins the tenant's history (not when it was aborted or failed).
+    ``grammar``: a compiled grammar the output follows (``reprise.engine.grammar.GrammarCompiler``).
+    """
 
     prompt_ids: tuple[int, ...]
     sampling: SamplingParams = field(default_factory=SamplingParams)
@@ -52,6 +59,8 @@ class GenerationRequest:
     session_id: str = ""
     request_id: str = ""
     record_history: bool = True
+    speculate: bool = True
+    grammar: Any = None
 
     def __post_init__(self) -> None:
         if not self.prompt_ids:
@@ -81,23 +90,23 @@ class Usage:
 
 @dataclass(frozen=True, slots=True)
 class GenerationResult:
-    """What a request produced. ``finish_reason``: ``length``, ``stop`` (EOS, stop token or stop string;
-    ``matched_stop`` says which: the token id or the string) or ``cancelled``."""
+    """A finished turn: the request and what it produced. ``finish_reason``: ``length`` (max_new_tokens
+    or the context), ``stop`` (a stop token or string; ``matched_stop`` says which), ``eos`` (the model's
+    end of sequence, ``matched_stop`` its id), ``aborted`` (cancelled) or ``error`` (the engine failed
+    it; ``RequestHandle.wait`` raises the error)."""
 
-    request_id: str
+    request: GenerationRequest
     token_ids: tuple[int, ...]
     text: str
-    finish_reason: str
+    finish_reason: FinishReason
     matched_stop: int | str | None
     usage: Usage
 
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
 
-@dataclass(frozen=True, slots=True)
-class HistoryRecord:
-    """A finished request's trajectory, handed to the history sink (the privacy layer persists it)."""
-
-    tenant: str
-    session_id: str
-    request_id: str
-    prompt_ids: tuple[int, ...]
-    output_ids: tuple[int, ...]
+    @property
+    def recorded(self) -> bool:
+        """Whether this turn joins its tenant's history."""
+        return self.request.record_history and self.finish_reason not in ("aborted", "error")

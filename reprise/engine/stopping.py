@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from grpc_api.backend import FinishReason
 from reprise.engine.request import StoppingParams
 
 
@@ -25,7 +26,7 @@ class StepOutcome:
 
     token_ids: list[int]  # the step's tokens that are kept
     text_delta: str  # text that may be streamed now
-    finish_reason: str | None  # None while the request goes on
+    finish_reason: FinishReason | None  # None while the request goes on
     matched_stop: int | str | None
 
 
@@ -52,7 +53,7 @@ class StopChecker:
 
     def append(self, step_ids: Sequence[int]) -> StepOutcome:
         ids = [int(t) for t in step_ids]
-        reason: str | None = None
+        reason: FinishReason | None = None
         matched: int | str | None = None
         room = self.max_tokens - len(self.token_ids)
         if len(ids) >= room:
@@ -62,7 +63,8 @@ class StopChecker:
             hits = np.nonzero(np.isin(np.asarray(ids[first_allowed:], dtype=np.int64), self._stop_ids))[0]
             if len(hits):
                 cut = first_allowed + int(hits[0])
-                ids, reason, matched = ids[: cut + 1], "stop", ids[cut]
+                ids, matched = ids[: cut + 1], ids[cut]
+                reason = "eos" if matched in self._eos and matched not in self.params.stop_token_ids else "stop"
         start = len(self.token_ids)
         self.token_ids.extend(ids)
         if self.tokenizer is not None:

@@ -1,4 +1,4 @@
-"""Prometheus metrics with vLLM-compatible names under ``reprise_`` (../shared/research/service.md, 5).
+"""Prometheus metrics with vLLM-compatible names under ``reprise_``.
 
 vLLM's PromQL ports by renaming ``vllm:`` to ``reprise_``:
 
@@ -17,16 +17,18 @@ Hot path: ``observe_step`` bumps pre-bound counter children once per verificatio
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from grpc_api.backend import FINISH_REASONS
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
                    0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
 FAST_BUCKETS = (1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 1e-2)
 TOKEN_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 LOOKUP_RESULTS = ("match", "no_match", "skipped")
-FINISH_REASONS = ("stop", "length", "eos", "aborted", "cancelled", "error")
 
 
 class ServiceMetrics:
@@ -77,7 +79,7 @@ class ServiceMetrics:
                              buckets=LATENCY_BUCKETS, registry=r)
         requests = Counter("reprise_requests", "Finished generation requests by finish reason",
                            ["finish_reason"], registry=r)
-        self._requests = {name: requests.labels(finish_reason=name) for name in FINISH_REASONS}
+        self._requests: dict[str, Any] = {name: requests.labels(finish_reason=name) for name in FINISH_REASONS}
         self.prompt_tokens = Counter("reprise_prompt_tokens", "Prompt tokens processed", registry=r)
         self.generation_tokens = Counter("reprise_generation_tokens", "Tokens generated", registry=r)
         self.requests_running = Gauge("reprise_num_requests_running", "Generation requests in flight",
@@ -90,12 +92,17 @@ class ServiceMetrics:
         self.grpc_seconds = Histogram("grpc_server_handling_seconds", "RPC handling time",
                                       ["grpc_service", "grpc_method", "grpc_type"],
                                       buckets=LATENCY_BUCKETS, registry=r)
+        # HTTP (the OpenAI-compatible API, metrics, dashboard); route is the route's template, never an id.
+        self.http_handled = Counter("reprise_http_requests", "HTTP requests completed, by route and status",
+                                    ["route", "status"], registry=r)
+        self.http_seconds = Histogram("reprise_http_request_seconds", "HTTP handling time (to the last byte)",
+                                      ["route"], buckets=LATENCY_BUCKETS, registry=r)
         self.storage_seconds = Histogram("reprise_storage_op_seconds", "History store operations",
                                          ["backend", "op"], buckets=LATENCY_BUCKETS, registry=r)
         self.crypto_failures = Counter("reprise_crypto_failures", "Records that failed their integrity check",
                                        ["kind"], registry=r)
 
-    # ---- called by the decode pipeline, once per step ----------------------------------------------
+    # ---- called by the engine's step observer, once per step ----------------------------------------------
 
     def observe_step(self, num_draft_tokens: int, num_accepted: int, lookup_seconds: float | None = None,
                      match_len: int | None = None, skipped: bool = False) -> None:
@@ -122,7 +129,7 @@ class ServiceMetrics:
 
     def observe_drafts(self, num_drafts: int, num_draft_tokens: int, accepted_per_pos: Sequence[int],
                        num_steps: int = 0) -> None:
-        """Aggregated figures of several steps (e.g. one request's), for pipelines that report in bulk."""
+        """Aggregated figures of several steps (e.g. one request's), for a decode backend that reports in bulk."""
         if num_steps:
             self.num_steps.inc(num_steps)
         if num_drafts:
@@ -167,6 +174,10 @@ class ServiceMetrics:
     def observe_rpc(self, service: str, method: str, rpc_type: str, code: str, seconds: float) -> None:
         self.grpc_handled.labels(service, method, rpc_type, code).inc()
         self.grpc_seconds.labels(service, method, rpc_type).observe(seconds)
+
+    def observe_http(self, route: str, status: int, seconds: float) -> None:
+        self.http_handled.labels(route, str(status)).inc()
+        self.http_seconds.labels(route).observe(seconds)
 
     def render(self) -> tuple[bytes, str]:
         """The text exposition format and its content type."""

@@ -6,7 +6,7 @@
 
 Start-up order: the encrypted store (and, on first start, the admin key file), the model, the engine on
 its own thread, the tenants' indexes, the gRPC server (data and admin planes), the HTTP server
-(/metrics, /dashboard). Shutdown (``stop``) reverses it: health NOT_SERVING, in-flight streams finish
+(the OpenAI-compatible API under /v1, /metrics, /healthz, /dashboard; reprise/server/http.py). Shutdown (``stop``) reverses it: health NOT_SERVING, in-flight streams finish
 within the grace period, the engine stops, queued history is written, the store closes.
 """
 
@@ -14,35 +14,53 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from pathlib import Path
 from typing import Any
 
+from grpc_api.server import GrpcServer
+from privacy import ensure_admin_key, open_store
+from reprise import __version__
+from reprise.backends.engine import EngineBackend
+from reprise.cluster.node import ClusterNode
 from reprise.config import ServiceConfig
+from reprise.drafters import DEFAULT_DRAFTER, make_proposer
+from reprise.engine.engine import Engine, EngineConfig
+from reprise.server.admin import ServiceAdmin
+from reprise.server.auth import StoreAuthenticator
+from reprise.server.dashboard import StatsHistory
+from reprise.server.hidden_store import ReuseWiring
+from reprise.server.history_writer import HistoryWriter
+from reprise.server.http import HttpServer, build_app
+from reprise.server.indexes import TenantIndexes
+from reprise.server.metering import StepMeter, TenantAccounting
+from reprise.server.metrics import ServiceMetrics
+from reprise.server.tenant_config import apply_tenant_configs
+from reprise.server.vllm import start_vllm
+from verifier.models import configure_threads, load_default_model, load_model
+from verifier.runner import ModelRunner
 
 log = logging.getLogger(__name__)
 
 
 def load_target_model(config: ServiceConfig) -> Any:
     """The configured model (a ``verifier.models.LoadedModel``): a local folder or the default SmolLM2."""
-    from verifier.models import load_default_model, load_model
-
     m = config.model
     if m.path:
         return load_model(m.path, dtype=m.dtype, device=m.device, num_threads=m.num_threads)
     return load_default_model(num_threads=m.num_threads, device=m.device)
 
 
-def default_drafter() -> str:
-    """The full Reprise proposer once registered, else the prompt-lookup baseline."""
-    from retrieval.registry import proposer_names
-
-    return "reprise" if "reprise" in proposer_names() else "prompt_lookup"
+def make_private_dir(path: Path) -> None:
+    """The data directory, created 0700 (it holds the master key, the admin key and the encrypted store)
+    with any missing parents; an existing directory keeps the mode its operator gave it."""
+    if not path.is_dir():
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        path.chmod(0o700)  # mkdir's mode passes through the umask
 
 
 def check_port_free(host: str, port: int) -> None:
     """OSError naming the address if something listens there (a quick probe; the real bind decides)."""
-    import socket
-
     if not port:
         return
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -65,6 +83,7 @@ class Service:
         self.metrics: Any = None
         self.grpc: Any = None
         self.http: Any = None
+        self._app: Any = None  # the HTTP side (reprise.server.http.build_app), served once started
         self.history: Any = None
         self.reuse: Any = None  # reprise.server.hidden_store.ReuseWiring when the drafter keeps hidden-state reuse
         self.stats_history: Any = None
@@ -78,7 +97,7 @@ class Service:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self._build)
         self.grpc_port = await self.grpc.start()
-        self.http_port = self.http.start() if self.http is not None else 0
+        self.http_port = await self.http.start(self._app) if self.http is not None else 0
         self.stats_history.start()
         if self.cluster is not None:
             admission = self.grpc.admission  # runs on the event loop: deletions elsewhere cancel from here
@@ -86,38 +105,24 @@ class Service:
             self.cluster.start()
 
     def _build(self) -> None:
-        from grpc_api.server import GrpcServer
-        from privacy import ensure_admin_key, open_store
-        from reprise import __version__
-        from reprise.backends.engine import EngineBackend
-        from reprise.engine.engine import Engine, EngineConfig
-        from reprise.server.admin import ServiceAdmin
-        from reprise.server.auth import StoreAuthenticator
-        from reprise.server.dashboard import HttpServer, StatsHistory
-        from reprise.server.hidden_store import ReuseWiring
-        from reprise.server.history_writer import HistoryWriter
-        from reprise.server.indexes import TenantIndexes
-        from reprise.server.metering import MeteredBudget, MeteredProposer, TenantAccounting
-        from reprise.server.metrics import ServiceMetrics
-        from reprise.server.tenant_config import apply_tenant_configs
-        from retrieval.registry import make_proposer
-        from verifier.models import configure_threads
-        from verifier.runner import ModelRunner
-
         c = self.config
-        c.home.mkdir(parents=True, exist_ok=True)
+        make_private_dir(c.home)
+        if c.server.http_port:
+            check_port_free(c.server.host, c.server.http_port)
+        # The model first: a start that cannot load it (the slow part, and the usual failure) has written
+        # no master key or admin key file yet.
+        loaded = None
+        if c.model.engine != "vllm":  # vLLM loads the model itself, in its own processes
+            loaded = self._model if self._model is not None else load_target_model(c)
         self.metrics = ServiceMetrics()
         self.store = open_store(c.store)
         decode = None
         try:
             if c.cluster.enabled:  # replicas on one Redis (reprise.cluster, docs/cluster.md)
-                from reprise.cluster.node import ClusterNode
-
                 self.cluster = ClusterNode(c.cluster, self.store, None, self.metrics)
             auth = self.cluster.authenticator() if self.cluster else StoreAuthenticator(self.store)
-            if c.server.http_port:  # bind now: a port in use fails before the model loads
-                self.http = HttpServer(c.server.host, c.server.http_port, auth, lambda: self.stats_history.snapshot(),
-                                       self.metrics.render, lambda: self.grpc is not None and self.grpc.admission.draining)
+            if c.server.http_port:  # bind now: the HTTP port is free before the store writes anything
+                self.http = HttpServer(c.server.host, c.server.http_port)
             self.admin_key_file = ensure_admin_key(self.store)
             if self.admin_key_file is not None:
                 log.warning("first start: the admin key is in %s (0600); `reprise tenant ...` reads it there",
@@ -125,7 +130,6 @@ class Service:
             if c.model.engine == "vllm":  # vLLM decodes, Reprise drafts in its worker (docs/vllm.md)
                 decode = self._build_vllm(auth)
             else:
-                loaded = self._model if self._model is not None else load_target_model(c)
                 if c.model.device == "cpu":  # also for a model handed in: two replicas' thread pools would fight
                     configure_threads(c.model.num_threads)
                 model = getattr(loaded, "model", loaded)
@@ -134,8 +138,7 @@ class Service:
                 runner = ModelRunner(model, num_slots=c.model.num_slots, max_len=c.model.max_len,
                                      max_draft_nodes=c.model.max_draft_nodes)
                 accounting = TenantAccounting()
-                budget = MeteredBudget(EngineConfig().budget)
-                inner = make_proposer(c.model.drafter or default_drafter(), c.drafting)
+                inner = make_proposer(c.model.drafter or DEFAULT_DRAFTER, c.drafting)
                 if tokenizer is not None and hasattr(inner, "set_vocabulary"):  # numbers match by class
                     inner.set_vocabulary(lambda i: tokenizer.decode([i]), runner.vocab_size)
                 tuned = apply_tenant_configs(inner, self.store.list_tenants(), c.home)  # `reprise tune`'s
@@ -144,10 +147,10 @@ class Service:
                 tokenize = (lambda text: list(tokenizer.encode(text, add_special_tokens=False))) if tokenizer else None
                 if self.cluster is not None:
                     self.cluster.set_proposer(inner)
-                    proposer = MeteredProposer(self.cluster.engine_proposer(inner), budget, accounting, self.metrics)
+                    proposer = self.cluster.engine_proposer(inner)
                     self.indexes = self.cluster.indexes(accounting, self.metrics, tokenize)
                 else:
-                    proposer = MeteredProposer(inner, budget, accounting, self.metrics)
+                    proposer = inner
                     self.indexes = TenantIndexes(self.store, inner, accounting, self.metrics, tokenize)
                 self.indexes.load_all()
                 reuse = ReuseWiring.find(inner)
@@ -164,15 +167,19 @@ class Service:
                 self.store.add_deletion_hook(on_deleted)
                 self.history = self.cluster.writer if self.cluster is not None else HistoryWriter(self.store)
                 engine = Engine(runner, proposer, tokenizer,
-                                EngineConfig(budget=budget, history_sink=self.history.put))  # type: ignore[arg-type]
+                                EngineConfig(history_sink=self.history.put, observer=StepMeter(accounting, self.metrics)))
                 decode = EngineBackend(engine, tokenizer, name, record_trajectory=self.indexes.record,
-                                       on_close=self._close_history)
+                                       on_close=self._close_history, store_before_reply=c.server.store_before_reply)
                 if self.cluster is not None:
                     decode = self.cluster.backend(decode)
             admin = ServiceAdmin(self.store, self.indexes, auth.invalidate)
             self.grpc = GrpcServer(decode, admin, auth, c.server, self.metrics, version=__version__)
             self.stats_history = StatsHistory(lambda: admin.index_stats(None), admin.list_tenants,
                                               interval_s=c.server.stats_interval_s)
+            grpc = self.grpc
+            self._app = build_app(auth, self.stats_history.snapshot, self.metrics.render,
+                                  lambda: grpc.admission.draining, grpc.front, c.server.max_message_bytes,
+                                  self.metrics)
         except BaseException:
             if decode is not None:
                 decode.close()  # stops the engine thread, writes queued history
@@ -184,7 +191,7 @@ class Service:
             if self.cluster is not None:
                 self.cluster.stop()
             if self.http is not None:
-                self.http.stop()
+                self.http.close()
                 self.http = None
             self.store.close()
             self.store = None
@@ -192,10 +199,6 @@ class Service:
 
     def _build_vllm(self, auth: Any) -> Any:
         """The ``vllm`` decode backend, its tenants' indexes in vLLM's worker, the history writer."""
-        from reprise.backends.vllm.wiring import start_vllm
-        from reprise.server.history_writer import HistoryWriter
-        from reprise.server.metering import TenantAccounting
-
         self.history = HistoryWriter(self.store)
         decode, self.indexes = start_vllm(self.config, self.store, TenantAccounting(), self.metrics,
                                           self.history.put, on_close=self._close_history)
@@ -230,7 +233,7 @@ class Service:
         if self.stats_history is not None:
             self.stats_history.stop()
         if self.http is not None:
-            self.http.stop()
+            await self.http.stop()
             self.http = None
         if self.cluster is not None:
             self.cluster.stop()

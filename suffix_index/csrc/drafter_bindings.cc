@@ -135,9 +135,7 @@ class DraftingSession {
     observations_.clear();
     hints_.clear();
     fill_category_ = -1;
-    last_ids_.clear();
-    last_parents_.clear();
-    last_score_ = 0.0;
+    forget_last_draft();
   }
 
   py::object propose(int64_t budget) {
@@ -154,40 +152,42 @@ class DraftingSession {
       num_index_nodes_ = d.token_ids.size();
       index_score_ = d.score;
       if (fallback_ && budget > 0 && !ctx_.empty()) add_guesses(&d, p);
-      last_ids_.assign(d.token_ids.begin(), d.token_ids.begin() + num_index_nodes_);  // what the monitor weighs
-      last_parents_.assign(d.parents.begin(), d.parents.begin() + num_index_nodes_);
+      num_last_nodes_ = d.token_ids.size();
       last_score_ = index_score_;
     }
     return make_tree(d);
   }
 
-  // Tokens the verifier committed: learn from the first, then extend the context and own indexes.
-  // Returns (expected, accepted): the last draft's score and how many of its tokens the commit took,
-  // counting the indexes' nodes only (the fallback's guesses are its table's to learn from: a tenant
-  // whose next words are new to it should not lose its copies to the monitor over them).
-  std::pair<double, uint32_t> commit(const I32Array& tokens, bool learn_from_it) {
+  // What the verifier committed: `tokens` (the accepted draft tokens, then the bonus token) and, when
+  // the last draft was verified, `accepted`, its accepted nodes, root to leaf (the verifier's count;
+  // never recounted here). Learns from the first token, then extends the context and own indexes.
+  // Returns (expected, accepted) for the acceptance monitor: the last draft's score and how many of the
+  // accepted nodes came from the indexes, or (0, 0) when the draft was not verified (a draft nobody
+  // checked says nothing about the tenant's drafts) (the fallback's guesses are its table's to learn from: a tenant whose
+  // next words are new to it should not lose its copies to the monitor over them). Guesses are roots
+  // without children that follow the index nodes, so an accepted path is all index nodes or one guess.
+  std::pair<double, uint32_t> commit(const I32Array& tokens, const I32Array& accepted, bool draft_verified,
+                                     bool learn_from_it) {
     check_tokens(tokens, "token_ids");
+    if (accepted.ndim() != 1) throw py::value_error("accepted must be 1-D");
     const Tok* t = tokens.data();
     const size_t n = (size_t)tokens.shape(0);
+    const size_t k = (size_t)accepted.shape(0);
+    if (k > n)
+      throw py::value_error(std::to_string(k) + " accepted nodes but only " + std::to_string(n) + " tokens");
+    for (size_t i = 0; i < k; ++i)
+      if (accepted.data()[i] < 0 || (size_t)accepted.data()[i] >= num_last_nodes_)
+        throw py::value_error("accepted node " + std::to_string(accepted.data()[i]) + " is not a node of the last "
+                              "draft (" + std::to_string(num_last_nodes_) + " nodes)");
     if (n == 0) return {0.0, 0};
     py::gil_scoped_release nogil;
-    uint32_t accepted = 0;
-    for (int32_t at = -1; accepted < n;) {  // walk the last draft along the committed tokens
-      int32_t next = -1;
-      for (size_t i = 0; i < last_ids_.size() && next < 0; ++i)
-        if (last_parents_[i] == at && last_ids_[i] == t[accepted]) next = (int32_t)i;
-      if (next < 0) break;
-      at = next;
-      ++accepted;
-    }
-    const double expected = last_score_;
+    const uint32_t from_indexes = k > 0 && (size_t)accepted.data()[0] < num_index_nodes_ ? (uint32_t)k : 0;
+    const double expected = draft_verified ? last_score_ : 0.0;
     if (learn_from_it && fill_category_ >= 0)
       fallback_->observe((uint8_t)fill_category_, t[0],
                          std::find(index_roots_.begin(), index_roots_.end(), t[0]) == index_roots_.end());
     fill_category_ = -1;
-    last_ids_.clear();
-    last_parents_.clear();
-    last_score_ = 0.0;
+    forget_last_draft();
     if (learn_from_it && !observations_.empty()) learn(calibration_, observations_, t[0], canonical(t[0]));
     observations_.clear();
     ctx_.insert(ctx_.end(), t, t + n);
@@ -198,7 +198,7 @@ class DraftingSession {
       for (size_t i = 0; i < n; ++i) ctx_canon_[old + i] = canonical(t[i]);
       if (use_context_) local_canon_.extend(seq_, ctx_canon_.data() + old, n);
     }
-    return {expected, accepted};
+    return {expected, draft_verified ? from_indexes : 0};
   }
 
   I32Array context() const {
@@ -218,6 +218,12 @@ class DraftingSession {
   }
   uint8_t category(Tok t) const {
     return (py::ssize_t)t < categories_.shape(0) ? categories_.data()[t] : 0;
+  }
+
+  void forget_last_draft() {
+    num_last_nodes_ = 0;
+    num_index_nodes_ = 0;
+    last_score_ = 0.0;
   }
 
   // The fallback's guesses for this context's last token join the draft as further roots (never one
@@ -288,9 +294,8 @@ class DraftingSession {
   std::vector<Tok> ctx_, ctx_canon_;
   int64_t seq_ = 0;
   std::vector<RootObservation> observations_;
-  std::vector<Tok> last_ids_;  // the last draft, to count what the next commit accepted
-  std::vector<int32_t> last_parents_;
-  double last_score_ = 0.0;
+  size_t num_last_nodes_ = 0;  // nodes of the last draft, until its commit (0: none due)
+  double last_score_ = 0.0;    // its indexes' expected accepted tokens
   int32_t fill_category_ = -1;  // the last draft's context category, while its commit is due (-1: none)
   std::vector<Tok> index_roots_;  // the last draft's roots from the indexes
   std::vector<std::pair<Tok, double>> guesses_;
@@ -396,7 +401,8 @@ void bind_drafter(py::module_& m) {
       .def("add_source", &DraftingSession::add_source, py::arg("index"), py::arg("kind"), py::arg("canonical"))
       .def("rebase", &DraftingSession::rebase, py::arg("prompt"), py::arg("overlap"))
       .def("propose", &DraftingSession::propose, py::arg("budget"))
-      .def("commit", &DraftingSession::commit, py::arg("token_ids"), py::arg("learn"))
+      .def("commit", &DraftingSession::commit, py::arg("token_ids"), py::arg("accepted"), py::arg("draft_verified"),
+           py::arg("learn"))
       .def("context", &DraftingSession::context)
       .def_property_readonly("context_length", &DraftingSession::context_length)
       .def("memory_bytes", &DraftingSession::memory_bytes);

@@ -5,23 +5,26 @@ End-to-end tests with the real pipeline and store are in tests/service/.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from testkit.grpc_fakes import FakeDecode, ServerThread, Settings, fake_text
 
+from grpc_api import errors
+from grpc_api.backend import Principal, PromptInput
 from grpc_api.client import AsyncRepriseClient, RepriseClient, RepriseError, build_request
-from grpc_api.v1 import decoding_pb2
+from grpc_api.v1 import decoding_pb2, decoding_pb2_grpc
 
 TENANT_KEY = "rpk_tenant_a"
 
 
 @pytest.fixture
 def tenant(fakes):
-    from grpc_api.backend import Principal
-
     _, _, auth = fakes
     auth.keys[TENANT_KEY] = Principal("tenant", "a" * 32)
     auth.keys["rpk_tenant_b"] = Principal("tenant", "b" * 32)
@@ -72,8 +75,6 @@ def test_unary_generate_text_and_chat(server, fakes, tenant) -> None:
 
 
 def _text(t: str):
-    from grpc_api.backend import PromptInput
-
     return PromptInput(text=t)
 
 
@@ -135,14 +136,32 @@ def test_model_info(server, tenant) -> None:
     ],
 )
 def test_bad_requests_get_precise_status(server, tenant, kwargs, code, needle) -> None:
-    with RepriseClient(server.target, tenant) as client:
-        for call in (client.generate, lambda **kw: list(client.generate_stream(**kw))):
-            with pytest.raises(RepriseError) as exc:
-                call(**kwargs)
-            assert exc.value.code.name == code
-            assert needle in exc.value.message
+    request = _raw_request(**kwargs)  # past the client's own checks: the server is the boundary for every client
+    with RepriseClient(server.target, tenant) as client, grpc.insecure_channel(server.target) as channel:
+        stub = decoding_pb2_grpc.DecodingServiceStub(channel)
+        metadata = (("authorization", f"Bearer {tenant}"),)
+        for call in (stub.Generate, lambda r, metadata: list(stub.GenerateStream(r, metadata=metadata))):
+            with pytest.raises(grpc.RpcError) as exc:
+                call(request, metadata=metadata)
+            assert exc.value.code().name == code
+            assert needle in exc.value.details()
         assert client.generate(tokens=[1], max_new_tokens=1).completion_tokens == 1  # still serving
     assert server.on_loop(lambda: server.server.admission.num_active) == 0
+
+
+def _raw_request(**kwargs) -> decoding_pb2.GenerateRequest:
+    """What build_request makes of ``kwargs``, with the values the client itself refuses set directly."""
+    raw = {k: kwargs.pop(k) for k in ("tokens", "top_k", "max_new_tokens") if k in kwargs}
+    request = build_request(tokens=[1], **kwargs) if "tokens" in raw else build_request(**kwargs)
+    if "tokens" in raw:
+        request.tokens.ClearField("ids")
+        request.tokens.SetInParent()
+        request.tokens.ids.extend(raw["tokens"])
+    if "top_k" in raw:
+        request.sampling.top_k = raw["top_k"]
+    if "max_new_tokens" in raw:
+        request.stopping.max_new_tokens = raw["max_new_tokens"]
+    return request
 
 
 def test_credentials(server, tenant) -> None:
@@ -165,9 +184,6 @@ def test_credentials(server, tenant) -> None:
 
 
 def test_health_and_reflection_need_no_credentials(server) -> None:
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
-
     with grpc.insecure_channel(server.target) as channel:
         health = health_pb2_grpc.HealthStub(channel)
         for name in ("", "reprise.v1.DecodingService", "reprise.v1.AdminService"):
@@ -177,6 +193,16 @@ def test_health_and_reflection_need_no_credentials(server) -> None:
         responses = list(stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")])))
         names = {s.name for s in responses[0].list_services_response.service}
         assert {"reprise.v1.DecodingService", "reprise.v1.AdminService", "grpc.health.v1.Health"} <= names
+        # grpcurl and other current tools ask reflection v1 (same messages on the wire, another service name)
+        v1 = channel.stream_stream("/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+                                   request_serializer=reflection_pb2.ServerReflectionRequest.SerializeToString,
+                                   response_deserializer=reflection_pb2.ServerReflectionResponse.FromString)
+        requests = [reflection_pb2.ServerReflectionRequest(list_services=""),
+                    reflection_pb2.ServerReflectionRequest(file_containing_symbol="reprise.v1.DecodingService")]
+        listed, described = list(v1(iter(requests)))
+        assert {"reprise.v1.DecodingService", "grpc.reflection.v1.ServerReflection"} <= {
+            s.name for s in listed.list_services_response.service}
+        assert described.file_descriptor_response.file_descriptor_proto  # the service's own .proto, serialized
 
 
 def test_per_tenant_concurrency_limit_has_retry_info(fakes, tenant) -> None:
@@ -261,6 +287,13 @@ def test_abort_out_of_band(fakes, tenant) -> None:
             with pytest.raises(RepriseError) as exc:  # the same id cannot run twice
                 client.generate(tokens=[1], max_new_tokens=1, request_id="long-one")
             assert exc.value.code == grpc.StatusCode.ALREADY_EXISTS
+            with pytest.raises(RepriseError) as exc:  # capped like Generate's; never echoed into the status
+                client.abort("x" * 100_000)
+            assert exc.value.code == grpc.StatusCode.INVALID_ARGUMENT and len(exc.value.message) < 200
+            assert "at most 128" in exc.value.message
+            with pytest.raises(RepriseError) as exc:
+                client.abort("")
+            assert exc.value.code == grpc.StatusCode.INVALID_ARGUMENT
             client.abort("long-one")
             rest = list(it)
             assert stream.completion.finish_reason == "aborted"
@@ -270,8 +303,6 @@ def test_abort_out_of_band(fakes, tenant) -> None:
 
 
 def test_async_client_streams(server, fakes, tenant) -> None:
-    import asyncio
-
     decode = fakes[0]
 
     async def main():
@@ -327,8 +358,6 @@ def test_grace_period_cancels_stragglers(fakes, tenant) -> None:
 
 
 def test_backend_errors_map_to_status(fakes, tenant) -> None:
-    from grpc_api import errors
-
     decode, admin, auth = fakes
     st = ServerThread(decode, admin, auth, Settings())
     try:
@@ -360,3 +389,30 @@ def test_build_request_rejects_ambiguous_prompts() -> None:
 def test_fake_backend_sanity() -> None:
     d = FakeDecode(eos_after=2)
     assert d.expected([1], 5)[-1] == 0 and len(d.expected([1], 5)) == 3
+
+
+@pytest.mark.parametrize(("kwargs", "error", "says"), [
+    ({"messages": [{"role": "user"}]}, ValueError, "messages[0] (role 'user') has no 'content'"),
+    ({"messages": "Hi"}, TypeError, "messages must be a list of dicts like"),
+    ({"messages": ["Hi"]}, TypeError, "messages[0] must be a dict with 'role' and 'content'"),
+    ({"messages": [{"content": "Hi"}]}, ValueError, "messages[0] needs a 'role'"),
+    ({"messages": []}, ValueError, "messages is empty"),
+    ({"text": "Hi", "max_new_tokens": -5}, ValueError, "max_new_tokens must be an integer >= 1, got -5"),
+    ({"text": "Hi", "max_new_tokens": 2.5}, TypeError, "max_new_tokens must be an integer >= 1, got float"),
+    ({"text": "Hi", "seed": -1}, ValueError, "seed must be an integer >= 0"),
+    ({"text": "Hi", "stop": "END"}, TypeError, "stop must be a list of strings"),
+    ({"tokens": [1, -2]}, ValueError, "tokens[1] must be an integer >= 0, got -2"),
+    ({"tokens": "12"}, TypeError, "tokens must be a non-empty list of token ids"),
+    ({"text": b"Hi"}, TypeError, "text must be a string"),
+])
+def test_the_client_says_which_argument_is_wrong(kwargs, error, says) -> None:
+    with pytest.raises(error) as exc:
+        build_request(**kwargs)
+    assert says in str(exc.value)
+
+
+def test_the_client_takes_numpy_token_ids() -> None:
+    import numpy as np
+
+    req = build_request(tokens=np.array([3, 4], dtype=np.int32), max_new_tokens=np.int64(5))
+    assert list(req.tokens.ids) == [3, 4] and req.stopping.max_new_tokens == 5

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from testkit.replay import CharTokenizer, ScriptedProposer, conversation, write_trace
 
-from replay_traces.replay import accepted_length, pool_reports, replay_calls, replay_file
+from replay_traces.replay import accepted_path, pool_reports, replay_calls, replay_file
 from replay_traces.traces import iter_calls
 from retrieval.draft_tree import DraftTree
 from retrieval.prompt_lookup import PromptLookupProposer
@@ -133,14 +133,17 @@ def test_a_tree_whose_parent_does_not_precede_its_node_is_an_error(tmp_path):
         ([], [], [5], 0, 0),
     ],
 )
-def test_accepted_length(tokens, parents, target, pos, expected):
-    assert accepted_length(tokens, parents, target, pos) == expected
+def test_accepted_path(tokens, parents, target, pos, expected):
+    path = accepted_path(tokens, parents, target, pos)
+    assert len(path) == expected
+    assert [tokens[i] for i in path] == target[pos:pos + expected]
+    assert all(parents[node] == (path[k - 1] if k else -1) for k, node in enumerate(path))
 
 
 @pytest.mark.parametrize("parents", [[-2], [0], [-1, 1], [-1, 5]])
-def test_accepted_length_rejects_bad_parents(parents):
+def test_accepted_path_rejects_bad_parents(parents):
     with pytest.raises(ValueError, match="parent"):
-        accepted_length([5] * len(parents), parents, [5, 5, 5], 0)
+        accepted_path([5] * len(parents), parents, [5, 5, 5], 0)
 
 
 def _brute_prompt_lookup_tau(prompt: list[int], response: list[int], min_n: int, max_n: int, k: int) -> int:

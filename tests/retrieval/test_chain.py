@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from retrieval.chain import ChainProposer, best_path
 from retrieval.draft_tree import DraftTree
 from retrieval.proposer import RepriseProposer
+from retrieval.session import Verified
 
 
 def _tree(parents, probs, path_probs=False):
@@ -100,7 +101,8 @@ def test_chain_sessions_send_paths_and_keep_drafting_from_history():
                 k += 1
             drafted += k
             end = min(pos + k + 1, len(text))
-            session.commit(text[pos:end])
+            session.commit(Verified(np.asarray(text[pos:end], dtype=np.int32), np.arange(k, dtype=np.int32),
+                                    len(tree) > 0))
             pos = end
         session.finish(record=True)
     assert drafted > 40  # the second turn copies the first from the tenant's history

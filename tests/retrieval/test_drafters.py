@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from testkit.drafting import verified_along
 
 from retrieval.drafters import ExactKeyProposer, SuffixDecodingProposer
 from retrieval.registry import make_proposer
+from retrieval.session import Verified
 
 
 def ids(*xs: int) -> np.ndarray:
@@ -36,7 +38,7 @@ def test_suffixdecoding_anchor_matches_the_whole_context() -> None:
 def test_suffixdecoding_picks_the_higher_scoring_source() -> None:
     p = SuffixDecodingProposer()
     s = p.begin("t", "a", ids(8, 8, 8))
-    s.commit(ids(1, 2, 3, 4, 5, 6))
+    s.commit(Verified.tokens(ids(1, 2, 3, 4, 5, 6)))
     s.finish()
     s = p.begin("t", "b", ids(9, 1, 2))  # only the history has "1 2 -> 3 4 5 6"
     assert walk(s.propose(8), [3, 4, 5, 6]) == 4
@@ -60,6 +62,6 @@ def test_every_drafter_follows_the_session_contract(name: str) -> None:
             tree = s.propose(8)
             assert len(tree) <= 8
             tree.validate()
-            s.commit(rng.integers(0, 30, 3).astype(np.int32))
+            s.commit(verified_along(tree, rng.integers(0, 30, 3).astype(np.int32)))
         assert len(s.propose(0)) == 0
         s.finish(record=k % 2 == 0)

@@ -11,6 +11,7 @@ from collections import Counter
 import numpy as np
 import pytest
 from test_proposer import check_tree, ids, run_request
+from testkit.drafting import verified_along
 
 from retrieval.config import DraftingConfig
 from retrieval.proposer import RepriseProposer
@@ -108,7 +109,7 @@ def test_a_fresh_word_gets_the_tenants_usual_next_token() -> None:
     tree = s.propose(8)
     check_tree(tree, 8)
     assert tree.source == "reprise:fallback" and tree.token_ids.tolist()[0] == 5
-    s.commit(ids(5))
+    s.commit(verified_along(tree, ids(5)))
     assert p.history("t").fallback.num_observations > 0
     off, answer = _words_proposer(fallback=False)
     run_request(off, "t", "a", ids(1, 2, 3), answer)

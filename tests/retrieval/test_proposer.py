@@ -7,11 +7,13 @@ import dataclasses
 
 import numpy as np
 import pytest
+from testkit.drafting import verified_along
 
 from retrieval.config import DraftingConfig
 from retrieval.draft_tree import DraftTree
 from retrieval.proposer import RepriseProposer
 from retrieval.registry import make_proposer, proposer_names
+from retrieval.session import Verified
 from retrieval.vocabulary import CLASS_NUMBER, number_classes
 from suffix_index.drafting import KIND_HISTORY, KIND_HISTORY_CANONICAL, KIND_LOCAL, KIND_LOCAL_CANONICAL
 
@@ -53,7 +55,7 @@ def run_request(p, tenant: str, session: str, prompt, output, budget: int = 16, 
         tree = s.propose(budget)
         check_tree(tree, budget)
         n = min(decode_walk(tree, list(output[pos:])) + 1, len(output) - pos)
-        s.commit(output[pos:pos + n])
+        s.commit(verified_along(tree, output[pos:pos + n]))
         pos += n
         steps += 1
     s.finish(record=record)
@@ -83,7 +85,7 @@ def test_empty_prompt_and_zero_budget() -> None:
     p = RepriseProposer()
     s = p.begin("t", "s", ids())
     assert len(s.propose(8)) == 0
-    s.commit(ids(3))
+    s.commit(Verified.tokens(ids(3)))
     assert len(s.propose(0)) == 0
     s.finish()
 
@@ -168,7 +170,7 @@ def test_canonical_twins_match_only_where_a_number_is_near_the_end() -> None:
     run_request(p, "t", "c", ids(1, 2, 3), ids(10, 11, 12, 107, 13, 14, 15, 16, 17))
     s = p.begin("t", "d", ids(1, 2, 3, 10, 11, 12, 142))
     assert decode_walk(s.propose(8), [13, 14, 15, 16, 17]) == 5
-    s.commit(ids(13))
+    s.commit(Verified.tokens(ids(13)))
     assert KIND_HISTORY_CANONICAL in _observed_rows(p, "t")
 
 
@@ -213,7 +215,7 @@ def test_session_reuse_drafts_exactly_as_a_fresh_index(seed: int) -> None:
         for p in (cached, fresh):
             s = p.begin("t", "sess", conversation)
             trees.append(s.propose(16))
-            s.commit(output)
+            s.commit(verified_along(trees[-1], output))
             trees.append(s.propose(16))
             s.finish()
         for a, b in zip(trees[:2], trees[2:]):  # cached vs fresh, before and after the commit
@@ -257,7 +259,7 @@ def test_snapshot_restore_drafts_identically_and_rejects_corruption() -> None:
 def test_deleted_tenant_is_not_recreated_by_a_late_request() -> None:
     p = RepriseProposer()
     s = p.begin("t", "s", ids(1, 2, 3))
-    s.commit(ids(4, 5))
+    s.commit(Verified.tokens(ids(4, 5)))
     p.delete("t")
     s.finish(record=True)  # finishing after the deletion records nothing
     assert "t" not in p.tenants()
@@ -281,7 +283,7 @@ def test_bad_tokens_are_rejected(bad) -> None:
         p.begin("t", "s", bad)
     s = p.begin("t", "s", ids(1, 2))
     with pytest.raises((TypeError, ValueError)):
-        s.commit(bad)
+        s.commit(Verified(bad))
 
 
 def test_past_prompts_source_indexes_each_session_once_and_survives_snapshots() -> None:
@@ -311,7 +313,7 @@ def test_per_tenant_settings_apply_to_that_tenant_only() -> None:
     sizes = {}
     for tenant in ("small", "other"):
         s = p.begin(tenant, "trial-1", prompt)
-        s.commit(answer[:8])
+        s.commit(Verified.tokens(answer[:8]))
         sizes[tenant] = len(s.propose(16))
     assert sizes == {"small": 4, "other": 16}  # both copy the first trial; the cap is the tenant's
     assert p.history("small").config.lead_in == 0 and p.history("other").config.lead_in == 16

@@ -1,4 +1,4 @@
-"""Tenant scoping (DESIGN.md, Contracts): a tenant's drafts come only from its own history, corpus and
+"""Tenant scoping (docs/architecture.md, "Contracts"): a tenant's drafts come only from its own history, corpus and
 current request. Property: no draft token transition that exists only in another tenant's text is ever
 proposed."""
 
@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from retrieval.registry import make_proposer
+from retrieval.session import Verified
 
 VOCAB = 12  # small, so that tenants share tokens and contexts collide often
 
@@ -37,11 +38,11 @@ def test_drafts_never_use_another_tenants_history(a_history, b_history, b_corpus
     p = make_proposer(name)
     for k, text in enumerate(a_history):  # tenant A records its turns
         s = p.begin("A", f"a{k}", np.array(text[:1], dtype=np.int32))
-        s.commit(np.array(text[1:], dtype=np.int32))
+        s.commit(Verified.tokens(np.array(text[1:], dtype=np.int32)))
         s.finish()
     for k, text in enumerate(b_history):
         s = p.begin("B", f"b{k}", np.array(text[:1], dtype=np.int32))
-        s.commit(np.array(text[1:], dtype=np.int32))
+        s.commit(Verified.tokens(np.array(text[1:], dtype=np.int32)))
         s.finish()
     if b_corpus and hasattr(p, "add_corpus"):
         p.add_corpus("B", [np.array(c, dtype=np.int32) for c in b_corpus])

@@ -68,8 +68,8 @@ class ScriptedSession:
         self.owner.budgets.append(budget)
         return self.owner.script(len(self.committed), self.truth)
 
-    def commit(self, token_ids) -> None:
-        self.committed.extend(int(t) for t in token_ids)
+    def commit(self, verified) -> None:
+        self.committed.extend(int(t) for t in verified.token_ids)
 
     def finish(self, record: bool = True) -> None:
         self.finished = record

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import torch
 
+from verifier.tree import additive_mask
+
 
 def tree_attention_reference(q, k, v, prefix_lens, tree_mask, scale: float):
     """Pure-torch reference: a float additive mask and scaled dot-product attention (GQA without
     copying the KV heads)."""
-    from verifier.tree import additive_mask
-
     mask = additive_mask(prefix_lens, tree_mask, k.shape[2], q.dtype).to(q.device)  # [B, 1, Q, L]
     return torch.nn.functional.scaled_dot_product_attention(
         q, k, v, attn_mask=mask, scale=scale, enable_gqa=k.shape[1] != q.shape[1]

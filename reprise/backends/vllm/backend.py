@@ -11,7 +11,8 @@ decided here in the service after authentication, never taken from the client:
 - the finished turn: sealed into the encrypted store through the same history sink as the own engine
   (``reprise.server.history_writer.HistoryWriter``), and added to the worker's index of that tenant;
 - the per-step figures: the worker's step records (draft length, accepted, drafter) are drained every
-  ``poll_s`` into the same ``TenantAccounting`` and Prometheus metrics the own engine feeds.
+  ``poll_s`` into the same step observer (``reprise.server.metering.StepMeter``: per-tenant accounting
+  and Prometheus metrics) the own engine feeds.
 
 Cancelling (client gone, deadline, Abort) cancels the request's task; vLLM's ``generate`` then aborts
 the request in the engine core, which frees its KV blocks.
@@ -34,6 +35,8 @@ from grpc_api import errors
 from grpc_api.backend import FinishReason, GenerateParams, Generation, ModelInfo, PromptInput, TokenCallback
 from reprise.backends.vllm.tags import RequestTag, StepRecord
 from reprise.backends.vllm.tenants import token_bytes
+from reprise.engine.engine import StepReport
+from reprise.engine.request import GenerationRequest, GenerationResult, Usage
 
 log = logging.getLogger(__name__)
 
@@ -63,13 +66,15 @@ def tokenize_prompt(tokenizer: Any, prompt: PromptInput, add_generation_prompt: 
 class VllmBackend:
     """``DecodeBackend`` over a started ``VllmEngine`` whose proposer is Reprise's (or off).
 
-    ``history_sink`` receives each recorded ``reprise.engine.request.HistoryRecord`` (the store's writer);
+    ``history_sink`` receives each recorded turn as a ``reprise.engine.request.GenerationResult`` (the
+    store's writer, as for the own engine);
     ``record_trajectory`` stores an ``AppendTrajectory`` turn and indexes it (``TenantIndexes.record``);
-    ``accounting`` (``reprise.server.metering.TenantAccounting``) and ``metrics`` receive the worker's steps.
+    ``meter`` (a ``StepObserver``: ``on_step(reports)``) receives the worker's steps and ``accounting``
+    (``record_request``) each finished request.
     ``close`` shuts the engine down too unless ``owns_engine`` is False (an engine shared by tests).
     """
 
-    def __init__(self, engine: Any, tokenizer: Any, model_name: str, *, accounting: Any, metrics: Any = None,
+    def __init__(self, engine: Any, tokenizer: Any, model_name: str, *, accounting: Any, meter: Any = None,
                  history_sink: Callable[[Any], None] | None = None,
                  record_trajectory: Callable[[str, str, Sequence[int]], None] | None = None,
                  on_close: Callable[[], None] | None = None, salt_key: bytes | None = None,
@@ -85,7 +90,7 @@ class VllmBackend:
             has_chat_template=bool(tokenizer is not None and getattr(tokenizer, "chat_template", None)),
         )
         self._accounting = accounting
-        self._metrics = metrics
+        self._meter = meter
         self._sink = history_sink
         self._record = record_trajectory
         self._on_close = on_close
@@ -136,7 +141,10 @@ class VllmBackend:
         self._accounting.record_request(tenant)
         self.prefix_cached_tokens[tenant] = self.prefix_cached_tokens.get(tenant, 0) + cached
         if reason != "aborted" and params.record:
-            self._remember(tenant, session_id, request_id, prompt, output)
+            self._remember(GenerationResult(
+                GenerationRequest(prompt_ids=tuple(prompt), tenant=tenant, session_id=session_id,
+                                  request_id=request_id), tuple(output), "", reason, matched,
+                Usage(len(prompt), len(output), 0, 0, 0)))
         return Generation(reason, matched, len(prompt), len(output))
 
     def append_trajectory(self, tenant: str, session_id: str, token_ids: Sequence[int]) -> int:
@@ -206,15 +214,16 @@ class VllmBackend:
 
     # ---- history and figures -------------------------------------------------------------------------
 
-    def _remember(self, tenant: str, session_id: str, request_id: str, prompt: list[int], output: list[int]) -> None:
+    def _remember(self, turn: GenerationResult) -> None:
         """The finished turn: to the encrypted store (queued) and to the worker's index of the tenant."""
-        from reprise.engine.request import HistoryRecord
-
+        request = turn.request
+        tenant = request.tenant
         if self._sink is not None:
-            self._sink(HistoryRecord(tenant, session_id, request_id, tuple(prompt), tuple(output)))
-        if self._drafting and output:
+            self._sink(turn)
+        if self._drafting and turn.token_ids:
             try:
-                self.engine.rpc("reprise_record", tenant, session_id, token_bytes(prompt), token_bytes(output))
+                self.engine.rpc("reprise_record", tenant, request.session_id, token_bytes(request.prompt_ids),
+                                token_bytes(turn.token_ids))
             except Exception:
                 log.warning("could not add a turn of tenant %s to vLLM's drafting index", tenant, exc_info=True)
 
@@ -224,11 +233,10 @@ class VllmBackend:
             return 0
         with self._drain_lock:
             raw = self.engine.rpc("reprise_drain_steps")[0]
-            for item in raw:
-                step = StepRecord.from_wire(item)
-                self._accounting.record_step(step.tenant, step.num_draft, step.num_accepted, step.source)
-                if self._metrics is not None:
-                    self._metrics.observe_step(step.num_draft, step.num_accepted)
+            steps = [StepRecord.from_wire(item) for item in raw]
+            if steps and self._meter is not None:
+                self._meter.on_step([StepReport(s.tenant, s.num_draft, s.num_accepted, s.source, 0, None, True)
+                                     for s in steps])
         return len(raw)
 
     def health(self) -> dict[str, int]:

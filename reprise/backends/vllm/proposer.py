@@ -40,6 +40,7 @@ import numpy as np
 from reprise.backends.vllm.step_cost import StepCostMeter
 from reprise.backends.vllm.tags import RequestTag, StepRecord
 from reprise.engine.draft_budget import AcceptanceTracker, DraftBudget
+from retrieval.session import Verified
 
 log = logging.getLogger(__name__)
 
@@ -198,13 +199,14 @@ class RepriseVllmProposer:
         req.seen = length
         accepted = _matched(req.draft, new[:-1])
         self._record(StepRecord(req.tag.tenant, len(req.draft), accepted, req.source if len(req.draft) else ""))
+        verified = Verified(new, np.arange(accepted, dtype=np.int32), draft_verified=len(req.draft) > 0)
         if req.chain is not None and req.tracker is not None:  # a request whose drafts fail verifies fewer
-            req.tracker.update(req.chain, np.arange(accepted))
+            req.tracker.update(req.chain, verified.accepted)
         req.draft, req.chain = np.zeros(0, dtype=np.int32), None
         if req.session is None:
             return None
         try:
-            req.session.commit(new)
+            req.session.commit(verified)
             return req.session.propose(self.num_speculative_tokens)
         except Exception as exc:  # noqa: BLE001 - this request stops drafting; the others go on
             self.health.failed_steps += 1

@@ -57,7 +57,7 @@ def stats_json(s: TenantStats) -> dict[str, Any]:
         "num_requests": s.num_requests, "num_steps": s.num_steps, "num_drafted_steps": s.num_drafted_steps,
         "num_draft_tokens": s.num_draft_tokens, "num_accepted_tokens": s.num_accepted_tokens,
         "hit_rate": s.hit_rate, "tau": s.tau, "acceptance_by_position": list(s.acceptance_by_position),
-        "drafter_steps": dict(s.drafter_steps),
+        "drafter_steps": dict(s.drafter_steps), "counting_since_unix_ms": s.counting_since_unix_ms,
     }
 
 
@@ -95,14 +95,17 @@ class StatsHistory:
 
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
-            tenants = []
+            tenants: list[dict[str, Any]] = []
+            since = 0
             for tid, samples in sorted(self._samples.items(), key=lambda kv: self._names.get(kv[0], kv[0])):
                 items = list(samples)
                 series = [interval_point(items[i - 1].stats if i else None, s.stats, s.t)
                           for i, s in enumerate(items)][1:]  # the first sample only anchors the deltas
                 tenants.append({"tenant_id": tid, "name": self._names.get(tid, ""),
                                 "current": stats_json(items[-1].stats), "series": series})
-        return {"generated_at": int(time.time() * 1000), "interval_s": self.interval_s, "tenants": tenants}
+                since = min(since or items[-1].stats.counting_since_unix_ms, items[-1].stats.counting_since_unix_ms)
+        return {"generated_at": int(time.time() * 1000), "interval_s": self.interval_s, "tenants": tenants,
+                "counting_since_unix_ms": since}
 
     def start(self) -> None:
         if self._thread is not None:

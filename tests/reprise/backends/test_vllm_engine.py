@@ -54,10 +54,10 @@ class Stack:
     def __init__(self, engine: object, home: Path, master_env: dict[str, str]) -> None:
         from privacy import open_store
         from privacy.config import StoreConfig
-        from reprise.backends.vllm.wiring import wire_vllm
         from reprise.config import ServiceConfig
         from reprise.server.history_writer import HistoryWriter
         from reprise.server.metering import TenantAccounting
+        from reprise.server.vllm import wire_vllm
 
         self.config = ServiceConfig(home=home)
         self.store = open_store(StoreConfig(data_dir=home), env=master_env)

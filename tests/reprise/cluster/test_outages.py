@@ -10,6 +10,7 @@ import time
 import numpy as np
 import pytest
 from testkit.cluster import RedisServer, master_env, require_redis_server, wait_for
+from testkit.service import finished_turn
 
 from grpc_api import errors
 from privacy import StoreConfig, TenantId, open_store
@@ -18,7 +19,7 @@ from reprise.cluster.config import ClusterConfig
 from reprise.cluster.node import ClusterNode
 from reprise.cluster.writer import ReplicaWriter
 from reprise.config import load_config
-from reprise.engine.request import HistoryRecord
+from reprise.engine.request import GenerationResult
 from retrieval.proposer import RepriseProposer
 
 
@@ -43,9 +44,9 @@ def outage(tmp_path):
     server.stop()
 
 
-def _record(tenant: str, i: int) -> HistoryRecord:
+def _record(tenant: str, i: int) -> GenerationResult:
     out = tuple(int(x) for x in np.random.default_rng(i).integers(0, 250, 30))
-    return HistoryRecord(tenant, "s", f"r{i}", (1, 2, 3), out)
+    return finished_turn(tenant, "s", f"r{i}", (1, 2, 3), out)
 
 
 def test_writes_wait_for_redis_and_land_once_it_is_back(outage) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from testkit.cluster import RedisServer, master_env, require_redis_server, wait_for
+from testkit.service import finished_turn
 
 from privacy import StoreConfig, TenantId, open_store
 from privacy.changefeed import KIND_APPEND, open_feed, purge_leftovers, stream_position
@@ -20,7 +21,7 @@ from privacy.envelope import sealed_version
 from reprise.cluster.config import ClusterConfig
 from reprise.cluster.node import ClusterNode
 from reprise.cluster.replica import SNAPSHOT_NAME
-from reprise.engine.request import HistoryRecord
+from reprise.engine.request import GenerationResult
 from reprise.server.metrics import ServiceMetrics
 from retrieval.proposer import RepriseProposer
 
@@ -78,10 +79,10 @@ def cluster(redis_url, tmp_path):
     c.close()
 
 
-def turn(tenant: str, i: int, rng: np.random.Generator) -> HistoryRecord:
+def turn(tenant: str, i: int, rng: np.random.Generator) -> GenerationResult:
     prompt = tuple(int(x) for x in rng.integers(0, 250, 24))
     output = tuple(int(x) for x in rng.integers(0, 250, 40))
-    return HistoryRecord(tenant, f"s{i % 3}", f"r{i}", prompt, output)
+    return finished_turn(tenant, f"s{i % 3}", f"r{i}", prompt, output)
 
 
 def num_trajectories(node: ClusterNode, tenant: str) -> int:
@@ -95,7 +96,7 @@ def test_appends_from_every_replica_reach_every_index_once_in_stream_order(clust
     rng = np.random.default_rng(1)
     records = [turn(t, i, rng) for i in range(60)]
 
-    def write(node: ClusterNode, part: list[HistoryRecord]) -> None:
+    def write(node: ClusterNode, part: list[GenerationResult]) -> None:
         for r in part:
             node.writer.put(r)
 
@@ -112,8 +113,8 @@ def test_appends_from_every_replica_reach_every_index_once_in_stream_order(clust
     assert a.replica.cursor(t) == b.replica.cursor(t)
     # A replica drafts another's turn: the continuation of B's last output, drafted on A.
     last = records[-1]
-    session = a.replica.proposer.begin(t, "fresh", list(last.prompt_ids) + list(last.output_ids[:8]))
-    assert session.propose(16).token_ids.tolist() == list(last.output_ids[8:24])
+    session = a.replica.proposer.begin(t, "fresh", list(last.request.prompt_ids) + list(last.token_ids[:8]))
+    assert session.propose(16).token_ids.tolist() == list(last.token_ids[8:24])
     lag = a.metrics.lag_seconds.collect()[0].samples
     assert any(s.name.endswith("_count") and s.value > 0 for s in lag)
 

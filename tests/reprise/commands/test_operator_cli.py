@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 from testkit.service import LoopThread
 
+from grpc_api.backend import ModelInfo
 from grpc_api.server import GrpcServer
-from privacy import StoreConfig, ensure_admin_key, open_store
+from privacy import StoreConfig, TenantId, ensure_admin_key, open_store
 from reprise.cli import main
 from reprise.config import ServerConfig
 from reprise.server.admin import ServiceAdmin
@@ -21,8 +22,6 @@ class NoModel:
     """Data-plane stub: these tests never decode."""
 
     def model_info(self):
-        from grpc_api.backend import ModelInfo
-
         return ModelInfo("none", 1024, (0,), 100, False)
 
     def close(self) -> None:
@@ -110,7 +109,6 @@ def test_export_and_import(admin_server, capsys, tmp_path: Path, monkeypatch) ->
     store, _, _ = admin_server
     code, out, _ = run(capsys, "tenant", "create", "acme", "--json")
     tid = json.loads(out)["tenant_id"]
-    from privacy import TenantId
 
     store.append_trajectory(TenantId(tid), "s1", [1, 2, 3, 4], "one two")
     pw = tmp_path / "pw"
@@ -140,3 +138,14 @@ def test_cli_errors_are_clear(admin_server, capsys, monkeypatch) -> None:
     assert code == 3 and "cannot reach the server" in err
     code, _, err = run(capsys, "index", "build", "nobody")
     assert code == 1 and "no tenant with name 'nobody'" in err
+
+
+def test_import_corpus_checks_its_files_before_uploading(admin_server, capsys, tmp_path: Path) -> None:
+    assert run(capsys, "tenant", "create", "acme")[0] == 0
+    missing = tmp_path / "missing.txt"
+    code, _, err = run(capsys, "index", "import-corpus", "acme", str(missing))
+    assert code == 2 and err.strip().splitlines() == [f"reprise index: error: cannot read {missing}: No such file or directory"]
+    bad = tmp_path / "docs.jsonl"
+    bad.write_text('{"text": "fine"}\n{"nope": 1}\n')
+    code, _, err = run(capsys, "index", "import-corpus", "acme", str(bad))
+    assert code == 2 and err.strip() == f'reprise index: error: {bad}:2: expected {{"text": "..."}} or {{"token_ids": [...]}}'

@@ -5,8 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from reprise.engine.draft_budget import AcceptanceTracker, CostModel, DraftBudget, subtree
-from retrieval.draft_tree import DraftTree
+from reprise.engine.draft_budget import AcceptanceTracker, CostModel, DraftBudget
+from reprise.engine.engine import Engine, EngineConfig
+from reprise.engine.request import GenerationRequest, StoppingParams
+from retrieval.draft_tree import DraftTree, conditional_probs, path_probs, subtree
+from retrieval.registry import make_proposer
+from verifier.runner import ModelRunner
+from verifier.sampling import SamplingParams
+from verifier.testing import tiny_model
 
 
 def tree_of(probs, parents=None) -> DraftTree:
@@ -71,7 +77,7 @@ def test_tracker_learns_from_rejections() -> None:
 
 
 def test_path_and_conditional_probability_trees_are_read_alike() -> None:
-    from reprise.engine.draft_budget import conditional_probs, path_probs
+
 
     parents = [-1, 0, 1, -1, 3]
     cond = np.array([0.9, 0.8, 0.5, 0.3, 0.9])
@@ -119,24 +125,17 @@ def test_larger_batches_keep_fewer_draft_tokens() -> None:
 
 
 def test_the_engine_tells_the_budget_its_batch_size() -> None:
-    from reprise.engine.engine import Engine, EngineConfig
-    from verifier.runner import ModelRunner
-    from verifier.testing import tiny_model
-
     seen: list[int] = []
 
     class Spy(DraftBudget):
-        def choose(self, tree, max_nodes, scale=1.0, batch_size=1):
+        def select(self, tree, max_nodes, scale=1.0, batch_size=1):
             seen.append(batch_size)
-            return super().choose(tree, max_nodes, scale, batch_size)
+            return super().select(tree, max_nodes, scale, batch_size)
 
-    from retrieval.registry import make_proposer
 
     model = tiny_model("llama", vocab_size=64, seed=1)
     engine = Engine(ModelRunner(model, num_slots=3, max_len=64), make_proposer("prompt_lookup"), None,
                     EngineConfig(budget=Spy()))
-    from reprise.engine.request import GenerationRequest, StoppingParams
-    from verifier.sampling import SamplingParams
 
     handles = [engine.submit(GenerationRequest((1, 2, 3 + i), SamplingParams(), StoppingParams(max_new_tokens=4,
                                                                                              ignore_eos=True)))

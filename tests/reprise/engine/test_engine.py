@@ -12,10 +12,11 @@ import torch
 from reprise.engine.draft_budget import DraftBudget
 from reprise.engine.engine import Engine, EngineConfig
 from reprise.engine.request import GenerationRequest, StoppingParams
+from reprise.engine.stopping import StopChecker
 from retrieval.draft_tree import DraftTree
 from retrieval.registry import make_proposer
 from verifier.runner import ModelRunner
-from verifier.sampling import SamplingParams
+from verifier.sampling import SamplingParams, warp_probs
 from verifier.testing import chi_square, chi_square_critical, hf_greedy, tiny_model
 
 VOCAB = 256
@@ -25,12 +26,22 @@ VOCAB = 256
 class ScriptedSession:
     def __init__(self, owner: ScriptedProposer, prompt: list[int]) -> None:
         self.owner, self.context, self.finished = owner, list(prompt), None
+        self.last: DraftTree = DraftTree.empty()
+        self.accepted: list[int] = []  # accepted draft tokens the engine reported, over the request
 
     def propose(self, budget: int) -> DraftTree:
-        return self.owner.draft(self.context, budget)
+        self.last = self.owner.draft(self.context, budget)
+        return self.last
 
-    def commit(self, token_ids) -> None:
-        self.context += [int(t) for t in token_ids]
+    def commit(self, verified) -> None:
+        tokens = [int(t) for t in verified.token_ids]
+        # The engine maps the accepted path back to this session's own (uncut) tree.
+        assert [int(self.last.token_ids[i]) for i in verified.accepted] == tokens[: verified.num_accepted]
+        assert all(int(self.last.parents[node]) == (verified.accepted[k - 1] if k else -1)
+                   for k, node in enumerate(verified.accepted))
+        self.accepted += tokens[: verified.num_accepted]
+        self.context += tokens
+        self.last = DraftTree.empty()
 
     def finish(self, record: bool = True) -> None:
         self.finished = record
@@ -99,8 +110,10 @@ def test_greedy_output_equals_generate(family, kind) -> None:
         prompt = prompt_of(seed) * 2  # repeated text gives prompt lookup something to find
         result = engine.generate(prompt, max_new_tokens=24)
         assert list(result.token_ids) == hf_greedy(model, prompt, 24, eos=True)
-        assert result.finish_reason in ("length", "stop")
+        assert result.finish_reason in ("length", "stop", "eos")
         assert result.usage.completion_tokens == len(result.token_ids)
+        if kind != "prompt_lookup":  # the session was told exactly the accepted tokens usage counts
+            assert len(proposer.sessions[-1].accepted) == result.usage.accepted_tokens
         if kind == "right":
             assert result.usage.steps < len(result.token_ids)  # drafts were accepted
         if kind in ("empty", "fail"):
@@ -194,8 +207,6 @@ def test_stop_strings_cut_text_and_tokens(llama, include) -> None:
 
 
 def test_stream_holds_back_partial_utf8_and_possible_stop_prefix() -> None:
-    from reprise.engine.stopping import StopChecker
-
     text = "héllo wörld"
     ids = list(text.encode())
     checker = StopChecker(StoppingParams(max_new_tokens=100, stop_strings=("wör",)), ByteTokenizer(), (), 100)
@@ -236,8 +247,8 @@ def test_cancellation_frees_the_slot_and_skips_history(llama) -> None:
     queued.cancel()  # cancelled while waiting: never admitted
     engine.run_until_idle()
     result = handle.wait()
-    assert result.finish_reason == "cancelled" and 3 <= len(result.token_ids) < 50
-    assert queued.wait().finish_reason == "cancelled" and queued.wait().token_ids == ()
+    assert result.finish_reason == "aborted" and 3 <= len(result.token_ids) < 50
+    assert queued.wait().finish_reason == "aborted" and queued.wait().token_ids == ()
     assert engine.runner.num_free_slots == 1
     assert proposer.sessions[0].finished is False and sink == []
 
@@ -245,25 +256,18 @@ def test_cancellation_frees_the_slot_and_skips_history(llama) -> None:
 def test_history_joins_through_session_and_sink(llama) -> None:
     proposer = ScriptedProposer(llama, "right")
     sink: list = []
-    per_request: list = []
     engine = engine_for(llama, proposer, history_sink=sink.append)
     prompt = prompt_of(25)
     request = GenerationRequest(
         tuple(prompt), stopping=StoppingParams(max_new_tokens=8), tenant="acme", session_id="s1"
     )
-    result = engine.submit(request, on_finish=per_request.append)
+    result = engine.submit(request)
     engine.run_until_idle()
     out = result.wait()
     session = proposer.sessions[0]
     assert session.finished is True and session.context == prompt + list(out.token_ids)
-    assert sink == per_request and len(sink) == 1
-    record = sink[0]
-    assert (record.tenant, record.session_id, record.prompt_ids, record.output_ids) == (
-        "acme",
-        "s1",
-        tuple(prompt),
-        out.token_ids,
-    )
+    assert sink == [out] and out.recorded  # the finished turn itself is what the sink stores
+    assert (out.request.tenant, out.request.session_id, out.request.prompt_ids) == ("acme", "s1", tuple(prompt))
 
 
 def test_bad_requests_are_rejected_with_the_value(llama) -> None:
@@ -288,7 +292,6 @@ def test_sampled_output_has_the_target_distribution() -> None:
     params = SamplingParams(temperature=0.9, top_k=5, top_p=0.95, seed=None)
     prompt = prompt_of(26, 8)
     prompt = [t % 128 for t in prompt]
-    from verifier.sampling import warp_probs
 
     with torch.inference_mode():
         p1 = warp_probs(model(torch.tensor([prompt])).logits[0, -1:].float(), params)[0].double()
@@ -327,8 +330,6 @@ def test_sampled_output_has_the_target_distribution() -> None:
 
 
 def test_text_of_a_request_ending_mid_character_is_flushed() -> None:
-    from reprise.engine.stopping import StopChecker
-
     checker = StopChecker(StoppingParams(max_new_tokens=3), ByteTokenizer(), (), 100)
     first = checker.append(list(b"ab"))
     last = checker.append(["é".encode()[0]])  # the length limit cuts a two-byte character in half

@@ -10,9 +10,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from testkit.service import LoopThread
 
 from grpc_api.backend import Principal, TenantInfo, TenantStats
-from reprise.server.dashboard import HttpServer, StatsHistory, interval_point
+from reprise.server.dashboard import StatsHistory, interval_point
+from reprise.server.http import HttpServer, build_app
 from reprise.server.metrics import ServiceMetrics
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -58,26 +60,29 @@ def dashboard():
         ]
         history.sample(t + 10 * k)
     metrics = ServiceMetrics()
-    server = HttpServer("127.0.0.1", 0, KeyTable(), history.snapshot, metrics.render)
-    server.start()
+    loop = LoopThread()
+    server = HttpServer("127.0.0.1", 0)
+    loop.call(server.start(build_app(KeyTable(), history.snapshot, metrics.render)))
     yield server, history
-    server.stop()
+    loop.call(server.stop())
+    loop.close()
 
 
 def get(url: str, key: str | None = None) -> tuple[int, bytes, dict]:
     req = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"} if key else {})
     try:
         with urllib.request.urlopen(req, timeout=10) as r:
-            return r.status, r.read(), dict(r.headers)
+            return r.status, r.read(), r.headers  # case-insensitive, as HTTP header names are
     except urllib.error.HTTPError as e:
-        return e.code, e.read(), dict(e.headers)
+        return e.code, e.read(), e.headers
 
 
 def test_json_needs_an_admin_key(dashboard) -> None:
     server, _ = dashboard
     base = f"http://127.0.0.1:{server.port}"
     assert get(base + "/dashboard/api/stats")[0] == 401
-    assert get(base + "/dashboard/api/stats", "wrong")[0] == 401
+    code, body, _ = get(base + "/dashboard/api/stats", "wrong")
+    assert code == 401 and b"not accepted" in body
     code, body, _ = get(base + "/dashboard/api/stats", "rpk_tenant")
     assert code == 403 and b"admin key" in body
     code, body, _ = get(base + "/dashboard/api/stats", ADMIN)
@@ -117,11 +122,12 @@ def test_page_draws_its_charts_in_headless_chromium(dashboard, tmp_path: Path) -
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium)")
-def test_page_without_key_asks_for_one(dashboard, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("key", "says"), [("rpk_tenant", "belongs to a tenant"), ("rpa_mistyped", "was not accepted")])
+def test_page_with_a_key_it_cannot_use_says_why(dashboard, tmp_path: Path, key: str, says: str) -> None:
     server, _ = dashboard
     dom = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
                           "--disable-background-networking", "--disable-component-update", "--disable-sync",
                           f"--user-data-dir={tmp_path / 'p'}", "--virtual-time-budget=3000", "--dump-dom",
-                          f"http://127.0.0.1:{server.port}/dashboard#key=rpk_tenant"],
+                          f"http://127.0.0.1:{server.port}/dashboard#key={key}"],
                          capture_output=True, text=True, timeout=120, check=False).stdout
-    assert "admin key needed" in dom and "belongs to a tenant" in dom
+    assert "admin key needed" in dom and says in dom

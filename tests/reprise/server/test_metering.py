@@ -5,31 +5,22 @@ from __future__ import annotations
 import numpy as np
 
 from reprise.engine.draft_budget import DraftBudget
-from reprise.engine.engine import Engine, EngineConfig
+from reprise.engine.engine import Engine, EngineConfig, StepReport
+from reprise.engine.request import GenerationRequest, StoppingParams
 from reprise.offline.tiny import tiny_llama
-from reprise.server.metering import MeteredBudget, MeteredProposer, TenantAccounting, accepted_along
+from reprise.server.metering import StepMeter, TenantAccounting
 from reprise.server.metrics import ServiceMetrics
 from retrieval.draft_tree import DraftTree
 from retrieval.registry import make_proposer
 from verifier.runner import ModelRunner
-
-
-def test_accepted_along_walks_one_branch() -> None:
-    #      -1 -> 5 -> 6 -> 7
-    #       \--> 5' (token 9) -> 4
-    tree = DraftTree(np.array([5, 6, 7, 9, 4], np.int32), np.array([-1, 0, 1, -1, 3], np.int32),
-                     np.ones(5, np.float32))
-    assert accepted_along(tree, [5, 6, 8]) == 2  # 8 is the bonus token
-    assert accepted_along(tree, [9, 4, 1]) == 2
-    assert accepted_along(tree, [1]) == 0
-    assert accepted_along(tree, [5, 6, 7, 3]) == 3
-    assert accepted_along(DraftTree.empty(), [5]) == 0
+from verifier.testing import hf_greedy
 
 
 def test_accounting_figures() -> None:
     acc = TenantAccounting()
-    for drafted, accepted, source in [(8, 3, "reprise"), (4, 0, "reprise"), (0, 0, ""), (6, 1, "corpus")]:
-        acc.record_step("t", drafted, accepted, source)
+    acc.record_steps([StepReport("t", drafted, accepted, source, 0, 1e-5, True)
+                      for drafted, accepted, source in [(8, 3, "reprise"), (4, 0, "reprise"), (0, 0, ""),
+                                                        (6, 1, "corpus")]])
     acc.record_request("t")
     s = acc.stats("t", index_tokens=10)
     assert (s.num_steps, s.num_drafted_steps, s.num_draft_tokens, s.num_accepted_tokens) == (4, 3, 18, 4)
@@ -55,8 +46,8 @@ class TruthSession:
         return DraftTree(np.array(ids, np.int32), np.array(parents, np.int32), np.full(len(ids), 0.9, np.float32),
                          source="truth")
 
-    def commit(self, token_ids) -> None:
-        self.pos += len(token_ids)
+    def commit(self, verified) -> None:
+        self.pos += len(verified.token_ids)
 
     def finish(self, record: bool = True) -> None:
         pass
@@ -67,18 +58,16 @@ class TruthProposer:
         self.model = model
 
     def begin(self, tenant, session_id, prompt_ids, request_id=""):
-        from verifier.testing import hf_greedy
-
         return TruthSession(hf_greedy(self.model, list(prompt_ids), 60), len(prompt_ids))
 
 
-def test_metered_figures_equal_the_pipelines_usage() -> None:
+def test_metered_figures_equal_the_engines_usage() -> None:
     model = tiny_llama()
     accounting = TenantAccounting()
     metrics = ServiceMetrics()
-    budget = MeteredBudget(DraftBudget(adaptive=False))  # verify every draft: something to count
-    proposer = MeteredProposer(TruthProposer(model), budget, accounting, metrics)
-    engine = Engine(ModelRunner(model, num_slots=3, max_len=400), proposer, None, EngineConfig(budget=budget))
+    budget = DraftBudget(adaptive=False)  # verify every draft: something to count
+    engine = Engine(ModelRunner(model, num_slots=3, max_len=400), TruthProposer(model), None,
+                    EngineConfig(budget=budget, observer=StepMeter(accounting, metrics)))
     rng = np.random.default_rng(0)
     usages = []
     for _ in range(4):
@@ -97,47 +86,17 @@ def test_metered_figures_equal_the_pipelines_usage() -> None:
 def test_speculation_off_drafts_nothing_same_output() -> None:
     model = tiny_llama()
     accounting = TenantAccounting()
-    budget = MeteredBudget(DraftBudget())
-    proposer = MeteredProposer(make_proposer("prompt_lookup"), budget, accounting)
-    engine = Engine(ModelRunner(model, num_slots=1, max_len=400), proposer, None, EngineConfig(budget=budget))
+    metrics = ServiceMetrics()
+    engine = Engine(ModelRunner(model, num_slots=1, max_len=400), make_proposer("prompt_lookup"), None,
+                    EngineConfig(observer=StepMeter(accounting, metrics)))
     prompt = [7, 8, 9, 10] * 8
     on = engine.generate(prompt, max_new_tokens=30)
-    from reprise.engine.request import GenerationRequest, StoppingParams
-
-    proposer.disable_speculation("off-1")
+    assert on.usage.drafted_tokens > 0
     handle = engine.submit(GenerationRequest(tuple(prompt), stopping=StoppingParams(max_new_tokens=30),
-                                             request_id="off-1"))
+                                             tenant="off", speculate=False))
     engine.run_until_idle()
     off = handle.wait()
     assert off.token_ids == on.token_ids and off.usage.drafted_tokens == 0
     assert off.usage.steps == len(off.token_ids)
-
-
-def test_hidden_states_reach_the_wrapped_session() -> None:
-    seen: list[int] = []
-
-    class Reads:
-        def propose(self, budget):
-            return DraftTree.empty()
-
-        def observe_hidden(self, states):
-            seen.append(len(states))
-
-    class Ignores:
-        def propose(self, budget):
-            return DraftTree.empty()
-
-    class Inner:
-        def __init__(self, session):
-            self.session = session
-
-        def begin(self, tenant, session_id, prompt_ids, request_id=""):
-            return self.session
-
-    accounting = TenantAccounting()
-    reads = MeteredProposer(Inner(Reads()), MeteredBudget(DraftBudget()), accounting)
-    reads.begin("t", "s", [1, 2]).observe_hidden(np.zeros((3, 4)))
-    assert seen == [3]
-    ignores = MeteredProposer(Inner(Ignores()), MeteredBudget(DraftBudget()), accounting)
-    ignores.begin("t", "s", [1, 2]).observe_hidden(np.zeros((3, 4)))  # nothing to forward to: no error
-    assert seen == [3]
+    assert accounting.stats("off").num_steps == off.usage.steps and accounting.stats("off").num_drafted_steps == 0
+    assert 'reprise_index_lookups_total{result="skipped"} ' in metrics.render()[0].decode()

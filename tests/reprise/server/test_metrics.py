@@ -66,11 +66,11 @@ def test_bulk_accounting_matches_per_step() -> None:
 def test_request_figures_and_no_tenant_labels() -> None:
     m = ServiceMetrics()
     m.observe_request("stop", prompt_tokens=10, completion_tokens=5, ttft=0.2, e2e=1.0)
-    m.observe_request("cancelled", prompt_tokens=3, completion_tokens=0, ttft=None, e2e=0.1)
+    m.observe_request("aborted", prompt_tokens=3, completion_tokens=0, ttft=None, e2e=0.1)
     m.observe_rpc("reprise.v1.DecodingService", "Generate", "unary", "OK", 0.5)
     s = samples(m)
     assert s[("reprise_requests_total", (("finish_reason", "stop"),))] == 1
-    assert s[("reprise_requests_total", (("finish_reason", "cancelled"),))] == 1
+    assert s[("reprise_requests_total", (("finish_reason", "aborted"),))] == 1
     assert s[("reprise_request_time_per_output_token_seconds_sum", ())] == 0.2  # (1.0 - 0.2) / 4
     labels = {k for (_, ls) in s for k, _ in ls}
     assert labels <= {"position", "result", "finish_reason", "reason", "grpc_service", "grpc_method", "grpc_type",

@@ -1,11 +1,11 @@
 """How the service starts on vLLM (``model.engine = "vllm"``): engine, drafting state, backend.
 
-    engine, backend, indexes = start_vllm(config, store, accounting, metrics, history_sink)
+    backend, indexes = start_vllm(config, store, accounting, metrics, history_sink)
 
 Order: the model folder (``model.path``, or the default SmolLM2 converted once to safetensors by
-``verifier.models``), the engine (vLLM's processes start and compile: tens of seconds), the proposer
-attached in the worker with the drafting settings and the tokenizer's vocabulary, each tenant's tuned
-settings, then every tenant's stored history streamed into the worker (``TenantIndexes.load_all``).
+``verifier.models``), the engine (vLLM's processes start and compile: tens of seconds to minutes), the
+proposer attached in the worker with the drafting settings and the tokenizer's vocabulary, each tenant's
+tuned settings, then every tenant's stored history streamed into the worker (``TenantIndexes.load_all``).
 """
 
 from __future__ import annotations
@@ -14,36 +14,15 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from reprise.backends.vllm.attach import MAX_SPECULATIVE_TOKENS, attach_reprise, model_folder
 from reprise.backends.vllm.backend import VllmBackend
 from reprise.backends.vllm.engine import VllmEngine, VllmSettings
-from reprise.backends.vllm.proposer import DEFAULT_STALL_TIMEOUT_S
 from reprise.backends.vllm.tenants import WorkerTenants
+from reprise.server.indexes import TenantIndexes
+from reprise.server.metering import StepMeter
+from reprise.server.tenant_config import apply_tenant_configs
 
 log = logging.getLogger(__name__)
-
-CHAIN_TREE_FACTOR = 2  # retrieval.chain: a chain is the best path of a tree this many times its length
-MAX_SPECULATIVE_TOKENS = 32
-
-
-def model_folder(path: str) -> str:
-    """``path``, or the default model's safetensors folder (converted on first use)."""
-    if path:
-        return str(Path(path).expanduser())
-    from verifier.models import ensure_default_model
-
-    return str(ensure_default_model())
-
-
-def vocabulary(tokenizer: Any) -> list[str]:
-    """Each token id's text, for canonical number matching in the worker (``set_vocabulary``)."""
-    return [tokenizer.decode([i]) for i in range(len(tokenizer))]
-
-
-def attach_reprise(engine: VllmEngine, drafting: Any, tokenizer: Any, *, adaptive: bool = True,
-                   stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S) -> None:
-    """Start Reprise's proposer in every worker with ``drafting`` (a ``DraftingConfig``)."""
-    words = vocabulary(tokenizer) if tokenizer is not None else None
-    engine.rpc("reprise_attach", drafting.to_dict(), words, CHAIN_TREE_FACTOR, stall_timeout_s, adaptive)
 
 
 class DrainingAccounting:
@@ -90,10 +69,7 @@ def wire_vllm(engine: VllmEngine, config: Any, store: Any, accounting: Any, metr
               on_close: Any = None, owns_engine: bool = True) -> tuple[VllmBackend, Any]:
     """Over a started engine: attach the proposer, load every tenant's history into the worker, and
     build the backend (``start_vllm`` without the engine start; tests share one engine)."""
-    from transformers import AutoTokenizer
-
-    from reprise.server.indexes import TenantIndexes
-    from reprise.server.tenant_config import apply_tenant_configs
+    from transformers import AutoTokenizer  # lazily: the CLI and the transformers engine never need it here
 
     folder = engine.settings.model
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
@@ -107,7 +83,8 @@ def wire_vllm(engine: VllmEngine, config: Any, store: Any, accounting: Any, metr
     tokenize = lambda text: list(tokenizer.encode(text, add_special_tokens=False))
     indexes = TenantIndexes(store, tenants if tenants is not None else object(), metered, metrics, tokenize)
     indexes.load_all()
-    backend = VllmBackend(engine, tokenizer, Path(folder).name, accounting=accounting, metrics=metrics,
+    backend = VllmBackend(engine, tokenizer, Path(folder).name, accounting=accounting,
+                          meter=StepMeter(accounting, metrics),
                           history_sink=history_sink, record_trajectory=indexes.record, on_close=on_close,
                           owns_engine=owns_engine)
     metered.backend = backend
