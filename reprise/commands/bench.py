@@ -5,7 +5,7 @@ Each area lives in ``reprise.benchmarks.<area>`` with ``add_arguments(parser)`` 
 
 from __future__ import annotations
 
-from reprise.benchmarks import cluster, index, neural, serve, store, verify
+from reprise.benchmarks import cluster, engine, index, neural, serve, store, verify
 
 AREAS = {  # name -> (module, help line), in the order --help shows them
     "index": (index, "native suffix index: insert tokens/s, bytes per token, speculate latency"),
@@ -15,6 +15,8 @@ AREAS = {  # name -> (module, help line), in the order --help shows them
     "cluster": (cluster, "replicas on one Redis: throughput, propagation delay, cold start"),
     "neural": (neural, ("neural drafters on traces with the target: tau and tokens/s for retrieval, head, "
                         "reuse, hybrid")),
+    "engine": (engine, ("vLLM plain, ngram, suffix, vLLM + Reprise's proposer, Reprise's engine: tokens/s at 1 "
+                        "and 8 concurrent")),
 }
 
 

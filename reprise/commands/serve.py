@@ -24,6 +24,7 @@ import sys
 
 from privacy.errors import MasterKeyError, StorageError
 from reprise.arguments import CliError
+from reprise.backends.vllm.versions import VllmUnavailableError
 from reprise.config import add_config_arguments, config_from_args
 
 
@@ -60,7 +61,7 @@ async def _serve(config) -> int:
           file=sys.stderr)
     try:
         await service.start()
-    except (MasterKeyError, StorageError, FileNotFoundError) as exc:
+    except (MasterKeyError, StorageError, FileNotFoundError, VllmUnavailableError) as exc:
         raise CliError(str(exc), 1) from None
     service.install_signal_handlers()
     s = config.server

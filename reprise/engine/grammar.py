@@ -101,7 +101,9 @@ class GrammarState:
         if limit <= 0 or self.matcher.is_terminated():
             return []
         if self._tokenizer is None:
-            return list(self.matcher.find_jump_forward_tokens())[:limit]
+            # xgrammar 0.2.8 (what vLLM 0.32.0 pins) has no token-level jump forward: none without a tokenizer.
+            tokens = getattr(self.matcher, "find_jump_forward_tokens", None)
+            return list(tokens())[:limit] if tokens is not None else []
         text = self.matcher.find_jump_forward_string()
         return list(self._tokenizer.encode(text, add_special_tokens=False))[:limit] if text else []
 

@@ -36,6 +36,7 @@ from reprise.server.indexes import TenantIndexes
 from reprise.server.metering import StepMeter, TenantAccounting
 from reprise.server.metrics import ServiceMetrics
 from reprise.server.tenant_config import apply_tenant_configs
+from reprise.server.vllm import start_vllm
 from verifier.models import configure_threads, load_default_model, load_model
 from verifier.runner import ModelRunner
 
@@ -110,7 +111,9 @@ class Service:
             check_port_free(c.server.host, c.server.http_port)
         # The model first: a start that cannot load it (the slow part, and the usual failure) has written
         # no master key or admin key file yet.
-        loaded = self._model if self._model is not None else load_target_model(c)
+        loaded = None
+        if c.model.engine != "vllm":  # vLLM loads the model itself, in its own processes
+            loaded = self._model if self._model is not None else load_target_model(c)
         self.metrics = ServiceMetrics()
         self.store = open_store(c.store)
         decode = None
@@ -124,48 +127,51 @@ class Service:
             if self.admin_key_file is not None:
                 log.warning("first start: the admin key is in %s (0600); `reprise tenant ...` reads it there",
                             self.admin_key_file)
-            if c.model.device == "cpu":  # also for a model handed in: two replicas' thread pools would fight
-                configure_threads(c.model.num_threads)
-            model = getattr(loaded, "model", loaded)
-            tokenizer = getattr(loaded, "tokenizer", None)
-            name = self._model_name or Path(getattr(loaded, "source", "") or "model").name
-            runner = ModelRunner(model, num_slots=c.model.num_slots, max_len=c.model.max_len,
-                                 max_draft_nodes=c.model.max_draft_nodes)
-            accounting = TenantAccounting()
-            inner = make_proposer(c.model.drafter or DEFAULT_DRAFTER, c.drafting)
-            if tokenizer is not None and hasattr(inner, "set_vocabulary"):  # numbers match by class
-                inner.set_vocabulary(lambda i: tokenizer.decode([i]), runner.vocab_size)
-            tuned = apply_tenant_configs(inner, self.store.list_tenants(), c.home)  # `reprise tune`'s
-            if tuned:
-                log.info("%d tenants draft with their own tuned settings", tuned)
-            tokenize = (lambda text: list(tokenizer.encode(text, add_special_tokens=False))) if tokenizer else None
-            if self.cluster is not None:
-                self.cluster.set_proposer(inner)
-                proposer = self.cluster.engine_proposer(inner)
-                self.indexes = self.cluster.indexes(accounting, self.metrics, tokenize)
+            if c.model.engine == "vllm":  # vLLM decodes, Reprise drafts in its worker (docs/vllm.md)
+                decode = self._build_vllm(auth)
             else:
-                proposer = inner
-                self.indexes = TenantIndexes(self.store, inner, accounting, self.metrics, tokenize)
-            self.indexes.load_all()
-            reuse = ReuseWiring.find(inner)
-            if reuse is not None:  # hidden-state reuse vectors are tenant history: sealed, restored
-                self.reuse = ReuseWiring(reuse, self.store)
-                log.info("restored %d hidden-state segments", self.reuse.restore_all(self.store.list_tenants()))
+                if c.model.device == "cpu":  # also for a model handed in: two replicas' thread pools would fight
+                    configure_threads(c.model.num_threads)
+                model = getattr(loaded, "model", loaded)
+                tokenizer = getattr(loaded, "tokenizer", None)
+                name = self._model_name or Path(getattr(loaded, "source", "") or "model").name
+                runner = ModelRunner(model, num_slots=c.model.num_slots, max_len=c.model.max_len,
+                                     max_draft_nodes=c.model.max_draft_nodes)
+                accounting = TenantAccounting()
+                inner = make_proposer(c.model.drafter or DEFAULT_DRAFTER, c.drafting)
+                if tokenizer is not None and hasattr(inner, "set_vocabulary"):  # numbers match by class
+                    inner.set_vocabulary(lambda i: tokenizer.decode([i]), runner.vocab_size)
+                tuned = apply_tenant_configs(inner, self.store.list_tenants(), c.home)  # `reprise tune`'s
+                if tuned:
+                    log.info("%d tenants draft with their own tuned settings", tuned)
+                tokenize = (lambda text: list(tokenizer.encode(text, add_special_tokens=False))) if tokenizer else None
+                if self.cluster is not None:
+                    self.cluster.set_proposer(inner)
+                    proposer = self.cluster.engine_proposer(inner)
+                    self.indexes = self.cluster.indexes(accounting, self.metrics, tokenize)
+                else:
+                    proposer = inner
+                    self.indexes = TenantIndexes(self.store, inner, accounting, self.metrics, tokenize)
+                self.indexes.load_all()
+                reuse = ReuseWiring.find(inner)
+                if reuse is not None:  # hidden-state reuse vectors are tenant history: sealed, restored
+                    self.reuse = ReuseWiring(reuse, self.store)
+                    log.info("restored %d hidden-state segments", self.reuse.restore_all(self.store.list_tenants()))
 
-            def on_deleted(tid: Any) -> None:  # also when deleted by `python -m privacy` in this process
-                auth.invalidate()
-                self.indexes.forget(tid.value)
-                if self.reuse is not None:
-                    self.reuse.forget(tid.value)
+                def on_deleted(tid: Any) -> None:  # also when deleted by `python -m privacy` in this process
+                    auth.invalidate()
+                    self.indexes.forget(tid.value)
+                    if self.reuse is not None:
+                        self.reuse.forget(tid.value)
 
-            self.store.add_deletion_hook(on_deleted)
-            self.history = self.cluster.writer if self.cluster is not None else HistoryWriter(self.store)
-            engine = Engine(runner, proposer, tokenizer,
-                            EngineConfig(history_sink=self.history.put, observer=StepMeter(accounting, self.metrics)))
-            decode = EngineBackend(engine, tokenizer, name, record_trajectory=self.indexes.record,
-                                   on_close=self._close_history, store_before_reply=c.server.store_before_reply)
-            if self.cluster is not None:
-                decode = self.cluster.backend(decode)
+                self.store.add_deletion_hook(on_deleted)
+                self.history = self.cluster.writer if self.cluster is not None else HistoryWriter(self.store)
+                engine = Engine(runner, proposer, tokenizer,
+                                EngineConfig(history_sink=self.history.put, observer=StepMeter(accounting, self.metrics)))
+                decode = EngineBackend(engine, tokenizer, name, record_trajectory=self.indexes.record,
+                                       on_close=self._close_history, store_before_reply=c.server.store_before_reply)
+                if self.cluster is not None:
+                    decode = self.cluster.backend(decode)
             admin = ServiceAdmin(self.store, self.indexes, auth.invalidate)
             self.grpc = GrpcServer(decode, admin, auth, c.server, self.metrics, version=__version__)
             self.stats_history = StatsHistory(lambda: admin.index_stats(None), admin.list_tenants,
@@ -190,6 +196,19 @@ class Service:
             self.store.close()
             self.store = None
             raise
+
+    def _build_vllm(self, auth: Any) -> Any:
+        """The ``vllm`` decode backend, its tenants' indexes in vLLM's worker, the history writer."""
+        self.history = HistoryWriter(self.store)
+        decode, self.indexes = start_vllm(self.config, self.store, TenantAccounting(), self.metrics,
+                                          self.history.put, on_close=self._close_history)
+
+        def on_deleted(tid: Any) -> None:
+            auth.invalidate()
+            self.indexes.forget(tid.value)
+
+        self.store.add_deletion_hook(on_deleted)
+        return decode
 
     def _close_history(self) -> None:
         if self.reuse is not None:

@@ -191,3 +191,24 @@ def test_progress_bar_only_on_a_terminal(trace, capsys, monkeypatch):
     assert "call" in capsys.readouterr().err  # tqdm's bar: "tiny.jsonl.gz: ... call/s"
     assert main(["replay", str(trace), "--drafter", "prompt_lookup", "--json"]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_replay_chain_sends_one_path_per_step(trace, capsys, monkeypatch):
+    import replay_traces.replay as replay_module
+
+    shapes: list[bool] = []
+    real = replay_module.accepted_path
+
+    def spy(token_ids, parents, target, pos):
+        shapes.append(list(parents) == list(range(-1, len(parents) - 1)))
+        return real(token_ids, parents, target, pos)
+
+    monkeypatch.setattr(replay_module, "accepted_path", spy)
+    assert main(["replay", str(trace), "--json", "--chain", "--budget", "8"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["chain"] is True
+    (report,) = data["files"]
+    assert shapes and all(shapes), "a step was sent a tree"
+    assert report["tau"] > 1.5 and report["draft_tokens_per_step"] <= 8
+    main(["replay", str(trace), "--json", "--budget", "8"])
+    assert json.loads(capsys.readouterr().out)["chain"] is False

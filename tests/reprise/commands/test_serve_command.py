@@ -102,3 +102,18 @@ def test_ports_in_use_fail_clearly(tmp_path: Path, model_dir: Path, monkeypatch,
         assert code == 1 and "Address already in use" in capsys.readouterr().err
         code = main(["serve", "--model-path", str(model_dir), "--grpc-port", str(port), "--http-port", str(free_port())])
         assert code == 1 and f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
+
+
+def test_engine_vllm_without_a_supported_vllm_is_one_clear_error(tmp_path: Path, model_dir: Path, monkeypatch,
+                                                                 capsys) -> None:
+    from reprise.backends.vllm import versions
+    from reprise.cli import main
+
+    monkeypatch.delenv("REPRISE_MASTER_KEY", raising=False)
+    monkeypatch.setenv("REPRISE_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(versions, "installed_vllm", lambda: ("vllm", "0.31.1"))
+    code = main(["serve", "--engine", "vllm", "--model-path", str(model_dir), "--grpc-port", str(free_port()),
+                 "--http-port", str(free_port())])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "supports vLLM 0.32.0; vllm 0.31.1 is installed" in err and "Traceback" not in err
