@@ -4,7 +4,7 @@ Implements ``grpc_api.backend.DecodeBackend``, the seam both fronts (gRPC, HTTP)
 thread runs ``Engine.serve``: every step packs all active requests into one verification pass. A front's
 worker thread submits its request and waits on the handle; committed tokens reach the caller through
 the engine's stream callback as they are committed; the request returns once its turn is in the
-history store (``_await_stored``). Cancelling (client gone, deadline, Abort) sets the request's event;
+history store (``reprise.backends.stored``). Cancelling (client gone, deadline, Abort) sets the request's event;
 the engine drops it at its next step and frees its KV slot at once.
 
 Chat prompts go through the model's chat template. Tools and an assistant's earlier tool calls are
@@ -33,6 +33,7 @@ from grpc_api.backend import (
     Tool,
 )
 from grpc_api.tool_calls import FORMATS, format_for
+from reprise.backends.stored import STORE_WAIT_S, await_stored
 from reprise.engine.engine import Engine
 from reprise.engine.grammar import GrammarCompiler
 from reprise.engine.request import GenerationRequest, StoppingParams
@@ -51,7 +52,7 @@ class EngineBackend:
     def __init__(self, engine: Engine, tokenizer: Any, model_name: str,
                  record_trajectory: Callable[[str, str, Sequence[int]], None] | None = None,
                  on_close: Callable[[], None] | None = None, store_before_reply: bool = True,
-                 store_wait_s: float = 30.0) -> None:
+                 store_wait_s: float = STORE_WAIT_S) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
         runner = engine.runner
@@ -161,22 +162,10 @@ class EngineBackend:
             if not self._thread.is_alive():
                 raise errors.Unavailable("the decoding engine stopped while the request ran")
         result = handle.wait()
-        self._await_stored(handle)
+        if self._store_before_reply:
+            await_stored(handle.stored, self._store_wait_s)
         return Generation(result.finish_reason, result.matched_stop, result.usage.prompt_tokens,
                           result.usage.completion_tokens)
-
-    def _await_stored(self, handle: Any) -> None:
-        """A recorded turn is in the store before its final message goes out (the history writer's
-        group commit makes the wait one commit at most); a turn that cannot be stored fails the request
-        rather than be answered and lost."""
-        ticket = handle.stored
-        if ticket is None or not self._store_before_reply:
-            return
-        if not ticket.wait(self._store_wait_s):
-            raise errors.Unavailable(f"the turn could not be stored within {self._store_wait_s:.0f} s "
-                                     "(the history store is slow or down); retry")
-        if not ticket.ok:
-            raise errors.Unavailable(f"the turn could not be stored ({ticket.error}); retry")
 
     def append_trajectory(self, tenant: str, session_id: str, token_ids: Sequence[int]) -> int:
         if self._record is None:

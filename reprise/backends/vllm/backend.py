@@ -9,7 +9,8 @@ decided here in the service after authentication, never taken from the client:
 - the prefix cache's ``cache_salt``: a keyed hash of the tenant, so one tenant's requests never reuse
   (or time) another's cached blocks (CVE-2025-46570), while a tenant's own repeated prefixes still hit;
 - the finished turn: sealed into the encrypted store through the same history sink as the own engine
-  (``reprise.server.history_writer.HistoryWriter``), and added to the worker's index of that tenant;
+  (``reprise.server.history_writer.HistoryWriter``) before the reply goes out (``store_before_reply``,
+  as the own engine does: ``reprise.backends.stored``), and added to the worker's index of that tenant;
 - the per-step figures: the worker's step records (draft length, accepted, drafter) are drained every
   ``poll_s`` into the same step observer (``reprise.server.metering.StepMeter``: per-tenant accounting
   and Prometheus metrics) the own engine feeds.
@@ -33,6 +34,7 @@ from typing import Any
 
 from grpc_api import errors
 from grpc_api.backend import FinishReason, GenerateParams, Generation, ModelInfo, PromptInput, TokenCallback
+from reprise.backends.stored import STORE_WAIT_S, await_stored
 from reprise.backends.vllm.tags import RequestTag, StepRecord
 from reprise.backends.vllm.tenants import token_bytes
 from reprise.engine.engine import StepReport
@@ -75,10 +77,11 @@ class VllmBackend:
     """
 
     def __init__(self, engine: Any, tokenizer: Any, model_name: str, *, accounting: Any, meter: Any = None,
-                 history_sink: Callable[[Any], None] | None = None,
+                 history_sink: Callable[[Any], Any] | None = None,
                  record_trajectory: Callable[[str, str, Sequence[int]], None] | None = None,
                  on_close: Callable[[], None] | None = None, salt_key: bytes | None = None,
-                 poll_s: float = 1.0, owns_engine: bool = True) -> None:
+                 poll_s: float = 1.0, owns_engine: bool = True, store_before_reply: bool = True,
+                 store_wait_s: float = STORE_WAIT_S) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
         self._drafting = engine.settings.speculation == "reprise"
@@ -95,6 +98,8 @@ class VllmBackend:
         self._record = record_trajectory
         self._on_close = on_close
         self._owns_engine = owns_engine
+        self._store_before_reply = store_before_reply
+        self._store_wait_s = store_wait_s
         self._salt_key = salt_key if salt_key is not None else secrets.token_bytes(32)
         self.prefix_cached_tokens: dict[str, int] = {}  # per tenant: prompt tokens served from its prefix cache
         self._stop = threading.Event()
@@ -141,10 +146,12 @@ class VllmBackend:
         self._accounting.record_request(tenant)
         self.prefix_cached_tokens[tenant] = self.prefix_cached_tokens.get(tenant, 0) + cached
         if reason != "aborted" and params.record:
-            self._remember(GenerationResult(
+            ticket = self._remember(GenerationResult(
                 GenerationRequest(prompt_ids=tuple(prompt), tenant=tenant, session_id=session_id,
                                   request_id=request_id), tuple(output), "", reason, matched,
                 Usage(len(prompt), len(output), 0, 0, 0)))
+            if self._store_before_reply:
+                await_stored(ticket, self._store_wait_s)
         return Generation(reason, matched, len(prompt), len(output))
 
     def append_trajectory(self, tenant: str, session_id: str, token_ids: Sequence[int]) -> int:
@@ -214,18 +221,19 @@ class VllmBackend:
 
     # ---- history and figures -------------------------------------------------------------------------
 
-    def _remember(self, turn: GenerationResult) -> None:
-        """The finished turn: to the encrypted store (queued) and to the worker's index of the tenant."""
+    def _remember(self, turn: GenerationResult) -> Any:
+        """The finished turn: to the encrypted store (queued; the writer's ticket is returned) and to the
+        worker's index of the tenant."""
         request = turn.request
         tenant = request.tenant
-        if self._sink is not None:
-            self._sink(turn)
+        ticket = self._sink(turn) if self._sink is not None else None
         if self._drafting and turn.token_ids:
             try:
                 self.engine.rpc("reprise_record", tenant, request.session_id, token_bytes(request.prompt_ids),
                                 token_bytes(turn.token_ids))
             except Exception:
                 log.warning("could not add a turn of tenant %s to vLLM's drafting index", tenant, exc_info=True)
+        return ticket
 
     def drain_steps(self) -> int:
         """Move the worker's step records into the accounting and metrics now; returns how many."""
