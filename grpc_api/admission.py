@@ -47,9 +47,6 @@ class Admission:
     def num_active(self) -> int:
         return self._total
 
-    def num_active_for(self, tenant: str) -> int:
-        return len(self._by_tenant.get(tenant, ()))
-
     def admit(self, tenant: str, request_id: str) -> ActiveRequest:
         if self.draining:
             raise errors.Unavailable("server is shutting down; retry on another replica")
@@ -97,6 +94,7 @@ class Admission:
                 active.cancel.set()
 
     async def wait_idle(self, timeout: float | None = None) -> bool:
+        """Until no request is in flight (graceful shutdown); False when ``timeout`` ran out first."""
         try:
             await asyncio.wait_for(self._idle.wait(), timeout)
             return True

@@ -1,6 +1,6 @@
 """What the gRPC servicers need from the rest of Reprise, as plain records and protocols.
 
-``grpc_api`` imports only grpc and protobuf (../shared/DESIGN.md); the application (``reprise.server.service``)
+``grpc_api`` imports only grpc and protobuf (docs/architecture.md, "Layers"); the application (``reprise.server.service``)
 implements these protocols over the decode pipeline and the privacy store. Methods marked *blocking*
 are called from worker threads, never on the event loop; they may raise ``grpc_api.errors.ServiceError``
 subclasses or ``ValueError`` for bad input.
@@ -36,18 +36,57 @@ class Authenticator(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
+class ToolCall:
+    """A call of one of the request's tools, as the model made it: ``arguments`` is a JSON object's text."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True, slots=True)
+class Tool:
+    """A function the model may call: ``parameters`` is its JSON Schema as text (``{}`` when it takes none)."""
+
+    name: str
+    description: str = ""
+    parameters: str = "{}"
+
+
+@dataclass(frozen=True, slots=True)
 class ChatMessage:
+    """One chat message. An assistant message may carry ``tool_calls`` (its ``content`` may then be empty);
+    a ``tool`` message answers the call ``tool_call_id`` (``name``: the tool's name, when known)."""
+
     role: str
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str = ""
+    name: str = ""
 
 
 @dataclass(frozen=True, slots=True)
 class PromptInput:
-    """Exactly one of the three is set."""
+    """Exactly one of ``token_ids``, ``text``, ``messages`` is set. ``tools`` are rendered with the
+    messages (through the model's chat template, or the tool-call format's own prompt)."""
 
     token_ids: tuple[int, ...] | None = None
     text: str | None = None
     messages: tuple[ChatMessage, ...] | None = None
+    tools: tuple[Tool, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class OutputConstraint:
+    """A grammar the output must follow: the literal ``prefix``, then a JSON value valid under ``schema``
+    (JSON Schema text), then the literal ``suffix``, then end of sequence. Decoding masks every token
+    the grammar forbids (reprise/engine/grammar.py), so a finished output always parses. ``name`` says
+    what asked for it (``json_object``, ``json_schema``, ``tool_calls``)."""
+
+    schema: str
+    prefix: str = ""
+    suffix: str = ""
+    name: str = "json_schema"
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,13 +106,15 @@ class GenerateParams:
     include_stop_str_in_output: bool = False
     speculate: bool = True
     record: bool = True
+    constraint: OutputConstraint | None = None
 
 
-FinishReason = Literal["stop", "eos", "length", "aborted", "error"]
+FinishReason = Literal["stop", "eos", "length", "aborted", "error", "tool_calls"]
 """Why a request ended, in every layer (engine, backends, both APIs): ``stop`` a stop string or stop token
 id, ``eos`` the model's end-of-sequence token, ``length`` max_new_tokens or the context, ``aborted``
 cancelled (client gone, deadline, Abort), ``error`` the engine failed it (a backend raises instead of
-returning it)."""
+returning it), ``tool_calls`` the reply parsed as tool calls (set by the fronts after parsing an output
+that ended with ``stop`` or ``eos``; never by an engine)."""
 FINISH_REASONS: tuple[FinishReason, ...] = get_args(FinishReason)
 
 
@@ -96,6 +137,8 @@ class ModelInfo:
     eos_token_ids: tuple[int, ...]
     vocab_size: int
     has_chat_template: bool
+    tool_call_format: str = "hermes"
+    """How the model writes tool calls (a name in ``grpc_api.tool_calls.FORMATS``)."""
 
 
 TokenCallback = Callable[[Sequence[int], str], None]

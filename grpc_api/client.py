@@ -15,6 +15,8 @@ status code, the server's message and, for RESOURCE_EXHAUSTED, the server's sugg
 
 from __future__ import annotations
 
+import contextlib
+import json
 import numbers
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
@@ -23,6 +25,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 import grpc
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
 
 from grpc_api.v1 import admin_pb2, admin_pb2_grpc, common_pb2, decoding_pb2, decoding_pb2_grpc
 
@@ -35,6 +39,7 @@ FINISH_REASONS = {
     decoding_pb2.FINISH_REASON_LENGTH: "length",
     decoding_pb2.FINISH_REASON_EOS: "eos",
     decoding_pb2.FINISH_REASON_ABORTED: "aborted",
+    decoding_pb2.FINISH_REASON_TOOL_CALLS: "tool_calls",
 }
 DEFAULT_TARGET = "127.0.0.1:50051"
 MiB = 1024 * 1024
@@ -58,9 +63,6 @@ class RepriseError(Exception):
 
 def _retry_after(exc: Any) -> float | None:
     try:
-        from google.rpc import error_details_pb2
-        from grpc_status import rpc_status
-
         status = rpc_status.from_call(exc)
     except Exception:  # noqa: BLE001 - no status details, or not a call object
         return None
@@ -80,8 +82,19 @@ class StreamChunk:
 
 
 @dataclass(frozen=True, slots=True)
+class ToolCall:
+    """A tool call the model made: ``arguments`` is a JSON object's text."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True, slots=True)
 class Completion:
-    """A finished request. ``matched_stop`` is the stop string or stop token id that ended it, if any."""
+    """A finished request. ``matched_stop`` is the stop string or stop token id that ended it, if any.
+    With tools, ``tool_calls`` holds the reply's parsed calls (``finish_reason`` "tool_calls") and
+    ``content`` the text before them."""
 
     request_id: str
     token_ids: list[int]
@@ -90,7 +103,9 @@ class Completion:
     matched_stop: str | int | None
     prompt_tokens: int
     completion_tokens: int
-    cached_tokens: int = 0  # prompt tokens whose KV the server reused from this tenant's earlier requests
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    content: str = ""
+    cached_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,10 +127,18 @@ def build_request(
     min_new_tokens: int = 0,
     stop: Sequence[str] = (), stop_token_ids: Sequence[int] = (), ignore_eos: bool = False,
     include_stop_str_in_output: bool = False, do_not_record: bool = False, speculation: bool = True,
-    stream_chunk_tokens: int = 0,
+    stream_chunk_tokens: int = 0, tools: Sequence[Mapping[str, Any]] = (), tool_choice: Any = None,
+    response_format: Any = None,
 ) -> decoding_pb2.GenerateRequest:
     """A GenerateRequest. ``prompt`` may be text, token ids or chat messages (dicts with role/content);
-    or give exactly one of ``tokens``, ``text``, ``messages``. ``request_id`` defaults to a fresh uuid."""
+    or give exactly one of ``tokens``, ``text``, ``messages``. ``request_id`` defaults to a fresh uuid.
+
+    Messages, tools, ``tool_choice`` and ``response_format`` take OpenAI's shapes: an assistant message
+    may carry ``tool_calls`` (``[{"id", "function": {"name", "arguments"}}]``), a tool message
+    ``tool_call_id``; a tool is ``{"type": "function", "function": {"name", "description", "parameters"}}``
+    (or the inner object); ``tool_choice`` is "auto", "none", "required", a tool's name or
+    ``{"type": "function", "function": {"name"}}``; ``response_format`` is "json_object",
+    ``{"type": "json_object"}`` or ``{"type": "json_schema", "json_schema": {"schema": {...}}}``."""
     if prompt is not None:
         if tokens is not None or text is not None or messages is not None:
             raise ValueError("give the prompt either positionally or as tokens=/text=/messages=, not both")
@@ -160,6 +183,26 @@ def build_request(
     st.stop_token_ids.extend(stop_token_ids)
     st.ignore_eos = ignore_eos
     st.include_stop_str_in_output = include_stop_str_in_output
+    for tool in tools:
+        fn = tool.get("function", tool)
+        req.tools.add(name=fn["name"], description=fn.get("description") or "",
+                      parameters=json.dumps(fn.get("parameters") or {}))
+    if isinstance(tool_choice, Mapping):
+        req.tool_choice.function = tool_choice["function"]["name"]
+    elif tool_choice in _TOOL_CHOICE:
+        req.tool_choice.mode = _TOOL_CHOICE[tool_choice]
+    elif isinstance(tool_choice, str):
+        req.tool_choice.function = tool_choice
+    elif tool_choice is not None:
+        raise ValueError(f"tool_choice must be auto, none, required, a tool's name or a dict, got {tool_choice!r}")
+    kind = response_format.get("type") if isinstance(response_format, Mapping) else response_format
+    if kind == "json_object":
+        req.response_format.type = decoding_pb2.RESPONSE_FORMAT_TYPE_JSON_OBJECT
+    elif kind == "json_schema":
+        req.response_format.type = decoding_pb2.RESPONSE_FORMAT_TYPE_JSON_SCHEMA
+        req.response_format.json_schema = json.dumps(response_format["json_schema"]["schema"])
+    elif kind not in (None, "text"):
+        raise ValueError(f"response_format must be text, json_object or a json_schema dict, got {response_format!r}")
     return req
 
 
@@ -188,10 +231,14 @@ def _check_messages(messages: Any) -> None:
         if not isinstance(role, str) or not role:
             raise ValueError(f"messages[{i}] needs a 'role' (system, user, assistant or tool), got {role!r}")
         content = m.get("content")
-        if content is None:
+        if content is None and not m.get("tool_calls"):  # an assistant's tool calls may stand alone
             raise ValueError(f"messages[{i}] (role {role!r}) has no 'content': expected a string")
-        if not isinstance(content, str):
+        if content is not None and not isinstance(content, str):
             raise TypeError(f"messages[{i}] (role {role!r}) has a {type(content).__name__} 'content': expected a string")
+
+
+_TOOL_CHOICE = {"auto": decoding_pb2.TOOL_CHOICE_MODE_AUTO, "none": decoding_pb2.TOOL_CHOICE_MODE_NONE,
+                "required": decoding_pb2.TOOL_CHOICE_MODE_REQUIRED}
 
 
 def _set_content(msg: Any, tokens: Sequence[int] | None, text: str | None,
@@ -210,7 +257,13 @@ def _set_content(msg: Any, tokens: Sequence[int] | None, text: str | None,
     elif messages is not None:
         _check_messages(messages)
         for m in messages:
-            msg.messages.messages.add(role=m["role"], content=m["content"])
+            added = msg.messages.messages.add(role=m["role"], content=m.get("content") or "",
+                                              tool_call_id=m.get("tool_call_id") or "", name=m.get("name") or "")
+            for call in m.get("tool_calls") or ():
+                fn = call.get("function", call)
+                args = fn.get("arguments", "{}")
+                added.tool_calls.add(id=call.get("id") or "", name=fn["name"],
+                                     arguments=args if isinstance(args, str) else json.dumps(args))
 
 
 def completion_from(request_id: str, token_ids: list[int], text: str, complete: Any) -> Completion:
@@ -218,6 +271,7 @@ def completion_from(request_id: str, token_ids: list[int], text: str, complete: 
     matched = getattr(complete, which) if which else None
     return Completion(request_id, token_ids, text, FINISH_REASONS.get(complete.finish_reason, "unspecified"),
                       matched, complete.usage.prompt_tokens, complete.usage.completion_tokens,
+                      [ToolCall(c.id, c.name, c.arguments) for c in complete.tool_calls], complete.content,
                       complete.usage.cached_tokens)
 
 
@@ -243,6 +297,53 @@ def _credentials(tls: bool, root_certificates: bytes | str | Path | None, client
     return grpc.ssl_channel_credentials(root_certificates=root, private_key=key, certificate_chain=cert)
 
 
+@contextlib.contextmanager
+def _rpc_errors() -> Iterator[None]:
+    """``grpc.RpcError`` raised inside the block becomes ``RepriseError``."""
+    try:
+        yield
+    except grpc.RpcError as exc:
+        raise RepriseError.from_rpc_error(exc) from None
+
+
+class _Client:
+    """What every client shares: one HTTP/2 channel (TLS when asked: ``root_certificates`` and, for
+    mutual TLS, ``client_cert`` as (certificate file, key file)), the service stub, the bearer key sent
+    with every call, and the default ``timeout`` in seconds."""
+
+    _STUB: Any  # the generated stub class of the service
+    _AIO = False  # grpc.aio channel (AsyncRepriseClient)
+
+    def __init__(self, target: str = DEFAULT_TARGET, key: str | None = None, *, tls: bool = False,
+                 root_certificates: bytes | str | Path | None = None, client_cert: tuple[str, str] | None = None,
+                 timeout: float | None = None, max_message_bytes: int = 16 * MiB) -> None:
+        creds = _credentials(tls, root_certificates, client_cert)
+        opts = channel_options(max_message_bytes)
+        channels: Any = grpc.aio if self._AIO else grpc
+        self._channel = channels.secure_channel(target, creds, opts) if creds else channels.insecure_channel(target, opts)
+        self._stub = self._STUB(self._channel)
+        self._metadata = (("authorization", f"Bearer {key}"),) if key else ()
+        self.timeout = timeout
+
+
+class _SyncClient(_Client):
+    """A blocking client: a context manager; ``close`` closes the channel."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def _call(self, method: Callable[..., Any], request: Any, timeout: float | None = None) -> Any:
+        """One unary call (``timeout`` or the client's), failures as ``RepriseError``."""
+        with _rpc_errors():
+            return method(request, metadata=self._metadata, timeout=timeout or self.timeout)
+
+
 class GenerationStream:
     """Iterator of ``StreamChunk``; after it ends, ``completion`` holds the whole result."""
 
@@ -254,7 +355,7 @@ class GenerationStream:
         self._texts: list[str] = []
 
     def __iter__(self) -> Iterator[StreamChunk]:
-        try:
+        with _rpc_errors():
             for message in self._call:
                 self.request_id = message.request_id
                 if message.WhichOneof("kind") == "chunk":
@@ -265,41 +366,20 @@ class GenerationStream:
                 else:
                     self.completion = completion_from(self.request_id, self._ids, "".join(self._texts),
                                                       message.complete)
-        except grpc.RpcError as exc:
-            raise RepriseError.from_rpc_error(exc) from None
 
     def cancel(self) -> None:
         """Stop the request (the server frees its resources at once)."""
         self._call.cancel()
 
 
-class RepriseClient:
-    """Synchronous data-plane client; one HTTP/2 channel, safe to share between threads."""
+class RepriseClient(_SyncClient):
+    """Synchronous data-plane client; one HTTP/2 channel, safe to share between threads. Options (``tls``,
+    ``root_certificates``, ``client_cert``, ``timeout``, ``max_message_bytes``) as ``_Client``."""
 
-    def __init__(self, target: str = DEFAULT_TARGET, api_key: str | None = None, *, tls: bool = False,
-                 root_certificates: bytes | str | Path | None = None, client_cert: tuple[str, str] | None = None,
-                 timeout: float | None = None, max_message_bytes: int = 16 * MiB) -> None:
-        creds = _credentials(tls, root_certificates, client_cert)
-        opts = channel_options(max_message_bytes)
-        self._channel = grpc.secure_channel(target, creds, opts) if creds else grpc.insecure_channel(target, opts)
-        self._stub = decoding_pb2_grpc.DecodingServiceStub(self._channel)
-        self._metadata = (("authorization", f"Bearer {api_key}"),) if api_key else ()
-        self.timeout = timeout
+    _STUB = decoding_pb2_grpc.DecodingServiceStub
 
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        self._channel.close()
-
-    def _call(self, method: Callable[..., Any], request: Any, timeout: float | None) -> Any:
-        try:
-            return method(request, metadata=self._metadata, timeout=timeout or self.timeout)
-        except grpc.RpcError as exc:
-            raise RepriseError.from_rpc_error(exc) from None
+    def __init__(self, target: str = DEFAULT_TARGET, api_key: str | None = None, **options: Any) -> None:
+        super().__init__(target, api_key, **options)
 
     def generate_stream(self, prompt: Any = None, *, timeout: float | None = None, **kwargs: Any) -> GenerationStream:
         """Stream a completion; keyword arguments as ``build_request``."""
@@ -313,10 +393,10 @@ class RepriseClient:
         return completion_from(r.request_id, list(r.token_ids), r.text, r.complete)
 
     def abort(self, request_id: str) -> None:
-        self._call(self._stub.Abort, decoding_pb2.AbortRequest(request_id=request_id), None)
+        self._call(self._stub.Abort, decoding_pb2.AbortRequest(request_id=request_id))
 
     def model_info(self) -> ModelInfo:
-        r = self._call(self._stub.GetModelInfo, decoding_pb2.GetModelInfoRequest(), None)
+        r = self._call(self._stub.GetModelInfo, decoding_pb2.GetModelInfoRequest())
         return ModelInfo(r.model_name, r.max_context_tokens, list(r.eos_token_ids), r.vocab_size,
                          r.has_chat_template, r.server_version)
 
@@ -327,22 +407,17 @@ class RepriseClient:
             raise ValueError("give exactly one of tokens, text or messages")
         req = decoding_pb2.AppendTrajectoryRequest(session_id=session_id)
         _set_content(req, tokens, text, messages)
-        return self._call(self._stub.AppendTrajectory, req, None).num_tokens
+        return self._call(self._stub.AppendTrajectory, req).num_tokens
 
 
-class AsyncRepriseClient:
-    """asyncio data-plane client (``grpc.aio``)."""
+class AsyncRepriseClient(_Client):
+    """asyncio data-plane client (``grpc.aio``); options as ``RepriseClient``."""
 
-    def __init__(self, target: str = DEFAULT_TARGET, api_key: str | None = None, *, tls: bool = False,
-                 root_certificates: bytes | str | Path | None = None, client_cert: tuple[str, str] | None = None,
-                 timeout: float | None = None, max_message_bytes: int = 16 * MiB) -> None:
-        creds = _credentials(tls, root_certificates, client_cert)
-        opts = channel_options(max_message_bytes)
-        self._channel = (grpc.aio.secure_channel(target, creds, opts) if creds
-                         else grpc.aio.insecure_channel(target, opts))
-        self._stub = decoding_pb2_grpc.DecodingServiceStub(self._channel)
-        self._metadata = (("authorization", f"Bearer {api_key}"),) if api_key else ()
-        self.timeout = timeout
+    _STUB = decoding_pb2_grpc.DecodingServiceStub
+    _AIO = True
+
+    def __init__(self, target: str = DEFAULT_TARGET, api_key: str | None = None, **options: Any) -> None:
+        super().__init__(target, api_key, **options)
 
     async def __aenter__(self) -> Self:
         return self
@@ -361,38 +436,31 @@ class AsyncRepriseClient:
         ids: list[int] = []
         texts: list[str] = []
         try:
-            async for message in call:
-                if message.WhichOneof("kind") == "chunk":
-                    chunk = StreamChunk(list(message.chunk.token_ids), message.chunk.text)
-                    ids.extend(chunk.token_ids)
-                    texts.append(chunk.text)
-                    yield chunk
-                else:
-                    yield completion_from(message.request_id, ids, "".join(texts), message.complete)
-        except grpc.RpcError as exc:
-            raise RepriseError.from_rpc_error(exc) from None
+            with _rpc_errors():
+                async for message in call:
+                    if message.WhichOneof("kind") == "chunk":
+                        chunk = StreamChunk(list(message.chunk.token_ids), message.chunk.text)
+                        ids.extend(chunk.token_ids)
+                        texts.append(chunk.text)
+                        yield chunk
+                    else:
+                        yield completion_from(message.request_id, ids, "".join(texts), message.complete)
         finally:
             call.cancel()  # no-op once finished; frees the server's request when the caller stops early
 
     async def generate(self, prompt: Any = None, *, timeout: float | None = None, **kwargs: Any) -> Completion:
-        try:
+        with _rpc_errors():
             r = await self._stub.Generate(build_request(prompt, **kwargs), metadata=self._metadata,
                                           timeout=timeout or self.timeout)
-        except grpc.RpcError as exc:
-            raise RepriseError.from_rpc_error(exc) from None
         return completion_from(r.request_id, list(r.token_ids), r.text, r.complete)
 
     async def abort(self, request_id: str) -> None:
-        try:
+        with _rpc_errors():
             await self._stub.Abort(decoding_pb2.AbortRequest(request_id=request_id), metadata=self._metadata)
-        except grpc.RpcError as exc:
-            raise RepriseError.from_rpc_error(exc) from None
 
     async def model_info(self) -> ModelInfo:
-        try:
+        with _rpc_errors():
             r = await self._stub.GetModelInfo(decoding_pb2.GetModelInfoRequest(), metadata=self._metadata)
-        except grpc.RpcError as exc:
-            raise RepriseError.from_rpc_error(exc) from None
         return ModelInfo(r.model_name, r.max_context_tokens, list(r.eos_token_ids), r.vocab_size,
                          r.has_chat_template, r.server_version)
 
@@ -455,37 +523,17 @@ def _progress(p: common_pb2.Progress) -> Progress:
     return Progress(p.phase, p.done, p.total, p.unit)
 
 
-class AdminClient:
-    """Synchronous admin-plane client (needs an admin key)."""
+class AdminClient(_SyncClient):
+    """Synchronous admin-plane client (needs an admin key); options as ``RepriseClient``."""
 
-    def __init__(self, target: str = DEFAULT_TARGET, admin_key: str | None = None, *, tls: bool = False,
-                 root_certificates: bytes | str | Path | None = None, client_cert: tuple[str, str] | None = None,
-                 timeout: float | None = None, max_message_bytes: int = 16 * MiB) -> None:
-        creds = _credentials(tls, root_certificates, client_cert)
-        opts = channel_options(max_message_bytes)
-        self._channel = grpc.secure_channel(target, creds, opts) if creds else grpc.insecure_channel(target, opts)
-        self._stub = admin_pb2_grpc.AdminServiceStub(self._channel)
-        self._metadata = (("authorization", f"Bearer {admin_key}"),) if admin_key else ()
-        self.timeout = timeout
+    _STUB = admin_pb2_grpc.AdminServiceStub
 
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        self._channel.close()
-
-    def _unary(self, method: Callable[..., Any], request: Any) -> Any:
-        try:
-            return method(request, metadata=self._metadata, timeout=self.timeout)
-        except grpc.RpcError as exc:
-            raise RepriseError.from_rpc_error(exc) from None
+    def __init__(self, target: str = DEFAULT_TARGET, admin_key: str | None = None, **options: Any) -> None:
+        super().__init__(target, admin_key, **options)
 
     def _stream(self, method: Callable[..., Any], request: Any, on_progress: ProgressFn | None) -> Iterator[Any]:
         """Yield the non-progress messages' payloads; progress goes to ``on_progress``."""
-        try:
+        with _rpc_errors():
             for message in method(request, metadata=self._metadata, timeout=self.timeout):
                 kind = message.WhichOneof("kind")
                 if kind == "progress":
@@ -493,21 +541,19 @@ class AdminClient:
                         on_progress(_progress(message.progress))
                 else:
                     yield getattr(message, kind)
-        except grpc.RpcError as exc:
-            raise RepriseError.from_rpc_error(exc) from None
 
     def create_tenant(self, name: str) -> tuple[TenantRecord, str]:
         """The new tenant and its API key (shown once)."""
-        r = self._unary(self._stub.CreateTenant, admin_pb2.CreateTenantRequest(name=name))
+        r = self._call(self._stub.CreateTenant, admin_pb2.CreateTenantRequest(name=name))
         return TenantRecord(r.tenant.tenant_id, r.tenant.name, r.tenant.created_unix_ms), r.api_key
 
     def list_tenants(self) -> list[TenantRecord]:
-        r = self._unary(self._stub.ListTenants, admin_pb2.ListTenantsRequest())
+        r = self._call(self._stub.ListTenants, admin_pb2.ListTenantsRequest())
         return [TenantRecord(t.tenant_id, t.name, t.created_unix_ms) for t in r.tenants]
 
     def delete_tenant(self, tenant_id: str, confirm: str, dry_run: bool = False) -> int:
         """Crypto-shred a tenant (``confirm`` must equal ``tenant_id``); the number of records deleted."""
-        r = self._unary(self._stub.DeleteTenant,
+        r = self._call(self._stub.DeleteTenant,
                         admin_pb2.DeleteTenantRequest(tenant_id=tenant_id, confirm=confirm, dry_run=dry_run))
         return r.num_records
 
@@ -520,7 +566,7 @@ class AdminClient:
         return results[-1]
 
     def index_stats(self, tenant_id: str | None = None) -> list[IndexStats]:
-        r = self._unary(self._stub.GetIndexStats, admin_pb2.GetIndexStatsRequest(tenant_id=tenant_id or ""))
+        r = self._call(self._stub.GetIndexStats, admin_pb2.GetIndexStatsRequest(tenant_id=tenant_id or ""))
         return [IndexStats.from_message(t) for t in r.tenants]
 
     def build_index(self, tenant_id: str, on_progress: ProgressFn | None = None) -> tuple[IndexStats, float]:
@@ -551,7 +597,7 @@ class AdminClient:
                 if on_document is not None:
                     on_document(n)
 
-        return self._unary(self._stub.ImportCorpus, requests())
+        return self._call(self._stub.ImportCorpus, requests())
 
     def export_history(self, tenant_id: str, out: BinaryIO, password: str,
                        on_progress: ProgressFn | None = None) -> int:
@@ -578,4 +624,4 @@ class AdminClient:
                 if on_bytes is not None:
                     on_bytes(sent)
 
-        return self._unary(self._stub.ImportHistory, requests())
+        return self._call(self._stub.ImportHistory, requests())

@@ -30,7 +30,7 @@ def proto_files() -> list[Path]:
 
 def generate(out_dir: Path) -> list[Path]:
     """Compile every proto into ``out_dir`` (laid out as ``grpc_api/v1/...``); return the files written."""
-    from grpc_tools import protoc
+    from grpc_tools import protoc  # a development dependency (the dev extra): only generating code needs it
 
     well_known = resources.files("grpc_tools") / "_proto"
     files = [str(p) for p in proto_files()]

@@ -15,13 +15,14 @@ wrapper always matches the RPC's shape). The wrapper
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import contextvars
 import inspect
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import grpc
 from google.protobuf import any_pb2, duration_pb2
@@ -46,12 +47,6 @@ def current_principal() -> Principal:
     if principal is None:  # a servicer reached without the interceptor: a wiring bug
         raise errors.Internal("no authenticated principal")
     return principal
-
-
-class RpcMetrics(Protocol):
-    def observe_rpc_started(self, service: str, method: str, rpc_type: str) -> None: ...
-
-    def observe_rpc(self, service: str, method: str, rpc_type: str, code: str, seconds: float) -> None: ...
 
 
 class NullMetrics:
@@ -236,8 +231,6 @@ def _parser(deserializer: Callable[[bytes], Any] | None, method: str) -> Callabl
 
 
 def _is_cancel(exc: BaseException) -> bool:
-    import asyncio
-
     return isinstance(exc, (asyncio.CancelledError, GeneratorExit))
 
 

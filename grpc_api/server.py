@@ -33,6 +33,7 @@ from grpc_api.admin import AdminServicer
 from grpc_api.admission import Admission
 from grpc_api.backend import AdminBackend, Authenticator, DecodeBackend
 from grpc_api.decoding import DecodingServicer
+from grpc_api.front import DecodeFront
 from grpc_api.interceptors import ADMIN_PLANE, DATA_PLANE, NullMetrics, ServerInterceptor
 from grpc_api.v1 import admin_pb2, admin_pb2_grpc, decoding_pb2, decoding_pb2_grpc
 
@@ -95,6 +96,8 @@ class GrpcServer:
         self._executor = concurrent.futures.ThreadPoolExecutor(settings.num_worker_threads,
                                                                thread_name_prefix="reprise-decode")
         self._admin_executor = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="reprise-admin")
+        # The front both APIs decode through: one admission (limits count gRPC and HTTP requests together).
+        self.front = DecodeFront(decode, self.admission, self._executor, settings, self.metrics)
 
     async def start(self) -> int:
         """Bind and start serving; return the bound port (useful with grpc_port 0)."""
@@ -105,8 +108,7 @@ class GrpcServer:
             # Beyond this grpc itself answers RESOURCE_EXHAUSTED (admin and health calls need room too).
             maximum_concurrent_rpcs=s.max_concurrent_requests * 2 + 64,
         )
-        decoding_pb2_grpc.add_DecodingServiceServicer_to_server(
-            DecodingServicer(self._decode, self.admission, self._executor, s, self.metrics, self._version), server)
+        decoding_pb2_grpc.add_DecodingServiceServicer_to_server(DecodingServicer(self.front, self._version), server)
         admin_pb2_grpc.add_AdminServiceServicer_to_server(
             AdminServicer(self._admin, self.admission, self._admin_executor, s.max_message_bytes), server)
         self._health = HealthServicer()
@@ -167,10 +169,13 @@ class GrpcServer:
         if self._health is not None:
             await self._health.enter_graceful_shutdown()
         # Streams still running after the grace period are cancelled by grpc; their workers see the
-        # cancel events set below and return at their next step.
-        await self._server.stop(grace)
-        self.admission.cancel_all()
+        # cancel events set below and return at their next step. HTTP requests (the same admission)
+        # get what is left of the grace period.
         loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
+        await self._server.stop(grace)
+        await self.admission.wait_idle(max(0.0, deadline - loop.time()))
+        self.admission.cancel_all()
         await loop.run_in_executor(None, self._executor.shutdown, True)
         await loop.run_in_executor(None, self._admin_executor.shutdown, True)
         try:

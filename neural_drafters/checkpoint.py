@@ -20,7 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file, save_file
 
+from fileio import atomic_writer, current_umask, fsync_dir, write_atomic
 from neural_drafters.config import HeadConfig
 from neural_drafters.heads import build_head
 
@@ -30,55 +32,25 @@ WEIGHTS = "head.safetensors"
 TRAINER = "trainer.pt"
 
 
-def _umask() -> int:
-    current = os.umask(0)
-    os.umask(current)
-    return current
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _write(path: Path, data: bytes) -> None:
-    with open(path, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-
-
 def save_checkpoint(out: str | Path, head: Any, *, step: int, summary: dict[str, Any] | None = None,
                     trainer_state: dict[str, Any] | None = None, keep: int = 2) -> Path:
     """Write a complete checkpoint of ``head`` at ``step`` under ``out``; returns its folder."""
-    from safetensors.torch import save_file
-
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     name = f"step-{step:06d}"
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=out))
     try:
-        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; give the usual mode
+        os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp makes 0700; give the usual mode
         body = {"head": head.config.to_dict(), "step": step, "summary": summary or {}}
-        _write(tmp / CONFIG, (json.dumps(body, indent=2, sort_keys=True) + "\n").encode())
+        write_atomic(tmp / CONFIG, json.dumps(body, indent=2, sort_keys=True) + "\n")
         state = {k: v.detach().contiguous().cpu() for k, v in head.state_dict().items()}
         save_file(state, str(tmp / WEIGHTS))
         with open(tmp / WEIGHTS, "rb+") as fh:
             os.fsync(fh.fileno())
         if trainer_state is not None:
-            with open(tmp / TRAINER, "wb") as fh:
+            with atomic_writer(tmp / TRAINER) as fh:
                 torch.save(trainer_state, fh)
-                fh.flush()
-                os.fsync(fh.fileno())
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         final = out / name
         if final.exists():
             shutil.rmtree(final)
@@ -86,11 +58,8 @@ def save_checkpoint(out: str | Path, head: Any, *, step: int, summary: dict[str,
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    _fsync_dir(out)
-    pointer = out / f".{LATEST}.tmp"
-    _write(pointer, (name + "\n").encode())
-    os.replace(pointer, out / LATEST)
-    _fsync_dir(out)
+    fsync_dir(out)
+    write_atomic(out / LATEST, name + "\n")
     steps = sorted(p for p in out.glob("step-*") if p.is_dir() and p.name != name)
     for old in steps[: max(0, len(steps) - (keep - 1))]:
         shutil.rmtree(old, ignore_errors=True)
@@ -127,8 +96,6 @@ def read_checkpoint_info(path: str | Path) -> dict[str, Any]:
 
 def load_head(path: str | Path) -> tuple[Any, dict[str, Any]]:
     """(head in eval mode, checkpoint info) from a checkpoint folder or its parent ``OUT``."""
-    from safetensors.torch import load_file
-
     folder = checkpoint_dir(path)
     info = read_checkpoint_info(folder)
     config = HeadConfig.from_dict(info["head"])

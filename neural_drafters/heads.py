@@ -16,9 +16,11 @@ Every head reads the target's top hidden states and decodes through the target's
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
 from torch import nn
 
 from neural_drafters.config import HeadConfig
@@ -150,10 +152,6 @@ class TargetParts:
     @classmethod
     def from_folder(cls, folder: str, d2t: torch.Tensor) -> TargetParts:
         """Read only the needed tensors from a safetensors model folder (no model is built)."""
-        from pathlib import Path
-
-        from safetensors import safe_open
-
         files = sorted(Path(folder).glob("*.safetensors"))
         if not files:
             raise FileNotFoundError(f"no .safetensors files in the target folder {folder!r}")

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
 
 from neural_drafters.config import HeadConfig
 from neural_drafters.heads import MTPHead
@@ -44,8 +45,6 @@ _UNSUPPORTED = ("q_a_proj", "kv_a_proj_with_mqa", "kv_b_proj", "experts", "mlp.g
 
 def _tensor_index(folder: Path) -> dict[str, Path]:
     """Tensor name -> the safetensors file holding it."""
-    from safetensors import safe_open
-
     index: dict[str, Path] = {}
     for path in sorted(folder.glob("*.safetensors")):
         with safe_open(str(path), framework="pt") as fh:
@@ -74,8 +73,6 @@ def find_mtp_layout(folder: str | Path) -> tuple[str, list[str]] | None:
 
 def load_mtp_head(folder: str | Path, target_config: Any) -> MTPHead:
     """The target's own MTP modules as an ``MTPHead`` (full vocabulary, pre-norm inputs)."""
-    from safetensors import safe_open
-
     folder = Path(folder)
     found = find_mtp_layout(folder)
     if found is None:

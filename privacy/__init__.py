@@ -17,16 +17,10 @@ from privacy.errors import (
     TenantExistsError,
     UnknownTenantError,
 )
-from privacy.history import (
-    DeletionReport,
-    HistoryStore,
-    KeyStatus,
-    RotationReport,
-    TenantKeyStatus,
-    TrajectoryRef,
-)
+from privacy.history import DeletionReport, HistoryStore, KeyStatus, TenantKeyStatus, TrajectoryRef
 from privacy.keyring import MasterKeyring
 from privacy.records import CorpusInfo, IndexSnapshot, Trajectory, TrajectoryRecord
+from privacy.rotation import RotationReport
 from privacy.tenants import AdminPrincipal, ApiKeyInfo, IssuedKey, Progress, Tenant, TenantId
 from privacy.transfer import ExportReport, ImportReport
 

@@ -28,6 +28,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from privacy.bootstrap import open_store
 from privacy.config import StoreConfig
 from privacy.errors import PrivacyError
 from privacy.tenants import Progress, TenantId
@@ -118,8 +119,6 @@ def _progress(p: Progress) -> None:
 
 def run(args: argparse.Namespace, env: dict[str, str] | None = None) -> int:
     """Run one parsed command against the store ``args``/``env`` name; returns the exit code."""
-    from privacy.bootstrap import open_store
-
     env = dict(os.environ) if env is None else env
     store = open_store(_config(args, env), env=env)
     try:

@@ -67,13 +67,13 @@ class BlobRecords:
         n = (len(body) + size - 1) // size
         head = dict(head, body_bytes=len(body), num_chunks=n)
         with tk.gate.shared():
-            sealed_head = self.keychain.seal(tk, kind, _blob_rid(tag, blob_id, 0, 0), json.dumps(head).encode())
-            chunks = [self.keychain.seal(tk, kind, _blob_rid(tag, blob_id, i + 1, n), body[i * size:(i + 1) * size])
+            sealed_head = self.keychain.seal(tk, kind, blob_record_id(tag, blob_id, 0, 0), json.dumps(head).encode())
+            chunks = [self.keychain.seal(tk, kind, blob_record_id(tag, blob_id, i + 1, n), body[i * size:(i + 1) * size])
                       for i in range(n)]
             self.storage.blob_put(tk.tenant.value, kind, tag, blob_id, sealed_head, chunks)
 
     def _blob_head(self, tk: TenantKeys, kind: str, blob: StoredBlob) -> dict[str, Any]:
-        return json.loads(self._open(tk, kind, _blob_rid(blob.tag, blob.blob_id, 0, 0), blob.head))
+        return json.loads(self._open(tk, kind, blob_record_id(blob.tag, blob.blob_id, 0, 0), blob.head))
 
     def _get_blob(self, tk: TenantKeys, kind: str, tag: bytes) -> tuple[dict[str, Any], bytes] | None:
         blob = self.storage.blob_get(tk.tenant.value, kind, tag)
@@ -84,7 +84,7 @@ class BlobRecords:
         n = head["num_chunks"]
         if len(chunks) != n:
             raise IntegrityError(f"tenant {tk.tenant.value}: {kind} blob has {len(chunks)} chunks, its head says {n}")
-        body = b"".join(self._open(tk, kind, _blob_rid(tag, blob.blob_id, i + 1, n), c) for i, c in enumerate(chunks))
+        body = b"".join(self._open(tk, kind, blob_record_id(tag, blob.blob_id, i + 1, n), c) for i, c in enumerate(chunks))
         if len(body) != head["body_bytes"]:
             raise IntegrityError(f"tenant {tk.tenant.value}: {kind} blob is {len(body)} bytes, its head says {head['body_bytes']}")
         return head, body
@@ -194,6 +194,6 @@ class BlobRecords:
         return self.storage.blob_delete(tenant.value, KIND_HIDDEN, tk.tag(KIND_HIDDEN, key))
 
 
-def _blob_rid(tag: bytes, blob_id: bytes, index: int, num_chunks: int) -> bytes:
+def blob_record_id(tag: bytes, blob_id: bytes, index: int, num_chunks: int) -> bytes:
     """Record id of a blob's head (index 0) or chunk: binds the blob, its position and chunk count."""
     return tag + blob_id + struct.pack(">II", index, num_chunks)

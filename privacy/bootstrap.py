@@ -16,6 +16,7 @@ from privacy.errors import MasterKeyError
 from privacy.history import HistoryStore
 from privacy.keychain import CHECK_PREFIX
 from privacy.keyring import MasterKeyring, generate_keyring, load_keyring, write_secret_file
+from privacy.sqlite_storage import SqliteStorage
 from privacy.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -24,10 +25,9 @@ log = logging.getLogger(__name__)
 def open_storage(config: StoreConfig) -> Storage:
     """The backend ``config`` names (no keys involved)."""
     if config.backend == "redis":
-        from privacy.redis_storage import RedisStorage
+        from privacy.redis_storage import RedisStorage  # the Redis client loads only when Redis is configured
 
         return RedisStorage(config.redis)
-    from privacy.sqlite_storage import SqliteStorage
 
     return SqliteStorage(config.sqlite)
 

@@ -70,18 +70,13 @@ def stream_position(cursor: str) -> tuple[int, int]:
 @dataclass(frozen=True, slots=True)
 class FeedEvent:
     """One feed entry: ``id`` (its feed position), ``kind`` (``EVENT_KINDS``), the tenant id, the stream
-    ``cursor`` the event reaches (appends), the ``origin`` replica, and ``time_ms`` (Redis's clock when
-    published, from the id)."""
+    ``cursor`` the event reaches (appends) and the ``origin`` replica."""
 
     id: str
     kind: str
     tenant: str
     cursor: str
     origin: str
-
-    @property
-    def time_ms(self) -> int:
-        return int(self.id.split("-")[0])
 
 
 class ChangeFeed:

@@ -20,18 +20,28 @@ import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
 
 from privacy import credentials as creds
-from privacy import envelope
+from privacy import envelope, rotation, transfer
 from privacy.blobs import BLOB_KINDS, KIND_CORPUS, KIND_HIDDEN, KIND_SNAPSHOT, BlobRecords
 from privacy.config import StoreConfig
 from privacy.errors import AuthenticationError, IntegrityError, UnknownTenantError
-from privacy.keychain import Keychain, TenantKeys
+from privacy.keychain import Keychain, TenantKeys, dek_version
 from privacy.keyring import MasterKeyring
-from privacy.records import Trajectory, TrajectoryRecord, as_token_ids, decode_trajectory, encode_trajectory
+from privacy.records import (
+    KIND_TENANT,
+    KIND_TRAJECTORY,
+    TENANT_RECORD_ID,
+    Trajectory,
+    TrajectoryRecord,
+    as_token_ids,
+    decode_trajectory,
+    encode_trajectory,
+)
+from privacy.rotation import RotationReport
 from privacy.storage import CredentialRow, Storage, TenantRow
 from privacy.tenants import (
     AdminPrincipal,
@@ -48,9 +58,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-KIND_TENANT = "tenant"
-KIND_TRAJECTORY = "trajectory"
-_TENANT_RECORD_ID = b"tenant-info"
 _DUMMY_DIGEST = bytes(32)
 __all__ = ["BLOB_KINDS", "KIND_CORPUS", "KIND_HIDDEN", "KIND_SNAPSHOT", "KIND_TENANT", "KIND_TRAJECTORY",
            "DeletionReport", "HistoryStore", "KeyStatus", "RotationReport", "TenantKeyStatus", "TrajectoryRef"]
@@ -96,14 +103,6 @@ class KeyStatus:
     tenants: tuple[TenantKeyStatus, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class RotationReport:
-    """``version``: the new key version; ``num_records``: records re-encrypted or keys re-wrapped."""
-
-    version: int
-    num_records: int
-
-
 class HistoryStore(BlobRecords):
     """Tenants, credentials and their sealed history over one ``Storage`` backend. Thread-safe."""
 
@@ -145,7 +144,7 @@ class HistoryStore(BlobRecords):
 
     def _seal_info(self, tk: TenantKeys, name: str, created: float) -> bytes:
         body = json.dumps({"name": name, "created_at": created}).encode()
-        aad = envelope.record_aad(tk.tenant.raw, KIND_TENANT, _TENANT_RECORD_ID, tk.current)
+        aad = envelope.record_aad(tk.tenant.raw, KIND_TENANT, TENANT_RECORD_ID, tk.current)
         return envelope.seal(tk.ciphers[tk.current], tk.current, aad, body)
 
     def get_tenant(self, tenant: TenantId) -> Tenant:
@@ -154,7 +153,7 @@ class HistoryStore(BlobRecords):
         row = self.storage.tenant_get(tenant.value)
         if row is None:
             raise UnknownTenantError(f"no tenant {tenant.value}")
-        info = json.loads(self._open(tk, KIND_TENANT, _TENANT_RECORD_ID, row.info))
+        info = json.loads(self._open(tk, KIND_TENANT, TENANT_RECORD_ID, row.info))
         return Tenant(tenant, info["name"], info["created_at"], row.dek_version)
 
     def find_tenant(self, name: str) -> Tenant | None:
@@ -361,8 +360,6 @@ class HistoryStore(BlobRecords):
     # ---------------------------------------------------------------- keys, export (privacy.rotation/transfer)
     def key_status(self) -> KeyStatus:
         """Master key versions and, per tenant, its data key versions and encryption count."""
-        from privacy.keychain import dek_version
-
         tenants = []
         for tid in self.storage.tenant_ids():
             row = self.storage.tenant_get(tid)
@@ -379,27 +376,19 @@ class HistoryStore(BlobRecords):
 
     def rotate_data_key(self, tenant: TenantId, progress: ProgressCallback | None = None) -> RotationReport:
         """New data key version for ``tenant``; re-encrypt its records; destroy the old versions."""
-        from privacy.rotation import rotate_data_key
-
-        return rotate_data_key(self, tenant, progress)
+        return rotation.rotate_data_key(self, tenant, progress)
 
     def rotate_master_key(self, progress: ProgressCallback | None = None, retire_old: bool = True) -> RotationReport:
         """Re-wrap every data key under a new master key version (data is not re-encrypted)."""
-        from privacy.rotation import rotate_master_key
-
-        return rotate_master_key(self, progress, retire_old)
+        return rotation.rotate_master_key(self, progress, retire_old)
 
     def export_tenant(self, tenant: TenantId, sink: BinaryIO, *, password: str | None = None,
-                      key: bytes | None = None, progress: ProgressCallback | None = None) -> Any:
+                      key: bytes | None = None, progress: ProgressCallback | None = None) -> transfer.ExportReport:
         """Write the tenant's history as a sealed export file (see ``privacy.transfer``)."""
-        from privacy.transfer import export_tenant
-
-        return export_tenant(self, tenant, sink, password=password, key=key, progress=progress)
+        return transfer.export_tenant(self, tenant, sink, password=password, key=key, progress=progress)
 
     def import_tenant(self, source: BinaryIO, *, password: str | None = None, key: bytes | None = None,
                       into: TenantId | None = None, name: str | None = None,
-                      progress: ProgressCallback | None = None) -> Any:
+                      progress: ProgressCallback | None = None) -> transfer.ImportReport:
         """Read a sealed export file into a new tenant (``name``) or an existing one (``into``)."""
-        from privacy.transfer import import_tenant
-
-        return import_tenant(self, source, password=password, key=key, into=into, name=name, progress=progress)
+        return transfer.import_tenant(self, source, password=password, key=key, into=into, name=name, progress=progress)

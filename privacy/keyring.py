@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from fileio import fsync_dir, write_atomic
 from privacy.errors import MasterKeyError
 
 log = logging.getLogger(__name__)
@@ -68,10 +69,6 @@ class MasterKeyring:
             if v == version:
                 return k
         raise MasterKeyError(f"master key version {version} is not in {self.source} (it has {self.versions})")
-
-    def has(self, version: int) -> bool:
-        """True if ``version`` is held."""
-        return any(v == version for v, _ in self.keys)
 
     def with_new_version(self) -> MasterKeyring:
         """This keyring plus a random key one version above the primary (not saved)."""
@@ -145,28 +142,15 @@ def load_keyring(key_file: Path, env: Mapping[str, str] | None = None, env_name:
 
 
 def write_secret_file(path: Path, data: bytes, exclusive: bool = False) -> None:
-    """Write ``data`` to ``path`` with 0600 permissions, atomically (temp file, fsync, rename)."""
+    """Write ``data`` to ``path`` with 0600 permissions, durably: replacing it atomically, or with
+    ``exclusive`` creating it (``FileExistsError`` when it exists)."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    if exclusive:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-    else:
-        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    if not exclusive:
+        write_atomic(path, data, mode=0o600)
+        return
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    fsync_dir(path.parent)

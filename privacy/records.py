@@ -16,6 +16,10 @@ import numpy as np
 
 from privacy.errors import IntegrityError
 
+KIND_TENANT = "tenant"  # the sealed tenant record (its name and settings)
+KIND_TRAJECTORY = "trajectory"
+TENANT_RECORD_ID = b"tenant-info"  # the tenant record's id in its associated data
+
 _MAX_TOKEN_ID = 2**31 - 1
 _MAX_SESSION_ID_BYTES = 4096
 _TRAJ_VERSION = 1

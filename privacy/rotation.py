@@ -15,18 +15,29 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from privacy import envelope
+from privacy.blobs import BLOB_KINDS, blob_record_id
 from privacy.errors import MasterKeyError
 from privacy.keychain import CHECK_PREFIX, SYSTEM_KEY_PREFIX, TenantKeys
+from privacy.records import KIND_TENANT, KIND_TRAJECTORY, TENANT_RECORD_ID
 from privacy.tenants import Progress, ProgressCallback, TenantId
 
-if TYPE_CHECKING:
-    from privacy.history import HistoryStore, RotationReport
+if TYPE_CHECKING:  # annotations only: the store calls these functions (HistoryStore.rotate_*)
+    from privacy.history import HistoryStore
 
 log = logging.getLogger(__name__)
 _BATCH = 256
+
+
+@dataclass(frozen=True, slots=True)
+class RotationReport:
+    """``version``: the new key version; ``num_records``: records re-encrypted or keys re-wrapped."""
+
+    version: int
+    num_records: int
 
 
 def _report(progress: ProgressCallback | None, phase: str, done: int, total: int, unit: str) -> None:
@@ -36,9 +47,6 @@ def _report(progress: ProgressCallback | None, phase: str, done: int, total: int
 
 def rotate_data_key(store: HistoryStore, tenant: TenantId, progress: ProgressCallback | None = None) -> RotationReport:
     """See ``HistoryStore.rotate_data_key`` and the module docstring."""
-    from privacy.blobs import BLOB_KINDS
-    from privacy.history import _TENANT_RECORD_ID, KIND_TENANT, RotationReport
-
     kc, storage = store.keychain, store.storage
     tk = kc.tenant_keys(tenant)
     new = kc.add_data_key_version(tk)  # new writes use it from here on
@@ -53,8 +61,8 @@ def rotate_data_key(store: HistoryStore, tenant: TenantId, progress: ProgressCal
         done += moved + _reencrypt_blobs(store, tk, new, BLOB_KINDS)
         row = storage.tenant_get(tenant.value)
         assert row is not None
-        info = store._open(tk, KIND_TENANT, _TENANT_RECORD_ID, row.info)
-        aad = envelope.record_aad(tenant.raw, KIND_TENANT, _TENANT_RECORD_ID, new)
+        info = store._open(tk, KIND_TENANT, TENANT_RECORD_ID, row.info)
+        aad = envelope.record_aad(tenant.raw, KIND_TENANT, TENANT_RECORD_ID, new)
         storage.tenant_update(tenant.value, info=envelope.seal(tk.ciphers[new], new, aad, info))
         kc.drop_data_key_versions(tk, old)
     _report(progress, "re-encrypt", done, done, "records")
@@ -66,8 +74,6 @@ def rotate_data_key(store: HistoryStore, tenant: TenantId, progress: ProgressCal
 def _reencrypt_trajectories(store: HistoryStore, tk: TenantKeys, new: int, cursor: str | None,
                             progress: ProgressCallback | None, done: int, total: int) -> tuple[int, str | None]:
     """Re-seal every trajectory after ``cursor`` not under ``new``; returns (count, last cursor seen)."""
-    from privacy.history import KIND_TRAJECTORY
-
     moved = 0
     while True:
         rows = store.storage.traj_scan(tk.tenant.value, cursor, _BATCH)
@@ -87,20 +93,18 @@ def _reencrypt_trajectories(store: HistoryStore, tk: TenantKeys, new: int, curso
 
 
 def _reencrypt_blobs(store: HistoryStore, tk: TenantKeys, new: int, kinds: tuple[str, ...]) -> int:
-    from privacy.blobs import _blob_rid
-
     moved = 0
     for kind in kinds:
         for listed in store.storage.blob_list(tk.tenant.value, kind):
             blob = store.storage.blob_get(tk.tenant.value, kind, listed.tag)
             if blob is None or envelope.sealed_version(blob.head, kind) == new:
                 continue
-            head_rid = _blob_rid(blob.tag, blob.blob_id, 0, 0)
+            head_rid = blob_record_id(blob.tag, blob.blob_id, 0, 0)
             head = store._open(tk, kind, head_rid, blob.head)
             n = len(blob.chunks or [])
             chunks = []
             for i, c in enumerate(blob.chunks or []):
-                rid = _blob_rid(blob.tag, blob.blob_id, i + 1, n)
+                rid = blob_record_id(blob.tag, blob.blob_id, i + 1, n)
                 chunks.append(store.keychain.seal(tk, kind, rid, store._open(tk, kind, rid, c)))
             store.storage.blob_put(tk.tenant.value, kind, blob.tag, blob.blob_id,
                                    store.keychain.seal(tk, kind, head_rid, head), chunks)
@@ -112,8 +116,6 @@ def rotate_master_key(store: HistoryStore, progress: ProgressCallback | None = N
                       retire_old: bool = True) -> RotationReport:
     """See ``HistoryStore.rotate_master_key`` and the module docstring. A keyring from a file gets a new
     version written first; one from the environment must already hold the new version as primary."""
-    from privacy.history import RotationReport
-
     kc, storage = store.keychain, store.storage
     ring = kc.keyring
     if ring.path is not None:

@@ -29,6 +29,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
 
+from privacy.blobs import BLOB_KINDS
 from privacy.errors import IntegrityError
 from privacy.records import (
     Trajectory,
@@ -39,7 +40,7 @@ from privacy.records import (
 )
 from privacy.tenants import Progress, ProgressCallback, Tenant, TenantId
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # annotations only: the store calls these functions (HistoryStore.export_tenant, ...)
     from privacy.history import HistoryStore
 
 MAGIC = b"REPRISE-EXPORT\x00\x01"
@@ -130,8 +131,6 @@ def _split_lp(buf: bytes, pos: int) -> tuple[bytes, int]:
 def export_tenant(store: HistoryStore, tenant: TenantId, sink: BinaryIO, *, password: str | None = None,
                   key: bytes | None = None, progress: ProgressCallback | None = None) -> ExportReport:
     """Write ``tenant``'s history to ``sink`` (a binary file object) as a sealed export."""
-    from privacy.blobs import BLOB_KINDS
-
     _check_secret(password, key)
     info = store.get_tenant(tenant)
     tk = store.keychain.tenant_keys(tenant)

@@ -1,6 +1,6 @@
-"""replay_traces: offline measurement of drafters on recorded agent traffic (../shared/DESIGN.md).
+"""replay_traces: offline measurement of drafters on recorded agent traffic (docs/replay.md).
 
-- ``traces``: reading trace files (../shared/traces/FORMAT.md) into ``Call`` records
+- ``traces``: reading trace files (docs/replay.md, "Traces") into ``Call`` records
 - ``tokenizer``: the canonical cl100k_base prompt/response tokenization, cached per message
 - ``replay``: the canonical replay engine (propose, greedy verify, commit, record) and its ``ReplayReport``
 - ``oracle``: the copy-limit oracle, the ceiling of every retrieval drafter

@@ -1,4 +1,4 @@
-"""The copy-limit oracle of ../shared/traces/FORMAT.md: the ceiling of every retrieval drafter.
+"""The copy-limit oracle (docs/replay.md): the ceiling of every retrieval drafter.
 
 At every step it drafts the longest continuation of the *recorded* response (up to ``max_len`` = 32
 tokens) that occurs anywhere in what a retrieval drafter may see: the tenant's earlier prompts and

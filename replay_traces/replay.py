@@ -1,4 +1,4 @@
-"""The canonical replay of ../shared/traces/FORMAT.md: drafting simulated against recorded responses.
+"""The canonical replay (docs/replay.md): drafting simulated against recorded responses.
 
 For every call of a file, in file order, through one fresh ``Proposer`` per file::
 

@@ -1,4 +1,4 @@
-"""The canonical replay tokenization of ../shared/traces/FORMAT.md.
+"""The canonical replay tokenization (docs/replay.md).
 
 Prompt tokens are the concatenation, over the prompt's messages, of
 ``encode(f"<|{role}|>\\n{content}\\n")``, followed by ``encode("<|assistant|>\\n")``; response tokens are
@@ -23,7 +23,9 @@ ASSISTANT_HEADER = "<|assistant|>\n"
 
 
 def _bpe_openai():
-    # bpe_openai loads its tables with a deprecated importlib call (on import and on first use).
+    # Imported on first use: loading its tables takes about a second, which ``reprise --help`` (it imports
+    # this module) must not pay; and it loads them with a deprecated importlib call (on import and on
+    # first use), whose warning is silenced here.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         import bpe_openai

@@ -1,10 +1,9 @@
-"""Reading agent trace files (../shared/traces/FORMAT.md): one ``Call`` per recorded LLM call.
+"""Reading agent trace files (docs/replay.md, "Traces"): one ``Call`` per recorded LLM call.
 
 A line is ``{"tenant": str, "session": str, "messages": [{"role": str, "content": str}, ...],
 "calls": [int, ...]}``; every assistant message listed in ``calls`` (every assistant message when
 ``calls`` is absent) is a call whose prompt is the messages before it. Files are gzip (recognised by
-their magic bytes, whatever their name) or plain UTF-8 text. Calls with an empty response are skipped,
-as FORMAT.md says.
+their magic bytes, whatever their name) or plain UTF-8 text. Calls with an empty response are skipped.
 """
 
 from __future__ import annotations
@@ -16,6 +15,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
+
+#: Where the project's trace files are kept: the ``shared/traces`` folder beside the checkout. They are
+#: third-party recordings, not part of the repository; the benchmarks default to files there and the
+#: tests that need them skip when the folder is absent.
+TRACES_DIR = Path(__file__).resolve().parents[2] / "shared" / "traces"
 
 _GZIP_MAGIC = b"\x1f\x8b"
 _MAX_KEPT_ERRORS = 20

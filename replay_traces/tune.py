@@ -10,8 +10,10 @@ from the fields named in the grid, so fields added later can be swept without ch
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import itertools
+import multiprocessing
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +26,7 @@ from retrieval.config import DraftingConfig
 from retrieval.session import Proposer
 
 # Default sweep over the full proposer's knobs: draft budget x path-probability pruning x back-off
-# levels x skip cursors (24 settings). Fields that no longer exist in DraftingConfig are left out; the
+# levels x skip cursors (24 settings). A config class without one of these fields sweeps the others; the
 # SuffixDecoding anchor's own knobs (max_spec_factor, min_token_prob) can be swept with --grid.
 DEFAULT_GRID: dict[str, tuple[Any, ...]] = {
     "max_draft_tokens": (8, 16, 32),
@@ -257,9 +259,6 @@ def _sweep_in_workers(
     result_of: Callable[[DraftingConfig, Sequence[ReplayReport]], TuneResult],
     on_result: Callable[[int, TuneResult], None] | None,
 ) -> list[TuneResult]:
-    import concurrent.futures
-    import multiprocessing
-
     # spawn, not fork: the parent may hold threads (a progress bar's monitor, BLAS pools) whose locks a
     # forked child would inherit held.
     context = multiprocessing.get_context("spawn")

@@ -11,44 +11,19 @@ import base64
 import html
 import io
 import json
-import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from fileio import write_atomic
 from replay_traces.tune import TuneResult, setting_label
 
 _MAX_CURVES = 8  # acceptance-by-position curves drawn (the best settings by estimated speedup)
 
 
-def _umask() -> int:
-    current = os.umask(0)
-    os.umask(current)
-    return current
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            os.fchmod(fh.fileno(), 0o666 & ~_umask())  # mkstemp makes 0600; give the usual mode
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-
-
 def write_json(path: Path, payload: Mapping[str, Any]) -> None:
     """Write ``payload`` as indented JSON, atomically."""
-    _atomic_write(path, (json.dumps(payload, indent=2) + "\n").encode("utf-8"))
+    write_atomic(path, (json.dumps(payload, indent=2) + "\n").encode("utf-8"))
 
 
 def _short(label: str, width: int = 60) -> str:
@@ -59,7 +34,7 @@ def _short(label: str, width: int = 60) -> str:
 
 def render_png(results: Sequence[TuneResult], best: TuneResult, title: str) -> bytes:
     """The sweep as a PNG (matplotlib, Agg backend): tau, estimated speedup, acceptance by position."""
-    import matplotlib
+    import matplotlib  # imported here: slow to load (reprise --help imports this module), backend first
 
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
@@ -169,6 +144,6 @@ def write_report(out_dir: Path, results: Sequence[TuneResult], best: TuneResult,
     """Write ``tune.png`` and ``tune.html`` into ``out_dir``; returns their paths."""
     png = render_png(results, best, title)
     png_path, html_path = out_dir / "tune.png", out_dir / "tune.html"
-    _atomic_write(png_path, png)
-    _atomic_write(html_path, render_html(results, best, png, title=title, details=details).encode("utf-8"))
+    write_atomic(png_path, png)
+    write_atomic(html_path, render_html(results, best, png, title=title, details=details).encode("utf-8"))
     return png_path, html_path

@@ -1,47 +1,25 @@
 """The `reprise` command line.
 
 Each subcommand lives in its own module under ``reprise.commands`` and exposes
-``add_parser(subparsers) -> None`` (argument definitions only, no heavy imports) and sets
-``func=run`` on its parser. Heavy imports (torch, grpc, transformers) happen inside ``run`` so that
-``reprise --help`` stays fast.
+``add_parser(subparsers) -> None`` (argument definitions only) and sets ``func=run`` on its parser; the
+benchmarks (``reprise.benchmarks``) likewise. ``reprise --help`` imports every one of these modules, so
+they import torch, transformers, grpc and the project modules that pull them in (the engine, the
+service, the model loaders, the clients) inside the functions that run the command, never at module
+top: that is what keeps ``reprise --help`` fast. Errors the user can fix are ``CliError``
+(``reprise.arguments``): one line on stderr, no traceback.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import sys
 
+from reprise.arguments import CliError
+from reprise.commands import bench, index, replay, serve, tenant, train_drafter, tune
+
 # Order is the order shown by --help.
-COMMAND_MODULES = (
-    "serve",
-    "replay",
-    "tune",
-    "bench",
-    "tenant",
-    "index",
-    "train_drafter",
-)
-
-
-def positive_int(text: str) -> int:
-    """argparse type of counts and sizes: an integer >= 1, else a usage error naming the value."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
-class CliError(Exception):
-    """An error to report on stderr with a non-zero exit code and no traceback."""
-
-    def __init__(self, message: str, exit_code: int = 2) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
+COMMAND_MODULES = (serve, replay, tune, bench, tenant, index, train_drafter)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,13 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging on stderr (-vv: debug)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(f"reprise.commands.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name == f"reprise.commands.{name}":
-                continue  # not built yet
-            raise
+    for module in COMMAND_MODULES:
         module.add_parser(sub)
     return parser
 

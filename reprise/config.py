@@ -18,6 +18,7 @@ came from (flag, environment variable or file).
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 import types
@@ -32,6 +33,8 @@ from reprise.cluster.config import ClusterConfig
 from retrieval.config import DraftingConfig
 
 ENV_PREFIX = "REPRISE_"
+ENGINES = ("transformers", "vllm")
+_SHORT_FLAGS = {"model.engine": "engine"}  # settings whose flag drops the section name
 MiB = 1024 * 1024
 
 
@@ -134,8 +137,18 @@ class ModelConfig:
         "start with the same tokens (least recently used blocks go first); 0 turns prefix reuse off"))
     drafter: str = field(default="", metadata=_help(
         "proposer name from the retrieval registry; empty = the full Reprise proposer"))
+    engine: str = field(default="transformers", metadata=_help(
+        "what decodes: transformers (Reprise's own engine, tree verification) or vllm (vLLM's engine with "
+        "Reprise's proposer; needs the vllm extra, docs/vllm.md)"))
+    tensor_parallel_size: int = field(default=1, metadata=_help(
+        "engine vllm: GPUs one model is split across (tensor parallel)"))
 
     def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise ValueError(f"model.engine must be {' or '.join(ENGINES)}, got {self.engine!r}")
+        if self.tensor_parallel_size != 1 and self.engine != "vllm":
+            raise ValueError(f"model.tensor_parallel_size {self.tensor_parallel_size} needs model.engine vllm")
+        _positive("model.tensor_parallel_size", self.tensor_parallel_size)
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"model.dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
         if not (self.device == "cpu" or self.device == "cuda" or self.device.startswith("cuda:")):
@@ -184,6 +197,9 @@ class ServiceConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.home, Path):
             object.__setattr__(self, "home", Path(self.home).expanduser())
+        if self.cluster.enabled and self.model.engine == "vllm":
+            raise ValueError("cluster.enabled: replicas run on the transformers engine; model.engine \"vllm\" "
+                             "serves one replica (tensor parallel within it)")
         if self.cluster.enabled and self.store.backend != "redis":
             raise ValueError(f"cluster.enabled: replicas share history through Redis; set store.backend = "
                              f"\"redis\" (got {self.store.backend!r})")
@@ -298,7 +314,7 @@ def _base_type(kind: Any) -> type:
 
 def read_toml(path: Path) -> dict[str, Any]:
     """Settings from a TOML file as ``{"section.field": value}``; unknown keys are an error naming them."""
-    import tomllib
+    import tomllib  # standard library from Python 3.11: on 3.10 only reading a TOML file needs it
 
     try:
         data = tomllib.loads(path.read_text())
@@ -383,6 +399,8 @@ def load_config(
 def flag_name(key: str) -> str:
     """``server.grpc_port`` -> ``grpc-port`` (the server section is bare); ``drafting.max_depth`` ->
     ``drafting-max-depth``."""
+    if key in _SHORT_FLAGS:
+        return _SHORT_FLAGS[key]
     section, _, name = key.rpartition(".")
     if section in ("", "server"):
         return name.replace("_", "-")
@@ -391,8 +409,6 @@ def flag_name(key: str) -> str:
 
 def add_config_arguments(parser: Any) -> None:
     """One flag per setting, each with its help text, its default and its environment variable."""
-    import argparse
-
     parser.add_argument("--config", metavar="FILE", default=None,
                         help="TOML config file (default: $REPRISE_CONFIG, else $REPRISE_HOME/reprise.toml if present)")
     defaults = ServiceConfig(home=Path("~/.reprise"))

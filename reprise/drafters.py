@@ -1,13 +1,11 @@
 """Every drafter the application can run, by name: the retrieval proposers (``retrieval.registry``)
 and the neural ones (``neural_drafters.proposers``: the trained head, hidden-state reuse, the hybrid).
 
-The neural factories import torch, so they are imported only when one of them is made: listing names
-(``--help``, config validation) stays fast.
+The neural factories import torch, so ``neural_drafters.proposers`` is imported only when one of them is
+made: listing names (``--help``, config validation) stays fast.
 """
 
 from __future__ import annotations
-
-import importlib
 
 from retrieval import registry
 from retrieval.config import DraftingConfig
@@ -41,7 +39,9 @@ def describe_proposers() -> dict[str, str]:
 def make_proposer(name: str, config: DraftingConfig | None = None) -> Proposer:
     """A fresh proposer of the named kind; unknown names raise ``ValueError`` listing the known ones."""
     if name in NEURAL:
-        factory = getattr(importlib.import_module("neural_drafters.proposers"), NEURAL[name][0])
+        from neural_drafters import proposers  # torch: see the module docstring
+
+        factory = getattr(proposers, NEURAL[name][0])
         return factory(config if config is not None else DraftingConfig())
     if name not in registry.proposer_names():
         raise ValueError(f"unknown drafter {name!r}; known: {', '.join(proposer_names())}")

@@ -3,6 +3,5 @@
 from __future__ import annotations
 
 from retrieval.draft_tree import DraftTree
-from retrieval.drafter import Drafter
 
-__all__ = ["DraftTree", "Drafter"]
+__all__ = ["DraftTree"]

@@ -1,4 +1,4 @@
-"""The draft tree that crosses from drafters to the verifier (../shared/DESIGN.md, Contracts)."""
+"""The draft tree that crosses from drafters to the verifier (docs/architecture.md, "Contracts")."""
 
 from __future__ import annotations
 

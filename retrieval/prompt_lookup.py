@@ -10,7 +10,7 @@ at most ``max_n - 1`` filters of the candidates), O(context) per step like vLLM.
 
 Defaults: ``min_n = max_n = 5`` are vLLM's when neither ``prompt_lookup_min`` nor ``prompt_lookup_max``
 is set; vLLM has no default for ``k`` (``num_speculative_tokens``), here it is the step's budget. The
-project baseline in the figures (../shared/traces/FORMAT.md, "prompt lookup (n 2-5)") is min_n 2,
+project baseline in the figures (docs/replay.md, "prompt lookup (n 2-5)") is min_n 2,
 max_n 5: that is the registry's ``prompt_lookup``; ``prompt_lookup_vllm`` keeps vLLM's 5-5.
 """
 
@@ -82,21 +82,6 @@ def chain_tree(token_ids: np.ndarray, source: str = SOURCE) -> DraftTree:
     return DraftTree(
         np.array(token_ids, dtype=np.int32), _CHAIN_PARENTS[:n], _ONES[:n], float(n), source
     )
-
-
-class PromptLookupDrafter:
-    """Stateless ``Drafter``: ``propose(context, budget)`` runs the n-gram lookup over ``context``."""
-
-    def __init__(self, min_n: int = VLLM_MIN_N, max_n: int = VLLM_MAX_N) -> None:
-        _check_n(min_n, max_n)
-        self.min_n = min_n
-        self.max_n = max_n
-
-    def propose(self, context: Sequence[int] | np.ndarray, budget: int) -> DraftTree:
-        ctx = np.asarray(context)
-        if ctx.ndim != 1:
-            raise ValueError(f"context must be 1-D, got shape {ctx.shape}")
-        return chain_tree(ngram_continuation(ctx, self.min_n, self.max_n, budget))
 
 
 class PromptLookupSession:

@@ -49,6 +49,7 @@ class RepriseSession:
 
     __slots__ = (
         "_cap",
+        "_chain",
         "_finished",
         "_learn",
         "_monitor",
@@ -72,20 +73,31 @@ class RepriseSession:
         config = owner.settings(tenant)[0]
         self._learn, self._cap = config.learn, config.max_draft_tokens
         self._finished = False
+        self._chain: DraftTree | None = None  # the path a chain verifier was sent, when not the whole tree
 
     def propose(self, budget: int) -> DraftTree:
         """A calibrated draft tree of at most ``budget`` nodes continuing the committed context."""
         if budget > 0:
             budget = self._monitor.budget(min(budget, self._cap))
+        self._chain = None
         if budget <= 0:
             return DraftTree.empty(SOURCE)
         return self._native.propose(budget)
+
+    def verify_only(self, chain: DraftTree) -> None:
+        """Only ``chain``, one path of the tree just proposed, is verified (``retrieval.chain``): the
+        acceptance monitor then weighs that path's expected count, not the tree's, against what was
+        accepted. Calibration still learns from the whole tree along the committed tokens."""
+        self._chain = chain
 
     def commit(self, verified: Verified) -> None:
         tokens = as_tokens(verified.token_ids, "token_ids")
         if len(tokens):
             expected, accepted = self._native.commit(tokens, as_tokens(verified.accepted, "accepted"),
                                                      verified.draft_verified, self._learn)
+            chain, self._chain = self._chain, None
+            if chain is not None and verified.draft_verified:
+                expected = chain.score
             if expected > 0:
                 self._monitor.observe(expected, accepted)
             self._output.append(tokens)

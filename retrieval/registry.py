@@ -49,6 +49,12 @@ _ENTRIES: dict[str, _Entry] = {
         SuffixDecodingProposer,
         "SuffixDecoding's semantics on Reprise's index (request or past responses, either-or): the anchor",
     ),
+    "suffixdecoding_vllm": _Entry(
+        lambda c: SuffixDecodingProposer(replace(c, max_depth=24, use_tree=False, max_spec_factor=1.0,
+                                                 max_spec_offset=0.0, min_token_prob=0.1)),
+        "SuffixDecoding as vLLM's `suffix` method runs it by default: depth 24, one path, spec factor 1.0, "
+        "min token prob 0.1 (the chain anchor)",
+    ),
     "prompt_lookup": _Entry(
         lambda c: PromptLookupProposer(min_n=2, max_n=5),
         "n-gram lookup over the request's own prompt and output, n 2-5 (the baseline in the figures)",

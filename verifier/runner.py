@@ -31,7 +31,14 @@ from verifier.kernels import compact_kv, triton_available
 from verifier.kv_cache import KVPool, StepCache
 from verifier.models import cache_keyword, check_supported
 from verifier.prefix_cache import DEFAULT_BLOCK_SIZE, Lease, PrefixCache
-from verifier.sampling import RowContext, SamplingParams, apply_processors, sample_rows, warp_probs
+from verifier.sampling import (
+    RowContext,
+    SamplingParams,
+    apply_processors,
+    apply_token_mask,
+    sample_rows,
+    warp_probs,
+)
 from verifier.tree import StepBatch, additive_mask, chain_batch, check_additive_mask, layout_tree, pack_steps
 
 BACKENDS = ("auto", "triton", "torch", "model")
@@ -44,12 +51,15 @@ class VerifyStep:
     ``q`` [T, V] is given only for drafts *sampled* from known draft distributions (row i: the
     distribution node i was drawn from); without it the tree is treated as deterministic (q one-hot).
     ``q_mode``: ``iid`` (SpecInfer) or ``without_replacement`` (Sequoia); see verifier/acceptance.py.
+    ``token_mask`` [1+T, ceil(V/32)] int32: the tokens each row may produce (a grammar's; bit j of word w
+    allows token 32w+j); the others are masked out of that row's logits before acceptance.
     """
 
     slot: int
     tree: DraftTree
     q: torch.Tensor | None = None
     q_mode: str = "iid"
+    token_mask: torch.Tensor | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,7 +312,8 @@ class ModelRunner:
     def _accept(self, steps, states, layouts, logits) -> list[tuple[np.ndarray, int]]:
         plain = [
             st.sampling.greedy and st.sampling.repetition_penalty == 1.0 and not self._suppressing(st)
-            for st in states
+            and step.token_mask is None
+            for step, st in zip(steps, states)
         ]
         argmax = (
             logits.argmax(dim=-1).cpu().numpy() if any(plain) else np.zeros((0, 0), np.int64)
@@ -316,6 +327,8 @@ class ModelRunner:
                 np.asarray(st.context), len(st.context) - st.num_prompt, st.min_new_tokens, st.suppress_ids
             )
             rows = apply_processors(logits[b, : lay.num_rows].clone(), st.sampling, ctx, lay)
+            if step.token_mask is not None:
+                rows = apply_token_mask(rows, step.token_mask)
             if st.sampling.greedy:
                 picks.append(acceptance.accept_by_targets(lay, rows.argmax(dim=-1).cpu().numpy()))
                 continue

@@ -85,6 +85,16 @@ def apply_processors(logits: torch.Tensor, params: SamplingParams, ctx: RowConte
     return logits
 
 
+def apply_token_mask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+    """Rows ``[R, V]`` with the tokens ``bitmask`` ``[R, ceil(V/32)]`` int32 forbids set to -inf (in place):
+    bit j of word w allows token 32w+j (xgrammar's layout)."""
+    num_rows, vocab = logits.shape
+    bits = torch.arange(32, dtype=torch.int32, device=logits.device)
+    words = bitmask[:num_rows].to(logits.device)
+    allowed = ((words.unsqueeze(-1) >> bits) & 1).bool().reshape(num_rows, -1)[:, :vocab]  # [R, V]
+    return logits.masked_fill_(~allowed, float("-inf"))
+
+
 def warp_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """Temperature, top-k, top-p (transformers semantics), then softmax: ``[R, V]`` -> probs ``[R, V]``."""
     scores = logits / params.temperature

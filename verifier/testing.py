@@ -9,6 +9,20 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+import torch
+from transformers import (
+    GenerationConfig,
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+from retrieval.draft_tree import DraftTree
+
 FAMILIES = ("llama", "qwen2", "gpt2")
 
 
@@ -16,16 +30,6 @@ def tiny_model(
     family: str = "llama", *, vocab_size: int = 256, seed: int = 0, init_range: float = 0.2
 ) -> Any:
     """A random ``{family}`` causal LM: vocab ``vocab_size``, d 64, 2 layers, 4 heads (2 KV heads)."""
-    import torch
-    from transformers import (
-        GPT2Config,
-        GPT2LMHeadModel,
-        LlamaConfig,
-        LlamaForCausalLM,
-        Qwen2Config,
-        Qwen2ForCausalLM,
-    )
-
     torch.manual_seed(seed)
     common: dict[str, Any] = {
         "vocab_size": vocab_size,
@@ -58,9 +62,6 @@ def tiny_model(
 
 def hf_greedy(model: Any, prompt: list[int], num_tokens: int, eos: bool = False) -> list[int]:
     """transformers ``generate`` greedy continuation of ``prompt`` (EOS ignored unless ``eos``)."""
-    import torch
-    from transformers import GenerationConfig
-
     config = GenerationConfig(do_sample=False, max_new_tokens=num_tokens, pad_token_id=0)
     if eos:
         config.eos_token_id = model.config.eos_token_id
@@ -75,8 +76,6 @@ def hf_greedy(model: Any, prompt: list[int], num_tokens: int, eos: bool = False)
 
 def full_logits(model: Any, ids: list[int]) -> Any:
     """Logits ``[len(ids), V]`` (fp32) of one plain forward pass without a cache."""
-    import torch
-
     with torch.inference_mode():
         return model(torch.tensor([ids], device=model.device)).logits[0].float()
 
@@ -85,10 +84,6 @@ def random_tree(rng: Any, truth: list[int], num_nodes: int, vocab: int, p_right:
     """A random draft tree whose nodes follow ``truth`` (the true continuation) with probability
     ``p_right`` while their path is still on it, and are random tokens otherwise: right, wrong and
     mixed drafts in one generator."""
-    import numpy as np
-
-    from retrieval.draft_tree import DraftTree
-
     parents: list[int] = []
     tokens: list[int] = []
     on_truth: list[int] = []  # depth along the truth, or -1 once off it
@@ -110,8 +105,6 @@ def random_tree(rng: Any, truth: list[int], num_nodes: int, vocab: int, p_right:
 def chi_square(counts: Any, probs: Any, min_expected: float = 5.0) -> tuple[float, int]:
     """Pearson's statistic of observed ``counts`` against ``probs`` and its degrees of freedom; cells
     expected below ``min_expected`` are pooled into one. Cells with probability 0 must be empty."""
-    import numpy as np
-
     counts = np.asarray(counts, dtype=np.float64).ravel()
     probs = np.asarray(probs, dtype=np.float64).ravel()
     if np.any(counts[probs <= 0] > 0):

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from retrieval.draft_tree import DraftTree
 
@@ -139,8 +140,6 @@ def additive_mask(prefix_lens, tree_mask, kv_len: int, dtype):
 
     Float, never bool or int: a bool or int mask has given silently wrong logits under eager attention.
     """
-    import torch
-
     prefix_lens = torch.as_tensor(prefix_lens)
     tree_mask = torch.as_tensor(tree_mask, dtype=torch.bool)
     batch, q, _ = tree_mask.shape

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18grpc_api/v1/common.proto\x12\nreprise.v1\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"9\n\x0c\x43hatMessages\x12)\n\x08messages\x18\x01 \x03(\x0b\x32\x17.reprise.v1.ChatMessage\"D\n\x08Progress\x12\r\n\x05phase\x18\x01 \x01(\t\x12\x0c\n\x04\x64one\x18\x02 \x01(\x04\x12\r\n\x05total\x18\x03 \x01(\x04\x12\x0c\n\x04unit\x18\x04 \x01(\tb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18grpc_api/v1/common.proto\x12\nreprise.v1\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"z\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12(\n\ntool_calls\x18\x03 \x03(\x0b\x32\x14.reprise.v1.ToolCall\x12\x14\n\x0ctool_call_id\x18\x04 \x01(\t\x12\x0c\n\x04name\x18\x05 \x01(\t\"7\n\x08ToolCall\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x11\n\targuments\x18\x03 \x01(\t\"9\n\x0c\x43hatMessages\x12)\n\x08messages\x18\x01 \x03(\x0b\x32\x17.reprise.v1.ChatMessage\"D\n\x08Progress\x12\r\n\x05phase\x18\x01 \x01(\t\x12\x0c\n\x04\x64one\x18\x02 \x01(\x04\x12\r\n\x05total\x18\x03 \x01(\x04\x12\x0c\n\x04unit\x18\x04 \x01(\tb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,9 +34,11 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TOKENIDS']._serialized_start=40
   _globals['_TOKENIDS']._serialized_end=63
   _globals['_CHATMESSAGE']._serialized_start=65
-  _globals['_CHATMESSAGE']._serialized_end=109
-  _globals['_CHATMESSAGES']._serialized_start=111
-  _globals['_CHATMESSAGES']._serialized_end=168
-  _globals['_PROGRESS']._serialized_start=170
-  _globals['_PROGRESS']._serialized_end=238
+  _globals['_CHATMESSAGE']._serialized_end=187
+  _globals['_TOOLCALL']._serialized_start=189
+  _globals['_TOOLCALL']._serialized_end=244
+  _globals['_CHATMESSAGES']._serialized_start=246
+  _globals['_CHATMESSAGES']._serialized_end=303
+  _globals['_PROGRESS']._serialized_start=305
+  _globals['_PROGRESS']._serialized_end=373
 # @@protoc_insertion_point(module_scope)

@@ -25,45 +25,55 @@ _sym_db = _symbol_database.Default()
 from grpc_api.v1 import common_pb2 as grpc__api_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1agrpc_api/v1/decoding.proto\x12\nreprise.v1\x1a\x18grpc_api/v1/common.proto\"\xec\x02\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12&\n\x06tokens\x18\x03 \x01(\x0b\x32\x14.reprise.v1.TokenIdsH\x00\x12\x0e\n\x04text\x18\x04 \x01(\tH\x00\x12,\n\x08messages\x18\x05 \x01(\x0b\x32\x18.reprise.v1.ChatMessagesH\x00\x12,\n\x08sampling\x18\x06 \x01(\x0b\x32\x1a.reprise.v1.SamplingParams\x12.\n\x08stopping\x18\x07 \x01(\x0b\x32\x1c.reprise.v1.StoppingCriteria\x12\x15\n\rdo_not_record\x18\x08 \x01(\x08\x12\x30\n\x0bspeculation\x18\t \x01(\x0e\x32\x1b.reprise.v1.SpeculationMode\x12\x1b\n\x13stream_chunk_tokens\x18\n \x01(\rB\x07\n\x05input\"\xca\x01\n\x0eSamplingParams\x12\x18\n\x0btemperature\x18\x01 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\x05top_p\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_k\x18\x03 \x01(\x05H\x02\x88\x01\x01\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x03\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x05 \x01(\x02H\x04\x88\x01\x01\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x07\n\x05_seedB\x15\n\x13_repetition_penalty\"\xb8\x01\n\x10StoppingCriteria\x12\x1b\n\x0emax_new_tokens\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x16\n\x0emin_new_tokens\x18\x02 \x01(\r\x12\x0c\n\x04stop\x18\x03 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x04 \x03(\x05\x12\x12\n\nignore_eos\x18\x05 \x01(\x08\x12\"\n\x1ainclude_stop_str_in_output\x18\x06 \x01(\x08\x42\x11\n\x0f_max_new_tokens\"\x82\x01\n\x16GenerateStreamResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\"\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x11.reprise.v1.ChunkH\x00\x12(\n\x08\x63omplete\x18\x03 \x01(\x0b\x32\x14.reprise.v1.CompleteH\x00\x42\x06\n\x04kind\"(\n\x05\x43hunk\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x0c\n\x04text\x18\x02 \x01(\t\"\x9a\x01\n\x08\x43omplete\x12/\n\rfinish_reason\x18\x01 \x01(\x0e\x32\x18.reprise.v1.FinishReason\x12\x12\n\x08stop_str\x18\x02 \x01(\tH\x00\x12\x17\n\rstop_token_id\x18\x03 \x01(\x05H\x00\x12 \n\x05usage\x18\x04 \x01(\x0b\x32\x11.reprise.v1.UsageB\x0e\n\x0cmatched_stop\"f\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x14\n\x0ctotal_tokens\x18\x03 \x01(\r\x12\x15\n\rcached_tokens\x18\x04 \x01(\r\"o\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x0c\n\x04text\x18\x03 \x01(\t\x12&\n\x08\x63omplete\x18\x04 \x01(\x0b\x32\x14.reprise.v1.Complete\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x0f\n\rAbortResponse\"\x15\n\x13GetModelInfoRequest\"\x99\x01\n\tModelInfo\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x1a\n\x12max_context_tokens\x18\x02 \x01(\r\x12\x15\n\reos_token_ids\x18\x03 \x03(\x05\x12\x12\n\nvocab_size\x18\x04 \x01(\r\x12\x19\n\x11has_chat_template\x18\x05 \x01(\x08\x12\x16\n\x0eserver_version\x18\x06 \x01(\t\"\x9e\x01\n\x17\x41ppendTrajectoryRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12&\n\x06tokens\x18\x02 \x01(\x0b\x32\x14.reprise.v1.TokenIdsH\x00\x12\x0e\n\x04text\x18\x03 \x01(\tH\x00\x12,\n\x08messages\x18\x04 \x01(\x0b\x32\x18.reprise.v1.ChatMessagesH\x00\x42\t\n\x07\x63ontent\".\n\x18\x41ppendTrajectoryResponse\x12\x12\n\nnum_tokens\x18\x01 \x01(\r*h\n\x0fSpeculationMode\x12 \n\x1cSPECULATION_MODE_UNSPECIFIED\x10\x00\x12\x19\n\x15SPECULATION_MODE_AUTO\x10\x01\x12\x18\n\x14SPECULATION_MODE_OFF\x10\x02*\x91\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x15\n\x11\x46INISH_REASON_EOS\x10\x03\x12\x19\n\x15\x46INISH_REASON_ABORTED\x10\x04\x32\x92\x03\n\x0f\x44\x65\x63odingService\x12S\n\x0eGenerateStream\x12\x1b.reprise.v1.GenerateRequest\x1a\".reprise.v1.GenerateStreamResponse0\x01\x12\x45\n\x08Generate\x12\x1b.reprise.v1.GenerateRequest\x1a\x1c.reprise.v1.GenerateResponse\x12<\n\x05\x41\x62ort\x12\x18.reprise.v1.AbortRequest\x1a\x19.reprise.v1.AbortResponse\x12\x46\n\x0cGetModelInfo\x12\x1f.reprise.v1.GetModelInfoRequest\x1a\x15.reprise.v1.ModelInfo\x12]\n\x10\x41ppendTrajectory\x12#.reprise.v1.AppendTrajectoryRequest\x1a$.reprise.v1.AppendTrajectoryResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1agrpc_api/v1/decoding.proto\x12\nreprise.v1\x1a\x18grpc_api/v1/common.proto\"\xef\x03\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12&\n\x06tokens\x18\x03 \x01(\x0b\x32\x14.reprise.v1.TokenIdsH\x00\x12\x0e\n\x04text\x18\x04 \x01(\tH\x00\x12,\n\x08messages\x18\x05 \x01(\x0b\x32\x18.reprise.v1.ChatMessagesH\x00\x12,\n\x08sampling\x18\x06 \x01(\x0b\x32\x1a.reprise.v1.SamplingParams\x12.\n\x08stopping\x18\x07 \x01(\x0b\x32\x1c.reprise.v1.StoppingCriteria\x12\x15\n\rdo_not_record\x18\x08 \x01(\x08\x12\x30\n\x0bspeculation\x18\t \x01(\x0e\x32\x1b.reprise.v1.SpeculationMode\x12\x1b\n\x13stream_chunk_tokens\x18\n \x01(\r\x12\x1f\n\x05tools\x18\x0b \x03(\x0b\x32\x10.reprise.v1.Tool\x12+\n\x0btool_choice\x18\x0c \x01(\x0b\x32\x16.reprise.v1.ToolChoice\x12\x33\n\x0fresponse_format\x18\r \x01(\x0b\x32\x1a.reprise.v1.ResponseFormatB\x07\n\x05input\"=\n\x04Tool\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x12\n\nparameters\x18\x03 \x01(\t\"V\n\nToolChoice\x12*\n\x04mode\x18\x01 \x01(\x0e\x32\x1a.reprise.v1.ToolChoiceModeH\x00\x12\x12\n\x08\x66unction\x18\x02 \x01(\tH\x00\x42\x08\n\x06\x63hoice\"S\n\x0eResponseFormat\x12,\n\x04type\x18\x01 \x01(\x0e\x32\x1e.reprise.v1.ResponseFormatType\x12\x13\n\x0bjson_schema\x18\x02 \x01(\t\"\xca\x01\n\x0eSamplingParams\x12\x18\n\x0btemperature\x18\x01 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\x05top_p\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_k\x18\x03 \x01(\x05H\x02\x88\x01\x01\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x03\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x05 \x01(\x02H\x04\x88\x01\x01\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x07\n\x05_seedB\x15\n\x13_repetition_penalty\"\xb8\x01\n\x10StoppingCriteria\x12\x1b\n\x0emax_new_tokens\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x16\n\x0emin_new_tokens\x18\x02 \x01(\r\x12\x0c\n\x04stop\x18\x03 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x04 \x03(\x05\x12\x12\n\nignore_eos\x18\x05 \x01(\x08\x12\"\n\x1ainclude_stop_str_in_output\x18\x06 \x01(\x08\x42\x11\n\x0f_max_new_tokens\"\x82\x01\n\x16GenerateStreamResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\"\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x11.reprise.v1.ChunkH\x00\x12(\n\x08\x63omplete\x18\x03 \x01(\x0b\x32\x14.reprise.v1.CompleteH\x00\x42\x06\n\x04kind\"(\n\x05\x43hunk\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x0c\n\x04text\x18\x02 \x01(\t\"\xd5\x01\n\x08\x43omplete\x12/\n\rfinish_reason\x18\x01 \x01(\x0e\x32\x18.reprise.v1.FinishReason\x12\x12\n\x08stop_str\x18\x02 \x01(\tH\x00\x12\x17\n\rstop_token_id\x18\x03 \x01(\x05H\x00\x12 \n\x05usage\x18\x04 \x01(\x0b\x32\x11.reprise.v1.Usage\x12(\n\ntool_calls\x18\x05 \x03(\x0b\x32\x14.reprise.v1.ToolCall\x12\x0f\n\x07\x63ontent\x18\x06 \x01(\tB\x0e\n\x0cmatched_stop\"f\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x14\n\x0ctotal_tokens\x18\x03 \x01(\r\x12\x15\n\rcached_tokens\x18\x04 \x01(\r\"o\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x0c\n\x04text\x18\x03 \x01(\t\x12&\n\x08\x63omplete\x18\x04 \x01(\x0b\x32\x14.reprise.v1.Complete\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x0f\n\rAbortResponse\"\x15\n\x13GetModelInfoRequest\"\x99\x01\n\tModelInfo\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x1a\n\x12max_context_tokens\x18\x02 \x01(\r\x12\x15\n\reos_token_ids\x18\x03 \x03(\x05\x12\x12\n\nvocab_size\x18\x04 \x01(\r\x12\x19\n\x11has_chat_template\x18\x05 \x01(\x08\x12\x16\n\x0eserver_version\x18\x06 \x01(\t\"\x9e\x01\n\x17\x41ppendTrajectoryRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12&\n\x06tokens\x18\x02 \x01(\x0b\x32\x14.reprise.v1.TokenIdsH\x00\x12\x0e\n\x04text\x18\x03 \x01(\tH\x00\x12,\n\x08messages\x18\x04 \x01(\x0b\x32\x18.reprise.v1.ChatMessagesH\x00\x42\t\n\x07\x63ontent\".\n\x18\x41ppendTrajectoryResponse\x12\x12\n\nnum_tokens\x18\x01 \x01(\r*\x87\x01\n\x0eToolChoiceMode\x12 \n\x1cTOOL_CHOICE_MODE_UNSPECIFIED\x10\x00\x12\x19\n\x15TOOL_CHOICE_MODE_AUTO\x10\x01\x12\x19\n\x15TOOL_CHOICE_MODE_NONE\x10\x02\x12\x1d\n\x19TOOL_CHOICE_MODE_REQUIRED\x10\x03*\xa5\x01\n\x12ResponseFormatType\x12$\n RESPONSE_FORMAT_TYPE_UNSPECIFIED\x10\x00\x12\x1d\n\x19RESPONSE_FORMAT_TYPE_TEXT\x10\x01\x12$\n RESPONSE_FORMAT_TYPE_JSON_OBJECT\x10\x02\x12$\n RESPONSE_FORMAT_TYPE_JSON_SCHEMA\x10\x03*h\n\x0fSpeculationMode\x12 \n\x1cSPECULATION_MODE_UNSPECIFIED\x10\x00\x12\x19\n\x15SPECULATION_MODE_AUTO\x10\x01\x12\x18\n\x14SPECULATION_MODE_OFF\x10\x02*\xaf\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x15\n\x11\x46INISH_REASON_EOS\x10\x03\x12\x19\n\x15\x46INISH_REASON_ABORTED\x10\x04\x12\x1c\n\x18\x46INISH_REASON_TOOL_CALLS\x10\x05\x32\x92\x03\n\x0f\x44\x65\x63odingService\x12S\n\x0eGenerateStream\x12\x1b.reprise.v1.GenerateRequest\x1a\".reprise.v1.GenerateStreamResponse0\x01\x12\x45\n\x08Generate\x12\x1b.reprise.v1.GenerateRequest\x1a\x1c.reprise.v1.GenerateResponse\x12<\n\x05\x41\x62ort\x12\x18.reprise.v1.AbortRequest\x1a\x19.reprise.v1.AbortResponse\x12\x46\n\x0cGetModelInfo\x12\x1f.reprise.v1.GetModelInfoRequest\x1a\x15.reprise.v1.ModelInfo\x12]\n\x10\x41ppendTrajectory\x12#.reprise.v1.AppendTrajectoryRequest\x1a$.reprise.v1.AppendTrajectoryResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'grpc_api.v1.decoding_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SPECULATIONMODE']._serialized_start=1817
-  _globals['_SPECULATIONMODE']._serialized_end=1921
-  _globals['_FINISHREASON']._serialized_start=1924
-  _globals['_FINISHREASON']._serialized_end=2069
+  _globals['_TOOLCHOICEMODE']._serialized_start=2244
+  _globals['_TOOLCHOICEMODE']._serialized_end=2379
+  _globals['_RESPONSEFORMATTYPE']._serialized_start=2382
+  _globals['_RESPONSEFORMATTYPE']._serialized_end=2547
+  _globals['_SPECULATIONMODE']._serialized_start=2549
+  _globals['_SPECULATIONMODE']._serialized_end=2653
+  _globals['_FINISHREASON']._serialized_start=2656
+  _globals['_FINISHREASON']._serialized_end=2831
   _globals['_GENERATEREQUEST']._serialized_start=69
-  _globals['_GENERATEREQUEST']._serialized_end=433
-  _globals['_SAMPLINGPARAMS']._serialized_start=436
-  _globals['_SAMPLINGPARAMS']._serialized_end=638
-  _globals['_STOPPINGCRITERIA']._serialized_start=641
-  _globals['_STOPPINGCRITERIA']._serialized_end=825
-  _globals['_GENERATESTREAMRESPONSE']._serialized_start=828
-  _globals['_GENERATESTREAMRESPONSE']._serialized_end=958
-  _globals['_CHUNK']._serialized_start=960
-  _globals['_CHUNK']._serialized_end=1000
-  _globals['_COMPLETE']._serialized_start=1003
-  _globals['_COMPLETE']._serialized_end=1157
-  _globals['_USAGE']._serialized_start=1159
-  _globals['_USAGE']._serialized_end=1261
-  _globals['_GENERATERESPONSE']._serialized_start=1263
-  _globals['_GENERATERESPONSE']._serialized_end=1374
-  _globals['_ABORTREQUEST']._serialized_start=1376
-  _globals['_ABORTREQUEST']._serialized_end=1410
-  _globals['_ABORTRESPONSE']._serialized_start=1412
-  _globals['_ABORTRESPONSE']._serialized_end=1427
-  _globals['_GETMODELINFOREQUEST']._serialized_start=1429
-  _globals['_GETMODELINFOREQUEST']._serialized_end=1450
-  _globals['_MODELINFO']._serialized_start=1453
-  _globals['_MODELINFO']._serialized_end=1606
-  _globals['_APPENDTRAJECTORYREQUEST']._serialized_start=1609
-  _globals['_APPENDTRAJECTORYREQUEST']._serialized_end=1767
-  _globals['_APPENDTRAJECTORYRESPONSE']._serialized_start=1769
-  _globals['_APPENDTRAJECTORYRESPONSE']._serialized_end=1815
-  _globals['_DECODINGSERVICE']._serialized_start=2072
-  _globals['_DECODINGSERVICE']._serialized_end=2474
+  _globals['_GENERATEREQUEST']._serialized_end=564
+  _globals['_TOOL']._serialized_start=566
+  _globals['_TOOL']._serialized_end=627
+  _globals['_TOOLCHOICE']._serialized_start=629
+  _globals['_TOOLCHOICE']._serialized_end=715
+  _globals['_RESPONSEFORMAT']._serialized_start=717
+  _globals['_RESPONSEFORMAT']._serialized_end=800
+  _globals['_SAMPLINGPARAMS']._serialized_start=803
+  _globals['_SAMPLINGPARAMS']._serialized_end=1005
+  _globals['_STOPPINGCRITERIA']._serialized_start=1008
+  _globals['_STOPPINGCRITERIA']._serialized_end=1192
+  _globals['_GENERATESTREAMRESPONSE']._serialized_start=1195
+  _globals['_GENERATESTREAMRESPONSE']._serialized_end=1325
+  _globals['_CHUNK']._serialized_start=1327
+  _globals['_CHUNK']._serialized_end=1367
+  _globals['_COMPLETE']._serialized_start=1370
+  _globals['_COMPLETE']._serialized_end=1583
+  _globals['_USAGE']._serialized_start=1585
+  _globals['_USAGE']._serialized_end=1687
+  _globals['_GENERATERESPONSE']._serialized_start=1689
+  _globals['_GENERATERESPONSE']._serialized_end=1800
+  _globals['_ABORTREQUEST']._serialized_start=1802
+  _globals['_ABORTREQUEST']._serialized_end=1836
+  _globals['_ABORTRESPONSE']._serialized_start=1838
+  _globals['_ABORTRESPONSE']._serialized_end=1853
+  _globals['_GETMODELINFOREQUEST']._serialized_start=1855
+  _globals['_GETMODELINFOREQUEST']._serialized_end=1876
+  _globals['_MODELINFO']._serialized_start=1879
+  _globals['_MODELINFO']._serialized_end=2032
+  _globals['_APPENDTRAJECTORYREQUEST']._serialized_start=2035
+  _globals['_APPENDTRAJECTORYREQUEST']._serialized_end=2193
+  _globals['_APPENDTRAJECTORYRESPONSE']._serialized_start=2195
+  _globals['_APPENDTRAJECTORYRESPONSE']._serialized_end=2241
+  _globals['_DECODINGSERVICE']._serialized_start=2834
+  _globals['_DECODINGSERVICE']._serialized_end=3236
 # @@protoc_insertion_point(module_scope)

@@ -39,7 +39,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from reprise.benchmarks.verify import TRACES, task_key
+from replay_traces.traces import TRACES_DIR
+from reprise.arguments import CliError, require_at_least
+from reprise.offline.calls import task_key
 
 DEFAULT_TRACES = ("tau_airline.jsonl.gz", "react_hotpotqa.jsonl.gz")
 METHODS = ("generate", "engine", "engine_cache", "engine_cache_drafts")
@@ -68,16 +70,12 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     from reprise.benchmarks.verify import _load, _save
-    from reprise.cli import CliError
 
-    for name in ("tasks", "trials", "max_new_tokens", "system_tokens", "max_len", "cache_bytes", "threads"):
-        if getattr(args, name) < 1:
-            raise CliError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if args.max_calls < 0:
-        raise CliError(f"--max-calls must be >= 0, got {args.max_calls}")
+    require_at_least(args, ("tasks", "trials", "max_new_tokens", "system_tokens", "max_len", "cache_bytes", "threads"))
+    require_at_least(args, ("max_calls",), minimum=0)
     if args.quick:
         args.tasks, args.trials, args.max_calls, args.max_new_tokens = 1, 2, 3, 32
-    traces = args.trace or [TRACES / name for name in DEFAULT_TRACES]
+    traces = args.trace or [TRACES_DIR / name for name in DEFAULT_TRACES]
     missing = [str(t) for t in traces if not t.is_file()]
     if missing:
         raise CliError(f"trace file not found: {missing[0]} (pass --trace FILE)")

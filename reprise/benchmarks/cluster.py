@@ -36,6 +36,12 @@ from typing import Any
 
 import numpy as np
 
+from privacy import StoreConfig, TenantId, Trajectory, open_store
+from reprise.arguments import CliError, require_at_least
+from reprise.benchmarks.serve import SYSTEM, synthetic_conversations, tally_records
+from reprise.cluster.config import ClusterConfig
+from retrieval.config import DraftingConfig
+
 TARGET_PROPAGATION_P99_S = 1.0
 
 
@@ -127,16 +133,12 @@ def _client_result(proc: subprocess.Popen[str]) -> dict[str, Any]:
 
 def _prompts(n: int, seed: int = 0) -> list[str]:
     """Agent-like prompts (sent as text: the replicas' tokenizer applies): tool schema, task, past calls."""
-    from reprise.benchmarks.serve import SYSTEM, synthetic_conversations
-
     return [(SYSTEM[:160] + "\n" + "\n".join(m["content"] for m in chat[1:]))[:320]
             for chat in synthetic_conversations(n, seed)]
 
 
 def _round(replicas: list[Any], keys: list[str], prompts: list[str], args: argparse.Namespace,
            during: Any = None) -> tuple[dict[str, Any], Any]:
-    from reprise.benchmarks.serve import tally_records
-
     job = {"targets": [r.target for r in replicas], "keys": keys, "prompts": prompts, "requests": args.requests,
            "concurrency": args.concurrency, "max_new_tokens": args.max_new_tokens}
     cpu0 = [r.cpu_seconds() for r in replicas]
@@ -210,11 +212,8 @@ def _agent_turns(num_indexed: int, lead_in: int, seed: int = 0) -> tuple[list[tu
 
 
 def _cold_start(args: argparse.Namespace, redis_url: str, env: dict[str, str], home: Path) -> dict[str, Any]:
-    from privacy import StoreConfig, TenantId, Trajectory, open_store
     from privacy.changefeed import delete_keyspace
-    from reprise.cluster.config import ClusterConfig
     from reprise.cluster.node import ClusterNode
-    from retrieval.config import DraftingConfig
     from retrieval.proposer import RepriseProposer
 
     prefix = f"reprise-bench-cold-{secrets.token_hex(4)}"
@@ -276,14 +275,8 @@ def _cold_start(args: argparse.Namespace, redis_url: str, env: dict[str, str], h
 # ---- the whole benchmark -----------------------------------------------------------------------------
 
 def run(args: argparse.Namespace) -> int:
-    from reprise.cli import CliError
-
-    for name in ("replicas", "concurrency", "requests", "tenants", "max_new_tokens", "num_slots"):
-        if getattr(args, name) < 1:
-            raise CliError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    for name in ("propagation_samples", "cold_start_tokens", "cold_start_tail"):
-        if getattr(args, name) < 0:
-            raise CliError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+    require_at_least(args, ("replicas", "concurrency", "requests", "tenants", "max_new_tokens", "num_slots"))
+    require_at_least(args, ("propagation_samples", "cold_start_tokens", "cold_start_tail"), minimum=0)
     if args.model_path and not Path(args.model_path).is_dir():
         raise CliError(f"no such model folder: {args.model_path}")
     if not args.redis_url and not shutil.which("redis-server"):
@@ -300,7 +293,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace, home: Path) -> dict[str, Any]:
-    from privacy import StoreConfig, open_store
     from privacy.changefeed import delete_keyspace
     from reprise.cluster.launch import RedisProcess, start_replicas
 

@@ -1,7 +1,7 @@
 """Native suffix index: insert speed, bytes per token, speculate latency from Python.
 
 Indexes the responses of the first N calls of a trace (tokenised canonically: response tokens =
-cl100k_base encode(content), ../shared/traces/FORMAT.md), one sequence per response, then times
+cl100k_base encode(content), docs/replay.md), one sequence per response, then times
 speculate() calls through the Python facade on contexts drawn from the responses (a prefix of a
 random response, cut at a random point). Prints insert_tokens_per_s, bytes_per_token (memory_bytes()
 per token) and rss_bytes_per_token (process RSS growth per token), speculate_us_p50/p99 and
@@ -13,20 +13,23 @@ CPU time and are steadier on a shared machine.
 
 from __future__ import annotations
 
+import argparse
 import json
+import resource
 import sys
 import time
 from pathlib import Path
 
-from reprise.cli import positive_int
+import numpy as np
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_TRACE = REPO_ROOT.parent / "shared" / "traces" / "swe_gemini.jsonl.gz"
+from replay_traces.tokenizer import CanonicalTokenizer
+from replay_traces.traces import TRACES_DIR, iter_calls
+from reprise.arguments import CliError, positive_int
+
+DEFAULT_TRACE = TRACES_DIR / "swe_gemini.jsonl.gz"
 
 
 def _key_lengths(text: str) -> tuple[int, ...]:
-    import argparse
-
     if text.strip().lower() in ("", "none"):
         return ()
     try:
@@ -64,8 +67,6 @@ def add_arguments(parser) -> None:
 
 
 def _rss_bytes() -> int:
-    import resource
-
     try:
         with open("/proc/self/statm") as f:
             return int(f.read().split()[1]) * resource.getpagesize()
@@ -74,11 +75,6 @@ def _rss_bytes() -> int:
 
 
 def _load_responses(trace: Path, max_calls: int, progress: bool) -> list:
-    import numpy as np
-
-    from replay_traces.tokenizer import CanonicalTokenizer
-    from replay_traces.traces import iter_calls
-
     tokenizer = CanonicalTokenizer()
     out = []
     for call in iter_calls(trace):
@@ -95,16 +91,12 @@ def _load_responses(trace: Path, max_calls: int, progress: bool) -> list:
 
 
 def _percentiles(samples_ns: list[int]) -> tuple[float, float]:  # microseconds
-    import numpy as np
 
     a = np.asarray(samples_ns, dtype=np.float64) / 1000.0
     return float(np.percentile(a, 50)), float(np.percentile(a, 99))
 
 
 def run(args) -> int:
-    import numpy as np
-
-    from reprise.cli import CliError
     from suffix_index import SuffixIndex
 
     if not args.trace.is_file():

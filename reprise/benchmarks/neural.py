@@ -22,13 +22,16 @@ use and exits (pass them to ``reprise train-drafter --exclude-sessions`` to keep
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-TRACES = Path(__file__).resolve().parents[2].parent / "shared" / "traces"
+from fileio import write_atomic
+from replay_traces.traces import TRACES_DIR
+from reprise.arguments import CliError, require_at_least
+from reprise.offline.calls import select_calls
+
 DEFAULT_TRACES = ("tau_airline.jsonl.gz", "swe_gemini.jsonl.gz", "react_hotpotqa.jsonl.gz", "arena_chat.jsonl.gz")
 DRAFTERS = ("retrieval", "neural", "reuse", "hybrid")
 
@@ -65,11 +68,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from reprise.cli import CliError
-
-    for name in ("calls", "trials", "prompt_tokens", "max_new_tokens", "budget", "threads"):
-        if getattr(args, name) < 1:
-            raise CliError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    require_at_least(args, ("calls", "trials", "prompt_tokens", "max_new_tokens", "budget", "threads"))
     drafters = [d.strip() for d in args.drafters.split(",") if d.strip()]
     unknown = [d for d in drafters if d not in DRAFTERS]
     if unknown or not drafters:
@@ -80,12 +79,11 @@ def run(args) -> int:
         raise CliError(f"--thresholds must be numbers, got {args.thresholds!r}") from None
     if not thresholds or any(not t >= 0 for t in thresholds):
         raise CliError(f"--thresholds must be numbers >= 0, got {args.thresholds!r}")
-    traces = args.trace or [TRACES / name for name in DEFAULT_TRACES]
+    traces = args.trace or [TRACES_DIR / name for name in DEFAULT_TRACES]
     missing = [str(t) for t in traces if not t.is_file()]
     if missing:
         raise CliError(f"trace file not found: {missing[0]}")
     lm = _load(args)
-    from reprise.offline.model_replay import select_calls
 
     selected = {t: select_calls(t, lm.tokenizer, calls=args.calls, trials=args.trials, call_index=args.call_index,
                                 prompt_tokens=args.prompt_tokens) for t in traces}
@@ -96,6 +94,8 @@ def run(args) -> int:
         return 0
     head = _head(args, lm, drafters)
     if args.a is None or args.b is None:
+        from reprise.offline.hybrid_tune import measure_step_cost
+
         a_ms, b_ms = measure_step_cost(lm.model, args.prompt_tokens)
         args.a = a_ms if args.a is None else args.a
         args.b = b_ms if args.b is None else args.b
@@ -111,7 +111,6 @@ def run(args) -> int:
 
 
 def _load(args):
-    from reprise.cli import CliError
     from verifier.models import load_default_model, load_model
 
     try:
@@ -130,7 +129,6 @@ def _head(args, lm, drafters):
         return None
     from neural_drafters.drafting import DraftSettings
     from neural_drafters.proposers import default_checkpoint, load_head_drafter
-    from reprise.cli import CliError
 
     path = args.checkpoint or default_checkpoint()
     try:
@@ -143,36 +141,9 @@ def _head(args, lm, drafters):
         raise CliError(f"{exc} (train one with `reprise train-drafter`)") from None
 
 
-def measure_step_cost(model, prefix: int, reps: int = 7) -> tuple[float, float]:
-    """(a, b): median CPU ms of a verify step with no draft, and the extra ms per draft token (16-node
-    steps), after a ``prefix``-token prompt: the cost model the threshold choice uses."""
-    import numpy as np
-
-    from retrieval.draft_tree import DraftTree
-    from verifier.runner import ModelRunner, VerifyStep
-
-    runner = ModelRunner(model, max_len=prefix + 40 * reps, max_draft_nodes=16)
-    vocab = runner.vocab_size
-    rng = np.random.default_rng(0)
-    slot = runner.start(rng.integers(0, vocab, prefix).tolist())
-    times: dict[int, list[float]] = {0: [], 16: []}
-    for rep in range(reps + 1):
-        for d in (0, 16):
-            tree = DraftTree.chain(rng.integers(0, vocab, d)) if d else DraftTree.empty()
-            start = time.thread_time()
-            runner.verify([VerifyStep(slot, tree)])
-            if rep:  # the first round warms up
-                times[d].append(1000 * (time.thread_time() - start))
-    runner.release(slot)
-    a = float(np.median(times[0]))
-    return a, max(0.0, (float(np.median(times[16])) - a) / 16)
-
-
 def _save(args, report: dict) -> None:
     if args.out:
-        tmp = args.out.with_name(args.out.name + ".tmp")
-        tmp.write_text(json.dumps(report, indent=2))
-        os.replace(tmp, args.out)
+        write_atomic(args.out, json.dumps(report, indent=2))
 
 
 def make_proposers(head: Any, drafters: list[str], threshold: float, mode: str,
@@ -241,13 +212,13 @@ def end_to_end(lm, head, refs, drafters: list[str], threshold: float, args) -> d
     """Every call decoded by the engine with each drafter and without, rotating the order per call."""
     from reprise.engine.draft_budget import CostModel, DraftBudget
     from reprise.engine.engine import Engine, EngineConfig
-    from reprise.offline.model_replay import _Recorder
+    from reprise.offline.model_replay import HiddenStateRecorder
     from verifier.runner import ModelRunner
 
     max_len = max(len(r.call.prompt_ids) for r in refs) + args.max_new_tokens + args.budget + 8
     config = EngineConfig(budget=DraftBudget(max_draft_tokens=args.budget, cost_model=CostModel(args.a, args.b)))
     proposers = make_proposers(head, drafters, threshold, args.mode, lm.tokenizer)
-    engines = {"plain": Engine(ModelRunner(lm.model, max_len=max_len, max_draft_nodes=0), _Recorder(), lm.tokenizer)}
+    engines = {"plain": Engine(ModelRunner(lm.model, max_len=max_len, max_draft_nodes=0), HiddenStateRecorder(), lm.tokenizer)}
     for name, proposer in proposers.items():
         engines[name] = Engine(ModelRunner(lm.model, max_len=max_len, max_draft_nodes=args.budget), proposer,
                                lm.tokenizer, config)

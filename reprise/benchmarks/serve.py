@@ -17,6 +17,14 @@ step (gRPC, tokenization, drafting, acceptance bookkeeping, streaming, history) 
 busy (concurrency above the number of slots). The same in CPU time (steady on a shared machine): the
 service process's CPU time (all its threads; the load generator is another process) / the engine
 thread's CPU time inside the forward passes - 1. Target: <= 10% on CPU.
+
+``--api openai`` runs the load twice on the same service, each pass with fresh tenants (no history
+carried over): first through gRPC, then through the OpenAI-compatible HTTP API (streamed
+``/v1/completions`` with the same token-id prompts: reprise/benchmarks/serve_openai.py). The HTTP
+layer's overhead over the gRPC path is the ratio of the two passes' wall time per unit of model time,
+minus 1 (target <= 5% at 32 concurrent streams, 0 errors). A third pass sends chat completions with
+tools and ``tool_choice`` "required" and counts the replies that parse into a call whose arguments
+are valid under the tool's schema (target 100%).
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import argparse
 import asyncio
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -34,7 +43,12 @@ from typing import Any
 
 import numpy as np
 
+from replay_traces.traces import iter_calls
+from reprise.arguments import CliError, require_at_least
+from reprise.config import load_config
+
 TARGET_OVERHEAD = 0.10
+TARGET_HTTP_OVERHEAD = 0.05
 TOOLS = (
     '{"name": "search_flights", "parameters": {"origin": "string", "destination": "string", "date": "YYYY-MM-DD"}}\n'
     '{"name": "book_flight", "parameters": {"flight_id": "string", "passenger": "string", "payment_id": "string"}}\n'
@@ -63,6 +77,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--durability-cost", action="store_true",
                         help="run the load with and without waiting for each turn to be stored (off, on, on, off) "
                         "and report the throughput it costs")
+    parser.add_argument("--api", choices=("grpc", "openai"), default="grpc",
+                        help="grpc: the load through gRPC; openai: through gRPC, then the OpenAI-compatible HTTP "
+                             "API, and the HTTP layer's overhead; then forced tool calls (default grpc)")
+    parser.add_argument("--tool-requests", type=int, default=32,
+                        help="--api openai: chat completions with tool_choice required (default 32)")
+    parser.add_argument("--tool-max-tokens", type=int, default=160, help="tokens per forced tool call (default 160)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
 
 
@@ -91,8 +111,6 @@ def synthetic_conversations(n: int, seed: int = 0) -> list[list[dict[str, str]]]
 
 
 def trace_conversations(path: Path, n: int) -> list[list[dict[str, str]]]:
-    from replay_traces.traces import iter_calls
-
     out = []
     for call in iter_calls(path):
         out.append([{"role": m.role, "content": m.content} for m in call.messages][-8:])
@@ -122,7 +140,13 @@ def prompts_for(args: argparse.Namespace, tokenizer: Any, max_prompt: int) -> li
 def client_main() -> None:
     """Runs in its own process: reads the job on stdin, prints per-request figures as JSON."""
     job = json.loads(sys.stdin.read())
-    print(json.dumps(asyncio.run(_drive(job))))
+    if job["api"] == "grpc":
+        print(json.dumps(asyncio.run(_drive(job))))
+        return
+    from reprise.benchmarks.serve_openai import drive_openai, drive_tool_calls
+
+    drive = drive_openai if job["api"] == "openai" else drive_tool_calls
+    print(json.dumps(asyncio.run(drive(job))))
 
 
 async def _drive(job: dict[str, Any]) -> dict[str, Any]:
@@ -187,11 +211,7 @@ def _pct(values: list[float], q: float) -> float | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from reprise.cli import CliError
-
-    for name in ("concurrency", "requests", "tenants", "max_new_tokens", "num_slots", "max_prompt_tokens"):
-        if getattr(args, name) < 1:
-            raise CliError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    require_at_least(args, ("concurrency", "requests", "tenants", "max_new_tokens", "num_slots", "max_prompt_tokens"))
     if args.trace is not None and not args.trace.is_file():
         raise CliError(f"no such trace file: {args.trace}")
     if args.durability_cost:
@@ -201,7 +221,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(result, indent=2))
     else:
         _print(result)
-    return 0 if result["errors"]["count"] == 0 else 1
+    tools_ok = "tool_calls" not in result or result["tool_calls"]["valid"] == result["tool_calls"]["requests"]
+    return 0 if result["errors"]["count"] == 0 and tools_ok else 1
 
 
 def _bench_once(args: argparse.Namespace, store_before_reply: bool) -> dict[str, Any]:
@@ -234,11 +255,12 @@ def _durability_cost(args: argparse.Namespace) -> int:
 
 async def _bench(args: argparse.Namespace, home: Path, store_before_reply: bool = True) -> dict[str, Any]:
     from grpc_api.client import AdminClient
-    from reprise.config import load_config
     from reprise.server.service import Service
 
-    flags = {"home": str(home), "server.grpc_port": "0", "server.http_port": "0",
+    flags = {"home": str(home), "server.grpc_port": "0",
+             "server.http_port": str(_free_port()) if args.api == "openai" else "0",  # 0 turns HTTP off
              "server.max_concurrent_requests": str(max(64, args.concurrency)),
+             "server.max_requests_per_tenant": str(max(16, args.concurrency)),
              "model.num_slots": str(args.num_slots), "model.path": args.model_path,
              "server.store_before_reply": str(store_before_reply).lower()}
     model = None
@@ -246,11 +268,12 @@ async def _bench(args: argparse.Namespace, home: Path, store_before_reply: bool 
         from reprise.offline.tiny import tiny_loaded_model
 
         model = tiny_loaded_model()
-        flags["model.max_len"] = "1000"
+        flags["model.max_len"] = "4096"  # byte-level tokens: chats with the tools prompt run long
     env = {k: v for k, v in os.environ.items() if k != "REPRISE_MASTER_KEY"}
     config = load_config(flags, env=env)
     service = Service(config, model=model, model_name="tiny-llama" if args.tiny else "")
     await service.start()
+    passes: dict[str, dict[str, Any]] = {}
     try:
         engine = service.grpc._decode.engine
         totals = {f"{name}{suffix}": 0.0 for name in ("forward", "prefill") for suffix in ("", "_cpu", "_calls")}
@@ -261,28 +284,60 @@ async def _bench(args: argparse.Namespace, home: Path, store_before_reply: bool 
         admin_key = (home / "admin.key").read_text().strip()
         loop = asyncio.get_running_loop()
 
-        def create_tenants() -> list[str]:  # a blocking client: off the loop that serves it
+        def create_tenants(prefix: str) -> list[tuple[str, str]]:  # a blocking client: off the serving loop
             with AdminClient(target, admin_key) as admin:
-                return [admin.create_tenant(f"bench-{i}")[1] for i in range(args.tenants)]
+                made = [admin.create_tenant(f"{prefix}-{i}") for i in range(args.tenants)]
+            return [(record.tenant_id, key) for record, key in made]
 
-        keys = await loop.run_in_executor(None, create_tenants)
-        max_prompt = max(16, config.model.max_len - args.max_new_tokens - 1)
-        prompts = prompts_for(args, engine.tokenizer, min(max_prompt, args.max_prompt_tokens))
-        job = {"target": target, "keys": keys, "prompts": prompts, "max_new_tokens": args.max_new_tokens,
-               "concurrency": args.concurrency, "speculation": not args.no_speculation}
-        cpu0 = time.process_time()
-        out = await loop.run_in_executor(None, _run_client, job)
-        totals["process_cpu"] = time.process_time() - cpu0  # every thread of the service, not the client
-        engine_busy = totals["forward"] + totals["prefill"]
-
-        def index_stats() -> list[Any]:
+        def index_stats(tenants: set[str]) -> list[Any]:
             with AdminClient(target, admin_key) as admin:
-                return admin.index_stats()
+                return [s for s in admin.index_stats() if s.tenant_id in tenants]
 
-        stats = await loop.run_in_executor(None, index_stats)
+        max_prompt = max(16, min(config.model.max_len - args.max_new_tokens - 1, args.max_prompt_tokens))
+        prompts = prompts_for(args, engine.tokenizer, max_prompt)
+        model_name = service.grpc.front.info.model_name
+        base_url = f"http://127.0.0.1:{service.http_port}/v1"
+        for api in ("grpc", "openai") if args.api == "openai" else ("grpc",):
+            tenants = await loop.run_in_executor(None, create_tenants, f"bench-{api}")
+            for k in totals:
+                totals[k] = 0.0
+            job = {"api": api, "target": target, "base_url": base_url, "model": model_name,
+                   "keys": [key for _, key in tenants], "prompts": prompts, "max_new_tokens": args.max_new_tokens,
+                   "concurrency": args.concurrency, "speculation": not args.no_speculation}
+            cpu0 = time.process_time()
+            out = await loop.run_in_executor(None, _run_client, job)
+            totals["process_cpu"] = time.process_time() - cpu0  # every thread of the service, not the client
+            stats = await loop.run_in_executor(None, index_stats, {tid for tid, _ in tenants})
+            passes[api] = _figures(args, out, totals, totals["forward"] + totals["prefill"], stats, prompts)
+        if args.api == "openai":
+            tenants = await loop.run_in_executor(None, create_tenants, "bench-tools")
+            chats = synthetic_conversations(max(1, args.tool_requests))
+            job = {"api": "tools", "base_url": base_url, "model": model_name, "keys": [tenants[0][1]], "chats": chats,
+                   "tool_requests": args.tool_requests, "tool_max_tokens": args.tool_max_tokens,
+                   "concurrency": args.concurrency}
+            tool_calls = await loop.run_in_executor(None, _run_client, job)
     finally:
         await service.stop(grace=0)
-    return _figures(args, out, totals, engine_busy, stats, prompts)
+    if args.api == "grpc":
+        return passes["grpc"]
+    g, o = passes["grpc"]["engine"], passes["openai"]["engine"]
+    g_per_model = passes["grpc"]["wall_s"] / g["model_s"] if g["model_s"] else None
+    o_per_model = passes["openai"]["wall_s"] / o["model_s"] if o["model_s"] else None
+    return {**passes["openai"], "api": "openai", "grpc": passes["grpc"], "tool_calls": tool_calls,
+            "errors": {"count": passes["grpc"]["errors"]["count"] + passes["openai"]["errors"]["count"],
+                       "by_code": {**passes["grpc"]["errors"]["by_code"], **passes["openai"]["errors"]["by_code"]}},
+            "http_overhead": {
+                "wall_share": passes["openai"]["wall_s"] / passes["grpc"]["wall_s"] - 1.0,
+                "wall_per_model_share": o_per_model / g_per_model - 1.0 if o_per_model and g_per_model else None,
+                "cpu_share": (o["service_cpu_s"] / o["model_cpu_s"]) / (g["service_cpu_s"] / g["model_cpu_s"]) - 1.0
+                if o["model_cpu_s"] and g["model_cpu_s"] else None,
+                "target": TARGET_HTTP_OVERHEAD}}
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def _run_client(job: dict[str, Any]) -> dict[str, Any]:
@@ -345,6 +400,19 @@ def _figures(args: argparse.Namespace, out: dict[str, Any], totals: dict[str, fl
 
 
 def _print(r: dict[str, Any]) -> None:
+    if r.get("api") == "openai":
+        print("---- gRPC pass")
+        _print(r["grpc"])
+        print("---- OpenAI-compatible HTTP pass (/v1/completions, streamed)")
+        _print({k: v for k, v in r.items() if k not in ("api", "grpc")})
+        h, t = r["http_overhead"], r["tool_calls"]
+        share = "-" if h["wall_per_model_share"] is None else f"{h['wall_per_model_share']:+.1%}"
+        cpu = "-" if h["cpu_share"] is None else f"{h['cpu_share']:+.1%}"
+        print(f"HTTP overhead   {share} wall per model second over the gRPC pass ({h['wall_share']:+.1%} raw wall), "
+              f"{cpu} CPU (target <= {TARGET_HTTP_OVERHEAD:.0%})")
+        print(f"tool calls      {t['valid']} of {t['requests']} forced calls parse and match their schema "
+              f"({t['wall_s']:.1f} s){'; ' + '; '.join(t['failures']) if t['failures'] else ''}")
+        return
     e, d = r["engine"], r["drafting"]
     ms = lambda v: "-" if v is None else f"{v * 1000:.1f} ms"
     print(f"model {r['model']}, {r['requests']} requests x {r['max_new_tokens']} tokens, concurrency "

@@ -2,7 +2,7 @@
 durable trajectory write that encryption costs (sealing vs the store write of the same bytes, measured
 in the same run; target <= 5%).
 
-Trajectories come from a trace (default ../shared/traces/tau_airline.jsonl.gz, tokenised with
+Trajectories come from a trace (default tau_airline.jsonl.gz in ``replay_traces.traces.TRACES_DIR``, tokenised with
 cl100k_base): one record per LLM call holding the prompt's last message and the response, the response
 as text. ``--synthetic`` uses random tokens of the same lengths instead. The store lives in a temporary
 directory (SQLite) or under a fresh key prefix (Redis), removed afterwards.
@@ -10,6 +10,7 @@ directory (SQLite) or under a fresh key prefix (Redis), removed afterwards.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import secrets
@@ -22,7 +23,13 @@ from typing import Any
 
 import numpy as np
 
-DEFAULT_TRACE = Path(__file__).resolve().parents[2].parent / "shared" / "traces" / "tau_airline.jsonl.gz"
+from privacy import StoreConfig, Trajectory, open_store
+from privacy.records import KIND_TRAJECTORY, encode_trajectory
+from replay_traces.tokenizer import CanonicalTokenizer
+from replay_traces.traces import TRACES_DIR, iter_calls
+from reprise.arguments import require_at_least
+
+DEFAULT_TRACE = TRACES_DIR / "tau_airline.jsonl.gz"
 TARGET_SHARE = 0.05
 
 
@@ -41,8 +48,6 @@ def add_arguments(parser) -> None:
 
 
 def _trajectories(args) -> list:
-    from privacy import Trajectory
-
     n = args.records
     if args.synthetic or not args.trace.exists():
         if not args.synthetic:
@@ -50,8 +55,6 @@ def _trajectories(args) -> list:
         rng = np.random.default_rng(0)
         return [Trajectory(f"session-{i % 50}", rng.integers(0, 100_000, size=int(rng.integers(50, 800))),
                            "x" * int(rng.integers(100, 2000)), 0, float(i), float(i) + 1) for i in range(n)]
-    from replay_traces.tokenizer import CanonicalTokenizer
-    from replay_traces.traces import iter_calls
 
     tok = CanonicalTokenizer()
     out = []
@@ -83,15 +86,7 @@ def _stored_bytes(store, config, tenant) -> int:
 
 def measure(args) -> dict[str, Any]:
     """Run the benchmark and return its figures."""
-    from privacy import StoreConfig, open_store
-    from privacy.history import KIND_TRAJECTORY
-    from privacy.records import encode_trajectory
-
-    for name in ("records", "batch"):
-        if getattr(args, name) < 1:
-            from reprise.cli import CliError
-
-            raise CliError(f"--{name} must be >= 1, got {getattr(args, name)}")
+    require_at_least(args, ("records", "batch"))
     trajs = _trajectories(args)
     tokens = int(sum(len(t.token_ids) for t in trajs))
     tmp = Path(tempfile.mkdtemp(prefix="reprise-bench-store-", dir=args.data_dir))
@@ -100,7 +95,6 @@ def measure(args) -> dict[str, Any]:
         config = StoreConfig(data_dir=tmp, sqlite_synchronous=args.sqlite_synchronous)
     else:
         config = StoreConfig(data_dir=tmp, backend="redis", redis_url=args.redis_url, redis_key_prefix=prefix)
-    import base64
 
     store = open_store(config, env={"REPRISE_MASTER_KEY": base64.b64encode(os.urandom(32)).decode()})
     try:

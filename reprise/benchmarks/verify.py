@@ -26,8 +26,6 @@ cost line, the ratios of the step-cost table and the engine's fitted cost model 
 from __future__ import annotations
 
 import json
-import os
-import re
 import sys
 import time
 from pathlib import Path
@@ -35,7 +33,12 @@ from typing import Any
 
 import numpy as np
 
-TRACES = Path(__file__).resolve().parents[2].parent / "shared" / "traces"
+from fileio import write_atomic
+from replay_traces.traces import TRACES_DIR
+from reprise.arguments import CliError, require_at_least
+from reprise.offline.calls import chat_prompt_ids, pick_calls
+from retrieval.draft_tree import DraftTree
+
 DEFAULT_TRACES = ("tau_airline.jsonl.gz", "react_hotpotqa.jsonl.gz")
 
 
@@ -63,7 +66,7 @@ def add_arguments(parser) -> None:
     a("--call-index", type=int, default=1, help="which call of each trial (0 = first; default 1)")
     a("--prompt-tokens", type=int, default=1500, help="prompts cut to their last N tokens (default 1500)")
     a("--max-new-tokens", type=int, default=128, help="greedy tokens per call (default 128)")
-    a("--proposer", default=None, help="drafter name (default: reprise when registered, else prompt_lookup)")
+    a("--proposer", default=None, help="drafter name (default: reprise)")
     a("--reps", type=int, default=5, help="repetitions per step-cost point (default 5)")
     a("--threads", type=int, default=1, help="torch CPU threads (default 1: fastest for these GEMMs)")
     a("--skip-cost", action="store_true", help="skip the step-cost table")
@@ -72,16 +75,11 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from reprise.cli import CliError
-
-    for name in ("calls", "trials", "prompt_tokens", "max_new_tokens", "reps", "threads"):
-        if getattr(args, name) < 1:
-            raise CliError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if args.call_index < 0:
-        raise CliError(f"--call-index must be >= 0, got {args.call_index}")
+    require_at_least(args, ("calls", "trials", "prompt_tokens", "max_new_tokens", "reps", "threads"))
+    require_at_least(args, ("call_index",), minimum=0)
     if args.quick:
         args.calls, args.trials, args.max_new_tokens, args.reps = 4, 2, 48, 2
-    traces = args.trace or [TRACES / name for name in DEFAULT_TRACES]
+    traces = args.trace or [TRACES_DIR / name for name in DEFAULT_TRACES]
     missing = [str(t) for t in traces if not t.is_file()]
     if missing and not args.skip_e2e:
         raise CliError(f"trace file not found: {missing[0]} (pass --trace FILE or --skip-e2e)")
@@ -100,7 +98,6 @@ def run(args) -> int:
 
 
 def _load(args):
-    from reprise.cli import CliError
     from verifier.models import load_default_model, load_model
 
     try:
@@ -113,14 +110,11 @@ def _load(args):
 
 def _save(args, report: dict) -> None:
     if args.out:
-        tmp = args.out.with_name(args.out.name + ".tmp")
-        tmp.write_text(json.dumps(report, indent=2))
-        os.replace(tmp, args.out)
+        write_atomic(args.out, json.dumps(report, indent=2))
 
 
 def measure_step_costs(model, prefixes, sizes, reps: int) -> dict[str, Any]:
     """Median ms of one verify step per (prefix, draft tokens), and the fitted line a + b * d."""
-    from retrieval.draft_tree import DraftTree
     from verifier.runner import ModelRunner, VerifyStep
 
     runner = ModelRunner(
@@ -161,27 +155,8 @@ def measure_step_costs(model, prefixes, sizes, reps: int) -> dict[str, Any]:
 def select_calls(path: Path, tokenizer, args) -> list[tuple[Any, list[int]]]:
     """``--calls`` calls of ``path``: ``--trials`` trials of each task, call ``--call-index`` of each
     trial, in file order; with the prompt's token ids (chat template, last ``--prompt-tokens``)."""
-    from replay_traces.traces import iter_calls
-
-    trials: dict[str, dict[str, list[Any]]] = {}  # task -> session -> its calls, in file order
-    for call in iter_calls(path, skip_bad_lines=True):
-        first = call.messages[0].content if call.messages else ""
-        trials.setdefault(task_key(call.session, first), {}).setdefault(call.session, []).append(call)
-    chosen = []
-    for sessions in trials.values():
-        picks = [calls[args.call_index] for calls in sessions.values() if len(calls) > args.call_index]
-        if len(picks) >= args.trials:
-            chosen += picks[: args.trials]
-        if len(chosen) >= args.calls:
-            break
-    chosen = sorted(chosen[: args.calls], key=lambda c: c.index)
-    out = []
-    for call in chosen:
-        messages = [{"role": m.role, "content": m.content} for m in call.messages]
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-        out.append((call, ids[-args.prompt_tokens :]))
-    return out
+    calls = pick_calls(path, calls=args.calls, trials=args.trials, call_index=args.call_index, per_session=False)
+    return [(call, chat_prompt_ids(tokenizer, call, args.prompt_tokens)) for call in calls]
 
 
 def run_end_to_end(lm, traces: list[Path], args, report: dict[str, Any], save) -> None:
@@ -191,7 +166,6 @@ def run_end_to_end(lm, traces: list[Path], args, report: dict[str, Any], save) -
     from reprise.drafters import DEFAULT_DRAFTER, make_proposer
     from reprise.engine.draft_budget import DraftBudget
     from reprise.engine.engine import Engine, EngineConfig
-    from retrieval.draft_tree import DraftTree
     from verifier.runner import ModelRunner
 
     class NoDrafts:  # plain decoding through the same engine: every session proposes nothing
@@ -326,13 +300,6 @@ def _summarise(stats, identical, num_calls, base) -> dict[str, Any]:
         methods[method] = m
     ident = {k: f"{v}/{num_calls}" for k, v in identical.items()}
     return {"calls": num_calls, "tokens": int(base["tokens"]), "identical": ident, "methods": methods}
-
-
-def task_key(session: str, first_message: str) -> str:
-    """Trials of one task: ``task3-trial1`` -> ``task3``; traces whose sessions do not name the task
-    (react_hotpotqa numbers episodes globally) group by the first message instead (the question)."""
-    stripped = re.sub(r"-trial\d+$", "", session)
-    return stripped if not re.fullmatch(r"ep\d+", stripped) else "q:" + first_message[-300:]
 
 
 def format_report(report: dict[str, Any]) -> str:

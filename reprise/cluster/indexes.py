@@ -14,7 +14,12 @@ import logging
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from grpc_api import errors
 from grpc_api.backend import CorpusDocument, CorpusImport, Progress, ProgressCallback, TenantStats
+from privacy.changefeed import KIND_RELOAD, tenant_state
+from privacy.errors import StorageError
+from privacy.tenants import TenantId
+from reprise.server.admin import privacy_errors
 from reprise.server.indexes import TenantIndexes
 
 log = logging.getLogger(__name__)
@@ -33,9 +38,6 @@ class ReplicatedIndexes(TenantIndexes):
 
     def record(self, tenant: str, session_id: str, token_ids: Sequence[int]) -> None:
         """``AppendTrajectory``: append durably (announced to every replica), then apply it here."""
-        from privacy.tenants import TenantId
-        from reprise.server.admin import privacy_errors
-
         self.replica.note_write(tenant)
         with privacy_errors():
             ref = self._store.append_trajectory(TenantId(tenant), session_id, list(token_ids))
@@ -43,10 +45,6 @@ class ReplicatedIndexes(TenantIndexes):
 
     def forget(self, tenant: str) -> None:
         """A deleted tenant (its index, figures and keys go), or an imported one (reload on next use)."""
-        from privacy.changefeed import tenant_state
-        from privacy.errors import StorageError
-        from privacy.tenants import TenantId
-
         self._accounting.forget(tenant)
         try:
             state = tenant_state(self._store, TenantId(tenant))
@@ -59,10 +57,6 @@ class ReplicatedIndexes(TenantIndexes):
             self.replica.tenant_deleted(tenant)
 
     def _announce_reload(self, tenant: str) -> None:
-        from privacy.changefeed import KIND_RELOAD
-        from privacy.errors import StorageError
-        from privacy.tenants import TenantId
-
         try:
             self.replica.feed.publish(KIND_RELOAD, TenantId(tenant), "", self.replica.name)
         except StorageError as exc:  # the change is stored; other replicas see it when they reload
@@ -79,8 +73,6 @@ class ReplicatedIndexes(TenantIndexes):
         self.replica.evict(tenant)
         progress(Progress("history", 0, 0, "trajectories"))
         if not self.replica.ensure(tenant, None, rebuild=True):
-            from grpc_api import errors
-
             raise errors.Unavailable(f"could not load tenant {tenant}'s history: {self.replica.load_error(tenant)}")
         self.replica.seal_snapshot(tenant)
         stats = self.stats(tenant)

@@ -29,12 +29,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from reprise.config import add_config_arguments, config_from_args
+from reprise.offline.tiny import tiny_loaded_model
+from reprise.server.service import Service
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def main(argv: list[str] | None = None) -> int:
-    from reprise.config import add_config_arguments, config_from_args
-
     parser = argparse.ArgumentParser(prog="python -m reprise.cluster.launch", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tiny", action="store_true", help="serve reprise.offline.tiny's random Llama")
@@ -52,12 +54,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 async def _serve(config, args: argparse.Namespace) -> int:
-    from reprise.server.service import Service
-
     model = None
     if args.tiny:
-        from reprise.offline.tiny import tiny_loaded_model
-
         model = tiny_loaded_model(args.tiny_seed)
     service = Service(config, model=model, model_name="tiny-llama" if args.tiny else "")
     await service.start()

@@ -11,6 +11,9 @@ from typing import Any
 
 import numpy as np
 
+from privacy.errors import IntegrityError
+from privacy.tenants import TenantId
+
 log = logging.getLogger(__name__)
 SNAPSHOT_NAME = "cluster"
 
@@ -34,9 +37,6 @@ class Held:
 def restore_snapshot(store: Any, proposer: Any, tenant: str, held: Held) -> str:
     """Restore the tenant's sealed snapshot and set ``held.cursor`` to the stream position it covers;
     returns ``"snapshot"``, or ``""`` when there is none or it is unusable (the stream has everything)."""
-    from privacy.errors import IntegrityError
-    from privacy.tenants import TenantId
-
     try:
         snap = store.get_snapshot(TenantId(tenant), SNAPSHOT_NAME)
     except IntegrityError as exc:
@@ -56,8 +56,6 @@ def restore_snapshot(store: Any, proposer: Any, tenant: str, held: Held) -> str:
 
 def _check_corpus(store: Any, proposer: Any, tenant: str) -> None:
     """A snapshot sealed while the corpus changed elsewhere may hold another corpus: the store decides."""
-    from privacy.tenants import TenantId
-
     tid = TenantId(tenant)
     stored = sum(c.num_documents for c in store.list_corpora(tid) if c.name == "default")
     if proposer.index_stats(tenant).num_corpus_documents != stored and hasattr(proposer, "add_corpus"):
@@ -67,8 +65,6 @@ def _check_corpus(store: Any, proposer: Any, tenant: str) -> None:
 
 def start_rebuild(store: Any, proposer: Any, tenant: str, held: Held) -> None:
     """Start the tenant's index from nothing but its corpus; ``apply_stream`` then reads every turn."""
-    from privacy.tenants import TenantId
-
     proposer.evict(tenant)
     held.cursor = ""
     held.since_snapshot = 0
@@ -81,9 +77,6 @@ def apply_stream(store: Any, proposer: Any, tenant: str, held: Held, metrics: An
     """Apply the tenant's stream after ``held.cursor``, in order, moving the cursor; returns how many.
     A record that fails its integrity check is skipped (counted), never applied. With ``lag`` each
     record's delay since its commit is observed (Redis's clock in the stream id against ours)."""
-    from privacy.errors import IntegrityError
-    from privacy.tenants import TenantId
-
     tid, n = TenantId(tenant), 0
     while True:
         try:

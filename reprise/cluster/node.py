@@ -15,7 +15,17 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from prometheus_client import Counter, Histogram
+
+from privacy.changefeed import KIND_DELETE, KIND_KEYS, open_feed
+from privacy.errors import StorageError
+from reprise.cluster.auth import ResilientAuthenticator
+from reprise.cluster.backend import ReplicaBackend, StreamFedProposer
 from reprise.cluster.config import ClusterConfig
+from reprise.cluster.indexes import ReplicatedIndexes
+from reprise.cluster.replica import Replica
+from reprise.cluster.upkeep import FeedListener, Upkeep
+from reprise.cluster.writer import ReplicaWriter
 
 log = logging.getLogger(__name__)
 
@@ -24,8 +34,6 @@ class ClusterMetrics:
     """Replication metrics in the service's registry (no tenant ids in labels)."""
 
     def __init__(self, service_metrics: Any) -> None:
-        from prometheus_client import Counter, Histogram
-
         r = service_metrics.registry
         lag_buckets = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
         self.lag_seconds = Histogram("reprise_replication_lag_seconds",
@@ -51,11 +59,6 @@ class ClusterNode:
     """The replica's parts, built once at start-up."""
 
     def __init__(self, config: ClusterConfig, store: Any, proposer: Any, metrics: Any = None) -> None:
-        from privacy.changefeed import open_feed
-        from reprise.cluster.replica import Replica
-        from reprise.cluster.upkeep import FeedListener, Upkeep
-        from reprise.cluster.writer import ReplicaWriter
-
         self.config = config
         self.store = store
         self.metrics = ClusterMetrics(metrics) if metrics is not None else None
@@ -70,9 +73,6 @@ class ClusterNode:
 
     def _deleted_here(self, tenant: Any) -> None:
         """Store deletion hook (keys destroyed, records not yet purged): tell every replica."""
-        from privacy.changefeed import KIND_DELETE
-        from privacy.errors import StorageError
-
         try:
             self.feed.publish(KIND_DELETE, tenant, "", self.replica.name)
         except StorageError as exc:  # the others notice at their resync
@@ -82,9 +82,6 @@ class ClusterNode:
     def _keys_here(self, tenant: Any) -> None:
         """Store key hook: this replica rotated the tenant's API keys or started a new data key
         version; the others drop their cached keys and credentials verdicts."""
-        from privacy.changefeed import KIND_KEYS
-        from privacy.errors import StorageError
-
         try:
             self.feed.publish(KIND_KEYS, tenant, "", self.replica.name)
         except StorageError as exc:
@@ -97,27 +94,19 @@ class ClusterNode:
         self.replica.set_proposer(proposer)
 
     def authenticator(self) -> Any:
-        from reprise.cluster.auth import ResilientAuthenticator
-
         self._auth = ResilientAuthenticator(self.store)
         self.replica.on_tenant_gone(self._auth.forget_tenant)
         self.replica.on_keys_changed(self._auth.forget_tenant)
         return self._auth
 
     def engine_proposer(self, proposer: Any) -> Any:
-        from reprise.cluster.backend import StreamFedProposer
-
         return StreamFedProposer(proposer) if self.replica.has_indexes else proposer
 
     def indexes(self, accounting: Any, metrics: Any = None, tokenize: Any = None) -> Any:
-        from reprise.cluster.indexes import ReplicatedIndexes
-
         self.replica.on_tenant_gone(accounting.forget)
         return ReplicatedIndexes(self.store, self.replica.proposer, accounting, self.replica, metrics, tokenize)
 
     def backend(self, decode: Any) -> Any:
-        from reprise.cluster.backend import ReplicaBackend
-
         return ReplicaBackend(decode, self.replica, self.config.load_wait_s)
 
     def start(self) -> None:

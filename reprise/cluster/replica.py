@@ -28,6 +28,10 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
+from privacy import changefeed
+from privacy.changefeed import KIND_APPEND, KIND_SNAPSHOT, tenant_state
+from privacy.errors import StorageError
+from privacy.tenants import TenantId
 from reprise.cluster.config import ClusterConfig
 from reprise.cluster.loading import SNAPSHOT_NAME, Held, apply_stream, restore_snapshot, start_rebuild
 
@@ -134,8 +138,6 @@ class Replica:
                     held.pins -= 1
 
     def _load(self, tenant: str, held: Held, rebuild: bool = False) -> None:
-        from privacy.errors import StorageError
-
         t0 = time.perf_counter()
         try:
             with held.lock:
@@ -199,10 +201,6 @@ class Replica:
 
     def after_append(self, tenant: str, cursor: str) -> None:
         """This replica appended up to ``cursor``: tell the others, then apply it here."""
-        from privacy.changefeed import KIND_APPEND
-        from privacy.errors import StorageError
-        from privacy.tenants import TenantId
-
         self.note_write(tenant)
         try:
             self.feed.publish(KIND_APPEND, TenantId(tenant), cursor, self.name)
@@ -270,8 +268,6 @@ class Replica:
     def tenant_deleted(self, tenant: str) -> None:
         """The tenant is gone (deleted here or anywhere): refuse it, drop its index and cached keys,
         tell the callbacks. Idempotent."""
-        from privacy.tenants import TenantId
-
         with self._lock:
             first = tenant not in self.deleted
             self.deleted.add(tenant)
@@ -295,8 +291,6 @@ class Replica:
 
     def keys_changed(self, tenant: str) -> None:
         """Another replica rotated the tenant's API or data keys: reload them from the store."""
-        from privacy.tenants import TenantId
-
         self.store.evict_tenant(TenantId(tenant))
         for callback in self._keys_callbacks:
             callback(tenant)
@@ -306,9 +300,6 @@ class Replica:
     def resync(self) -> int:
         """Read every held tenant's stream directly (the backstop for lost announcements) and drop
         tenants deleted behind the service's back; returns trajectories applied."""
-        from privacy.changefeed import tenant_state
-        from privacy.tenants import TenantId
-
         n = 0
         for tenant, held in self.held_tenants():
             if not held.loaded:
@@ -322,9 +313,6 @@ class Replica:
     def seal_snapshot(self, tenant: str, data: bytes | None = None, cursor: str = "") -> bool:
         """Seal the tenant's index as its snapshot: the held index (``data`` None), or bytes taken at
         eviction. Under the tenant's lease, so replicas do not compact the same tenant at once."""
-        from privacy.changefeed import KIND_SNAPSHOT
-        from privacy.tenants import TenantId
-
         if tenant in self.deleted or not self.has_snapshots:
             return False
         tid = TenantId(tenant)
@@ -373,16 +361,13 @@ class Replica:
 
     def purge_leftovers(self) -> int:
         """Remove what this replica's writes racing a deletion left behind, once the purge is done."""
-        from privacy.changefeed import purge_leftovers, tenant_state
-        from privacy.tenants import TenantId
-
         with self._lock:
             pending = list(self.purge_pending.items())
         done = 0
         for tenant, since in pending:
             state = tenant_state(self.store, TenantId(tenant))
             if state == "gone":
-                done += purge_leftovers(self.store, TenantId(tenant))
+                done += changefeed.purge_leftovers(self.store, TenantId(tenant))
             elif state == "deleting" and time.monotonic() - since < 600:
                 continue  # its purge is still running somewhere
             with self._lock:

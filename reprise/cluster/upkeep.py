@@ -17,6 +17,10 @@ import threading
 import time
 from typing import Any
 
+from privacy import changefeed as cf
+from privacy.errors import StorageError
+from privacy.tenants import TenantId
+
 log = logging.getLogger(__name__)
 
 
@@ -44,8 +48,6 @@ class FeedListener:
             self._thread.join(self.block_ms / 1000 + 5)
 
     def _run(self) -> None:
-        from privacy.errors import StorageError
-
         backoff, down = 0.05, False
         while not self._stop.is_set():
             try:
@@ -77,9 +79,6 @@ class FeedListener:
 
     def handle(self, event: Any) -> None:
         """Apply one ``privacy.changefeed.FeedEvent``."""
-        from privacy import changefeed as cf
-        from privacy.tenants import TenantId
-
         try:
             TenantId(event.tenant)
         except ValueError:
@@ -119,8 +118,6 @@ class Upkeep:
             self._thread.join(30)
 
     def _run(self) -> None:
-        from privacy.errors import StorageError
-
         next_resync = time.monotonic() + self.resync_interval_s
         down = False
         while not self._stop.wait(min(self.snapshot_check_s, self.resync_interval_s)):

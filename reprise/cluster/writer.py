@@ -15,113 +15,35 @@ retried; a duplicate costs index space, never a wrong token. Deleted tenants' tr
 from __future__ import annotations
 
 import logging
-import queue
-import threading
 import time
 from typing import Any
 
+from privacy.errors import StorageError, UnknownTenantError
+from privacy.tenants import TenantId
 from reprise.engine.request import GenerationResult
-from reprise.server.history_writer import (
-    STOP,
-    WriteTicket,
-    drain,
-    failed_ticket,
-    resolve_all,
-    trajectories_by_tenant,
-)
+from reprise.server.history_writer import TrajectoryWriter, WriteTicket
 
 log = logging.getLogger(__name__)
-_STOP = STOP  # the shared stop marker: drain() recognises it
 
 
-class ReplicaWriter:
+class ReplicaWriter(TrajectoryWriter):
     """Sealed, retried, announced appends of finished requests' trajectories. Thread-safe ``put``."""
 
     def __init__(self, store: Any, replica: Any, max_pending: int = 10_000, max_batch: int = 64,
                  metrics: Any = None) -> None:
-        self._store = store
         self._replica = replica
-        self._queue: queue.Queue[Any] = queue.Queue(max_pending)
-        self._max_batch = max_batch
-        self._metrics = metrics
-        self._closing = threading.Event()
-        self.num_written = 0
-        self.num_dropped = 0
         self.num_retries = 0
-        self._thread = threading.Thread(target=self._run, name="reprise-history", daemon=True)
-        self._thread.start()
-
-    @property
-    def pending(self) -> int:
-        """Trajectories queued or being retried (approximate)."""
-        return self._queue.qsize()
+        super().__init__(store, max_pending, max_batch, metrics)
 
     def put(self, record: GenerationResult) -> WriteTicket | None:
-        """Queue a finished turn (engine thread; never blocks); None when there is nothing to keep."""
+        """Queue a finished turn (engine thread; never blocks); a deleted tenant's is dropped (None:
+        nothing to keep)."""
         if record.request.tenant in self._replica.deleted:
             return None
-        ticket = WriteTicket()
-        try:
-            self._queue.put_nowait((record, ticket))
-        except queue.Full:
-            why = f"the write queue is full ({self._queue.maxsize}; is the store down?)"
-            self._dropped(1, why)
-            return failed_ticket(why)
-        return ticket
-
-    def flush(self, timeout: float | None = None) -> bool:
-        """Wait until everything queued before this call is stored; False on timeout."""
-        done = threading.Event()
-        try:
-            self._queue.put(done, timeout=timeout)
-        except queue.Full:
-            return False
-        return done.wait(timeout)
-
-    def close(self, timeout: float = 30.0) -> None:
-        """Store what is queued (waiting up to ``timeout`` for an unreachable store), then stop."""
-        if not self.flush(timeout):
-            log.error("history writer: the store did not come back within %.0f s; %d trajectories are not "
-                      "stored", timeout, self.pending)
-        self._closing.set()
-        try:
-            self._queue.put(_STOP, timeout=1)
-        except queue.Full:
-            pass
-        self._thread.join(timeout)
-
-    def _dropped(self, n: int, why: str) -> None:
-        self.num_dropped += n
-        if self._metrics is not None:
-            self._metrics.writes_dropped.inc(n)
-        log.warning("history writer: dropped %d trajectories: %s", n, why)
-
-    def _run(self) -> None:
-        while True:
-            try:
-                item = self._queue.get(timeout=0.2)
-            except queue.Empty:
-                if self._closing.is_set():  # closed without room for the stop marker
-                    return
-                continue
-            batch, events, stop = drain(self._queue, item, self._max_batch)
-            if batch:
-                self._write(batch)
-            for event in events:
-                event.set()
-            if stop:
-                return
-
-    def _write(self, batch: list[Any]) -> None:
-        for tenant, (trajectories, tickets) in trajectories_by_tenant(batch).items():
-            error = self._append(tenant, trajectories)
-            resolve_all(tickets, error is None, error or "")
+        return super().put(record)
 
     def _append(self, tenant: str, trajectories: list[Any]) -> str | None:
-        """Append until it lands, the tenant is gone, or the writer closes; the error when given up."""
-        from privacy.errors import StorageError, UnknownTenantError
-        from privacy.tenants import TenantId
-
+        """Append until it lands, the tenant is gone, or the writer closes; why, when given up."""
         backoff = 0.05
         while True:
             if tenant in self._replica.deleted:
@@ -154,4 +76,3 @@ class ReplicaWriter:
                             len(trajectories), tenant)
             self._replica.after_append(tenant, refs[-1].cursor)
             return None
-            return

@@ -8,6 +8,7 @@ cannot be reached; 4 the admin key is missing, wrong or lacks the role; 130 inte
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
 import os
 import re
@@ -17,7 +18,7 @@ from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from reprise.cli import CliError
+from reprise.arguments import CliError
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -170,7 +171,6 @@ def read_password(args: argparse.Namespace, twice: bool) -> str:
         return os.environ["REPRISE_EXPORT_PASSWORD"]
     if not sys.stdin.isatty():
         raise CliError("no password: pass --password-file or set REPRISE_EXPORT_PASSWORD", EXIT_USAGE)
-    import getpass
 
     password = getpass.getpass("Export password: ")
     if twice and getpass.getpass("Again: ") != password:

@@ -20,13 +20,23 @@ import json
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from reprise.arguments import CliError
+from reprise.commands._remote import (
+    ProgressBar,
+    add_connection_arguments,
+    admin_client,
+    call,
+    emit_json,
+    read_password,
+    resolve_tenant,
+)
+
 
 def add_parser(sub) -> None:
-    from reprise.commands._remote import add_connection_arguments
-
     parser = sub.add_parser("index", help="per-tenant index statistics, build, compact, corpus, export (admin)",
                             description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     actions = parser.add_subparsers(dest="action", metavar="ACTION")
@@ -70,14 +80,10 @@ def add_parser(sub) -> None:
 
 
 def _stats_dict(s: Any, name: str = "") -> dict[str, Any]:
-    from dataclasses import asdict
-
     return {"name": name, **asdict(s)}
 
 
 def run_stats(args: argparse.Namespace) -> int:
-    from reprise.commands._remote import admin_client, call, emit_json, resolve_tenant
-
     with admin_client(args) as client:
         names = {t.tenant_id: t.name for t in call(client.list_tenants)}
         tenant_id = resolve_tenant(client, args.tenant)[0] if args.tenant else None
@@ -116,8 +122,6 @@ def _bytes(n: int) -> str:
 
 
 def run_index_op(args: argparse.Namespace) -> int:
-    from reprise.commands._remote import ProgressBar, admin_client, call, emit_json, resolve_tenant
-
     with admin_client(args) as client:
         tenant_id, name = resolve_tenant(client, args.tenant)
         fn = client.build_index if args.op == "build" else client.compact_index
@@ -134,8 +138,6 @@ def run_index_op(args: argparse.Namespace) -> int:
 
 def read_documents(paths: list[str]) -> Iterator[str | list[int]]:
     """Documents from text files (one each) and .jsonl files (one per line); errors name file and line."""
-    from reprise.cli import CliError
-
     for name in paths:
         path = Path(name)
         try:
@@ -164,8 +166,6 @@ def read_documents(paths: list[str]) -> Iterator[str | list[int]]:
 
 
 def run_import_corpus(args: argparse.Namespace) -> int:
-    from reprise.commands._remote import ProgressBar, admin_client, call, emit_json, resolve_tenant
-
     # Every file is read and checked before the upload starts: a missing or malformed file is one line
     # naming it (exit 2), not an upload broken off halfway. The upload then reads the files again.
     for _ in read_documents(args.files):
@@ -185,16 +185,6 @@ def run_import_corpus(args: argparse.Namespace) -> int:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from reprise.cli import CliError
-    from reprise.commands._remote import (
-        ProgressBar,
-        admin_client,
-        call,
-        emit_json,
-        read_password,
-        resolve_tenant,
-    )
-
     out = Path(args.out)
     if out.exists():
         raise CliError(f"{out} exists; choose another --out (exports never overwrite)", 2)
@@ -217,16 +207,6 @@ def run_export(args: argparse.Namespace) -> int:
 
 
 def run_import(args: argparse.Namespace) -> int:
-    from reprise.cli import CliError
-    from reprise.commands._remote import (
-        ProgressBar,
-        admin_client,
-        call,
-        emit_json,
-        read_password,
-        resolve_tenant,
-    )
-
     path = Path(args.file)
     if not path.is_file():
         raise CliError(f"no such file: {path}", 2)

@@ -1,6 +1,6 @@
 """`reprise replay`: the canonical replay of agent traces through a drafter.
 
-Every LLM call of each trace (../shared/traces/FORMAT.md) is decoded against its recorded response:
+Every LLM call of each trace (docs/replay.md) is decoded against its recorded response:
 each step the drafter proposes a tree of at most --budget tokens, greedy verification accepts the
 longest matching root path plus one bonus token. Printed per file:
 
@@ -10,6 +10,10 @@ longest matching root path plus one bonus token. Printed per file:
   hit            steps with a non-empty draft / steps
   spec p50/p99   time of one propose() call, microseconds
   by position k  steps accepting >= k draft tokens / steps with a non-empty draft
+
+With --chain every step sends one path (the path a chain verifier such as vLLM's is sent: the best
+path of a wider tree, retrieval/chain.py) instead of a tree; the figures then say what a chain verifier
+would get.
 
 Drafter "oracle" is the copy limit: the longest continuation of the recorded response visible to any
 retrieval drafter (tenant history, prompt, output so far), the ceiling for every retrieval drafter.
@@ -23,7 +27,14 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-from reprise.cli import positive_int
+from replay_traces.oracle import CopyLimitOracle
+from replay_traces.replay import read_calls, replay_calls
+from replay_traces.tokenizer import CanonicalTokenizer
+from replay_traces.traces import Call, TraceStats
+from reprise.arguments import CliError, positive_int
+from retrieval.chain import DEFAULT_TREE_FACTOR, ChainProposer
+from retrieval.config import DraftingConfig
+from retrieval.session import Proposer
 
 ORACLE = "oracle"
 _SHOWN_POSITIONS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
@@ -60,13 +71,13 @@ def add_parser(sub) -> None:
     parser.add_argument("--drafter", default=None, metavar="NAME",
                         help="a drafter by name (an unknown name lists the known ones) or 'oracle' "
                         "(default: 'reprise', the full proposer)")
+    parser.add_argument("--chain", action="store_true",
+                        help="one path per step (what a chain verifier such as vLLM's is sent), not a tree")
     parser.set_defaults(func=run)
 
 
 def check_traces(paths: list[str]) -> list[Path]:
     """The trace paths as Paths; a missing or unreadable one is a CliError naming it."""
-    from reprise.cli import CliError
-
     out = []
     for p in paths:
         path = Path(p)
@@ -79,9 +90,6 @@ def check_traces(paths: list[str]) -> list[Path]:
 
 
 def make_tokenizer(name: str):
-    from replay_traces.tokenizer import CanonicalTokenizer
-    from reprise.cli import CliError
-
     try:
         return CanonicalTokenizer(name)
     except ValueError as exc:
@@ -118,21 +126,16 @@ class Progress:
 
 
 def replay_one(path: Path, drafter: str, *, tokenizer, budget: int, max_calls: int | None,
-               skip_bad_lines: bool, progress: Progress, config=None):
-    """Replay one file with the named proposer (or the oracle); trace errors become CliError."""
-    from replay_traces.replay import read_calls, replay_calls
-    from replay_traces.traces import Call, TraceStats
-    from reprise.cli import CliError
+               skip_bad_lines: bool, progress: Progress, config=None, chain: bool = False):
+    """Replay one file with the named proposer (or the oracle), as trees or with ``chain`` as single
+    paths (``retrieval.chain.ChainProposer``); trace errors become CliError."""
     from reprise.drafters import make_proposer
-    from retrieval.session import Proposer
 
     stats = TraceStats()
     calls: Iterable[Call]
     proposer: Proposer
     try:
         if drafter == ORACLE:
-            from replay_traces.oracle import CopyLimitOracle
-
             listed = list(read_calls(path, max_calls=max_calls, skip_bad_lines=skip_bad_lines, stats=stats))
             progress.note(f"{path.name}: building the copy-limit oracle over {len(listed)} calls")
             proposer = CopyLimitOracle(listed, tokenizer, max_len=budget)
@@ -140,6 +143,8 @@ def replay_one(path: Path, drafter: str, *, tokenizer, budget: int, max_calls: i
         else:
             calls = read_calls(path, max_calls=max_calls, skip_bad_lines=skip_bad_lines, stats=stats)
             proposer = make_proposer(drafter, config)
+            if chain:
+                proposer = ChainProposer(proposer)
         progress.start(path.name, max_calls)
         return replay_calls(calls, proposer, tokenizer, budget=budget, drafter=drafter, path=str(path),
                             stats=stats, on_call=progress.on_call)
@@ -190,33 +195,34 @@ def columns(rows) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from reprise.cli import CliError
     from reprise.drafters import DEFAULT_DRAFTER, proposer_names
-    from retrieval.config import DraftingConfig
 
     paths = check_traces(args.traces)
     drafter = args.drafter or DEFAULT_DRAFTER
     if drafter != ORACLE and drafter not in proposer_names():
         raise CliError(f"unknown drafter {drafter!r}; known: {', '.join(proposer_names() + [ORACLE])}")
     tokenizer = make_tokenizer(args.tokenizer)
-    config = DraftingConfig(max_draft_tokens=args.budget)
+    # A chain is the best path of a tree of DEFAULT_TREE_FACTOR x budget nodes: the drafter's cap allows it.
+    factor = DEFAULT_TREE_FACTOR if args.chain else 1
+    config = DraftingConfig(max_draft_tokens=min(args.budget * factor, 1024))
     progress = Progress(enabled=not args.json)
     reports = []
     for path in paths:
         try:
             reports.append(replay_one(path, drafter, tokenizer=tokenizer, budget=args.budget,
                                       max_calls=args.max_calls, skip_bad_lines=args.skip_bad_lines,
-                                      progress=progress, config=config))
+                                      progress=progress, config=config, chain=args.chain))
         except CliError:
             if reports and not args.json:  # keep the files already replayed
                 print(format_table(reports, args.budget))
             raise
     report_skipped(reports, "replay")
     if args.json:
-        json.dump({"drafter": drafter, "budget": args.budget, "tokenizer": args.tokenizer,
+        json.dump({"drafter": drafter, "budget": args.budget, "chain": args.chain, "tokenizer": args.tokenizer,
                    "files": [r.to_dict() for r in reports]}, sys.stdout, indent=2)
         print()
     else:
-        print(f"drafter {drafter}, budget {args.budget}, tokenizer {args.tokenizer}")
+        shape = "one path per step" if args.chain else "trees"
+        print(f"drafter {drafter}, budget {args.budget} ({shape}), tokenizer {args.tokenizer}")
         print(format_table(reports, args.budget))
     return 0

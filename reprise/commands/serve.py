@@ -18,12 +18,17 @@ over the file. SIGTERM or Ctrl-C stops gracefully: health turns NOT_SERVING, in-
 from __future__ import annotations
 
 import argparse
+import asyncio
+import logging
 import sys
+
+from privacy.errors import MasterKeyError, StorageError
+from reprise.arguments import CliError
+from reprise.backends.vllm.versions import VllmUnavailableError
+from reprise.config import add_config_arguments, config_from_args
 
 
 def add_parser(sub) -> None:
-    from reprise.config import add_config_arguments
-
     parser = sub.add_parser("serve", help="run the service (gRPC, metrics, dashboard) on embedded defaults",
                             description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--print-config", action="store_true",
@@ -33,12 +38,6 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import asyncio
-    import logging
-
-    from reprise.cli import CliError
-    from reprise.config import config_from_args
-
     try:
         config = config_from_args(args)
     except ValueError as exc:
@@ -55,8 +54,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _serve(config) -> int:
-    from privacy.errors import MasterKeyError, StorageError
-    from reprise.cli import CliError
     from reprise.server.service import Service
 
     service = Service(config)
@@ -64,14 +61,14 @@ async def _serve(config) -> int:
           file=sys.stderr)
     try:
         await service.start()
-    except (MasterKeyError, StorageError, FileNotFoundError) as exc:
+    except (MasterKeyError, StorageError, FileNotFoundError, VllmUnavailableError) as exc:
         raise CliError(str(exc), 1) from None
     service.install_signal_handlers()
     s = config.server
     lines = [f"reprise: serving gRPC on {s.host}:{service.grpc_port}"]
     if service.http is not None:
-        lines.append(f"reprise: metrics at http://{s.host}:{service.http_port}/metrics, "
-                     f"dashboard at http://{s.host}:{service.http_port}/dashboard")
+        lines.append(f"reprise: OpenAI-compatible API at http://{s.host}:{service.http_port}/v1, "
+                     f"metrics at /metrics, dashboard at /dashboard")
     if service.admin_key_file is not None:
         lines.append(f"reprise: first start: the admin key is in {service.admin_key_file} (0600); "
                      "move it to a secret store")

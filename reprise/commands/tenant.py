@@ -18,10 +18,19 @@ import argparse
 import sys
 import time
 
+from reprise.arguments import CliError
+from reprise.commands._remote import (
+    ProgressBar,
+    add_connection_arguments,
+    admin_client,
+    call,
+    confirm,
+    emit_json,
+    resolve_tenant,
+)
+
 
 def add_parser(sub) -> None:
-    from reprise.commands._remote import add_connection_arguments
-
     parser = sub.add_parser("tenant", help="create, list, delete tenants and rotate their keys (admin)",
                             description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     actions = parser.add_subparsers(dest="action", metavar="ACTION")
@@ -54,8 +63,6 @@ def add_parser(sub) -> None:
 
 
 def run_create(args: argparse.Namespace) -> int:
-    from reprise.commands._remote import admin_client, call, emit_json
-
     with admin_client(args) as client:
         tenant, key = call(client.create_tenant, args.name)
     if args.json:
@@ -68,8 +75,6 @@ def run_create(args: argparse.Namespace) -> int:
 
 
 def run_list(args: argparse.Namespace) -> int:
-    from reprise.commands._remote import admin_client, call, emit_json
-
     with admin_client(args) as client:
         tenants = call(client.list_tenants)
     if args.json:
@@ -87,8 +92,6 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def run_delete(args: argparse.Namespace) -> int:
-    from reprise.commands._remote import admin_client, call, confirm, emit_json, resolve_tenant
-
     with admin_client(args) as client:
         tenant_id, name = resolve_tenant(client, args.tenant)
         if not args.dry_run:
@@ -106,9 +109,6 @@ def run_delete(args: argparse.Namespace) -> int:
 
 
 def run_rotate(args: argparse.Namespace) -> int:
-    from reprise.cli import CliError
-    from reprise.commands._remote import ProgressBar, admin_client, call, emit_json, resolve_tenant
-
     if args.master_key and args.tenant:
         raise CliError("--master-key rotates the key of every tenant: give no tenant", 2)
     if not args.master_key and not args.tenant:

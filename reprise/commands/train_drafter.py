@@ -20,14 +20,17 @@ $REPRISE_HOME/drafters/default (the default OUT).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
-import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from reprise.cli import positive_int
+import numpy as np
+
+from fileio import atomic_writer
+from reprise.arguments import CliError, positive_int
 
 
 def add_parser(sub) -> None:
@@ -66,8 +69,6 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from reprise.cli import CliError
-
     if not 0.0 <= args.held_out < 1.0:
         raise CliError(f"--held-out must be in [0, 1), got {args.held_out}")
     if not args.lr > 0:
@@ -165,13 +166,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _settings(settings: Any) -> dict[str, Any]:
-    import dataclasses
-
     return dataclasses.asdict(settings)
 
 
 def _load_model(args: argparse.Namespace) -> Any:
-    from reprise.cli import CliError
     from verifier.models import load_default_model, load_model
 
     try:
@@ -187,7 +185,6 @@ def _extract(args: argparse.Namespace, lm: Any, path: Path) -> dict[str, Any]:
     import torch
 
     from neural_drafters.training import extract_features
-    from reprise.cli import CliError
     from reprise.offline.drafter_data import split_by_session, training_examples
 
     if lm.tokenizer is None:
@@ -215,13 +212,8 @@ def _extract(args: argparse.Namespace, lm: Any, path: Path) -> dict[str, Any]:
             "held_out": extract_features(lm.model, held_out, on_progress=progress).to_state(),
             "key": _data_key(args, lm)}
     bar.close()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as fh:
+    with atomic_writer(path) as fh:
         torch.save(data, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
     return data
 
 
@@ -234,8 +226,6 @@ def _data_key(args: argparse.Namespace, lm: Any) -> dict[str, Any]:
 
 
 def _coverage(features: Any, d2t: Any) -> float:
-    import numpy as np
-
     vocab = set(d2t.tolist())
     hits = total = 0
     for greedy, mask in zip(features.greedy, features.masks):

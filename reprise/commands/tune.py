@@ -22,9 +22,29 @@ import sys
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
-from replay_traces.tune import DEFAULT_A, DEFAULT_B, DEFAULT_GRID
-from reprise.cli import positive_int
-from reprise.commands.replay import add_trace_arguments
+from privacy.tenants import validate_tenant_name
+from replay_traces.tune import (
+    DEFAULT_A,
+    DEFAULT_B,
+    DEFAULT_GRID,
+    best_result,
+    default_grid,
+    grid_settings,
+    parse_grid,
+    setting_label,
+    sweep,
+)
+from replay_traces.tune_report import write_json, write_report
+from reprise.arguments import CliError, positive_int
+from reprise.commands.replay import (
+    Progress,
+    add_trace_arguments,
+    check_traces,
+    columns,
+    make_tokenizer,
+    report_skipped,
+)
+from reprise.server.tenant_config import data_dir_path, save_drafting_config
 
 DEFAULT_MAX_CALLS = 1000
 
@@ -86,18 +106,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from privacy.tenants import validate_tenant_name
-    from replay_traces.tune import best_result, default_grid, grid_settings, parse_grid, setting_label, sweep
-    from replay_traces.tune_report import write_json, write_report
-    from reprise.cli import CliError
-    from reprise.commands.replay import (
-        Progress,
-        check_traces,
-        make_tokenizer,
-        report_skipped,
-    )
     from reprise.drafters import DEFAULT_DRAFTER, make_proposer, proposer_names
-    from reprise.server.tenant_config import data_dir_path, save_drafting_config
 
     try:
         validate_tenant_name(args.tenant)
@@ -215,7 +224,6 @@ def run(args: argparse.Namespace) -> int:
 def _hybrid_setup(args: argparse.Namespace):
     """(target, head, settings) for --hybrid; CliError for a bad flag, a missing model or checkpoint."""
     from neural_drafters.proposers import default_checkpoint, load_head_drafter
-    from reprise.cli import CliError
     from reprise.offline.hybrid_tune import HybridTuneSettings
     from verifier.models import load_default_model, load_model
 
@@ -241,8 +249,6 @@ def _hybrid_setup(args: argparse.Namespace):
 
 
 def _table(results, best) -> str:
-    from reprise.commands.replay import columns
-
     varied = list(results[0].varied)
     rows = [("#", *varied, "tau", "draft/step", "accept", "hit", "est. speedup", "p50 us", "")]
     for i, r in enumerate(results):

@@ -37,6 +37,7 @@ import numpy as np
 from grpc_api.backend import FinishReason
 from reprise.engine.draft_budget import AcceptanceTracker, DraftBudget
 from reprise.engine.drafting import GuardedSession
+from reprise.engine.grammar import GrammarState
 from reprise.engine.request import GenerationRequest, GenerationResult, StoppingParams, Usage
 from reprise.engine.step_cost import StepCostFit
 from reprise.engine.stopping import StopChecker
@@ -134,6 +135,7 @@ class _Active:
     session: GuardedSession
     stop: StopChecker
     on_stream: StreamCallback | None
+    grammar: GrammarState | None = None  # the output's grammar at the committed tokens (reprise/engine/grammar.py)
     tracker: AcceptanceTracker = field(default_factory=AcceptanceTracker)
     steps: int = 0
     drafted: int = 0
@@ -144,12 +146,14 @@ class _Active:
 @dataclass(frozen=True, slots=True)
 class _Draft:
     """One request's draft in a step: the tree verified (``keep``: its nodes' indices in the tree the
-    session proposed), where it came from, and what proposing it cost."""
+    session proposed, -1 for nodes a grammar forced), where it came from, what proposing it cost, and
+    the grammar's token mask of its rows (None without a grammar)."""
 
     tree: DraftTree
     keep: np.ndarray
     match_len: int = 0
     propose_seconds: float | None = None
+    token_mask: Any = None
 
 
 _NO_DRAFT = _Draft(DraftTree.empty(), _NO_NODES)
@@ -260,7 +264,9 @@ class Engine:
             session.observe_hidden(prompt_hidden)
         stop = StopChecker(request.stopping, self.tokenizer, self.eos_token_ids,
                            self.runner.max_len - len(request.prompt_ids))
-        return _Active(handle, slot, session, stop, on_stream, cached=self.runner.num_reused(slot))
+        grammar = None if request.grammar is None else GrammarState(request.grammar, self.runner.vocab_size,
+                                                                     self.tokenizer)
+        return _Active(handle, slot, session, stop, on_stream, grammar, cached=self.runner.num_reused(slot))
 
     def _propose(self, batch: list[_Active]) -> list[_Draft]:
         """Each request's draft, cut by the budget to what is worth verifying in a batch this size."""
@@ -269,21 +275,29 @@ class Engine:
             room = min(budget.max_draft_tokens, self.runner.max_draft_nodes, self.runner.remaining(item.slot) - 1,
                        item.stop.max_tokens - len(item.stop.token_ids) - 1)  # drafts past the last token are waste
             if room <= 0 or not item.handle.request.speculate:
-                drafts.append(_NO_DRAFT)
+                drafts.append(_NO_DRAFT if item.grammar is None else self._constrain(item, _NO_DRAFT, 0))
                 continue
             t0 = time.perf_counter()
             tree = item.session.propose(room)  # a failing drafter gives an empty draft (GuardedSession)
             seconds = time.perf_counter() - t0
             keep = budget.select(tree, room, item.tracker.scale, len(batch))
             verified = tree if len(keep) == len(tree) else subtree(tree, keep)
-            drafts.append(_Draft(verified, keep, tree.match_len, seconds))
+            draft = _Draft(verified, keep, tree.match_len, seconds)
+            drafts.append(draft if item.grammar is None else self._constrain(item, draft, room))
         return drafts
+
+    @staticmethod
+    def _constrain(item: _Active, draft: _Draft, room: int) -> _Draft:
+        """The draft under the request's grammar: forced tokens added, forbidden nodes dropped, row masks."""
+        assert item.grammar is not None
+        tree, keep, mask = item.grammar.constrain(draft.tree, draft.keep, room, jump_forward=room > 0)
+        return replace(draft, tree=tree, keep=keep, token_mask=mask)
 
     def _verify(self, batch: list[_Active], drafts: list[_Draft]) -> list[VerifyResult] | None:
         """One forward pass over every request's tree. A tree of sampled nodes carries their q
         (neural_drafters/hybrid.py); the budget's cuts drop it. None when verification failed."""
-        steps = [VerifyStep(item.slot, d.tree, getattr(d.tree, "q", None), getattr(d.tree, "q_mode", "iid"))
-                 for item, d in zip(batch, drafts)]
+        steps = [VerifyStep(item.slot, d.tree, getattr(d.tree, "q", None), getattr(d.tree, "q_mode", "iid"),
+                            d.token_mask) for item, d in zip(batch, drafts)]
         fit = self.step_costs
         started = fit.clock() if fit is not None else 0.0
         try:
@@ -305,9 +319,11 @@ class Engine:
             kept = outcome.token_ids
             accepted = result.accepted[: len(kept)]  # a stop condition may end the step inside the path
             item.tracker.update(draft.tree, result.accepted)
+            if item.grammar is not None:
+                item.grammar.advance(kept)
             hidden = None if result.hidden_states is None else result.hidden_states[: len(kept)]
-            item.session.commit(Verified(np.asarray(kept, dtype=np.int32), draft.keep[accepted], len(draft.tree) > 0,
-                                         hidden))  # fmt: skip
+            item.session.commit(Verified(np.asarray(kept, dtype=np.int32), _own_nodes(draft.keep[accepted]),
+                                         len(draft.tree) > 0, hidden))  # fmt: skip
             item.steps += 1
             item.drafted += len(draft.tree)
             item.accepted += len(accepted)
@@ -349,6 +365,12 @@ class Engine:
     def _resolve(handle: RequestHandle, result: GenerationResult) -> None:
         handle.result = result
         handle.done.set()
+
+
+def _own_nodes(nodes: np.ndarray) -> np.ndarray:
+    """The accepted path's nodes that the session drafted: up to the first one a grammar forced (-1)."""
+    forced = np.nonzero(nodes < 0)[0]
+    return np.asarray(nodes[: forced[0]] if len(forced) else nodes, dtype=np.int32)
 
 
 def _result(request: GenerationRequest, output: Sequence[int], text: str, reason: FinishReason,

@@ -5,6 +5,7 @@ sink stores. Finish reasons are the serving seam's vocabulary (``grpc_api.backen
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from grpc_api.backend import FinishReason
 from verifier.sampling import SamplingParams
@@ -48,6 +49,7 @@ class GenerationRequest:
 
     ``speculate``: draft for this request (False decodes one token per step; the output is the same).
     ``record_history``: a finished turn joins the tenant's history (not when it was aborted or failed).
+    ``grammar``: a compiled grammar the output follows (``reprise.engine.grammar.GrammarCompiler``).
     """
 
     prompt_ids: tuple[int, ...]
@@ -58,6 +60,7 @@ class GenerationRequest:
     request_id: str = ""
     record_history: bool = True
     speculate: bool = True
+    grammar: Any = None
 
     def __post_init__(self) -> None:
         if not self.prompt_ids:

@@ -1,7 +1,7 @@
 """Training conversations for draft heads: trace conversations in the target's own chat template, with
 a mask of the assistant spans (the only tokens the head's loss counts).
 
-Every line of a trace file (../shared/traces/FORMAT.md) is one conversation; its messages are rendered
+Every line of a trace file (docs/replay.md, "Traces") is one conversation; its messages are rendered
 with the tokenizer's chat template, tokenized once with character offsets, and a token is marked when
 it starts inside an assistant message's content or its end-of-turn marker. Files contribute in turn
 (round robin), so a token budget spreads over all of them.
@@ -9,6 +9,7 @@ it starts inside an assistant message's content or its end-of-turn marker. Files
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from neural_drafters.training import Example
+from replay_traces.traces import iter_calls
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,8 +33,6 @@ class Conversation:
 
 def read_conversations(path: str | Path, *, exclude_sessions: frozenset[str] = frozenset()) -> Iterator[Conversation]:
     """The conversations of a trace file in file order (the last call of each line carries all of it)."""
-    from replay_traces.traces import iter_calls
-
     last: Any = None
     for call in iter_calls(path, skip_bad_lines=True):
         if last is not None and call.line_no != last.line_no:
@@ -115,8 +115,6 @@ def training_examples(tokenizer: Any, paths: Sequence[str | Path], *, max_tokens
 
 def split_by_session(items: Sequence[tuple[str, Example]], held_out: float, seed: int = 0) -> tuple[list[Example], list[Example]]:
     """(train, held-out): whole sessions go to one side, picked by a seeded hash of the session id."""
-    import hashlib
-
     train: list[Example] = []
     test: list[Example] = []
     for session, example in items:

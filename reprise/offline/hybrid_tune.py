@@ -11,12 +11,22 @@ per draft token, plus the drafter's own CPU time) wins; ties go to the higher th
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from neural_drafters.hybrid import HybridProposer, HybridSettings, NeuralProposer, ReuseProposer
+from neural_drafters.reuse import HiddenStateMemory
+from reprise.drafters import DEFAULT_DRAFTER, make_proposer
+from reprise.offline.calls import select_calls
+from reprise.offline.model_replay import decode_reference, simulate
 from retrieval.config import DraftingConfig
+from retrieval.draft_tree import DraftTree
+from verifier.runner import ModelRunner, VerifyStep
 
 DEFAULT_THRESHOLDS = (0.5, 1.0, 2.0, 4.0, 8.0)
 
@@ -64,6 +74,26 @@ def estimated_speedup(report: dict[str, Any], a_ms: float, b_ms: float) -> float
     return report["tau"] * a_ms / (a_ms + b_ms * report["drafted_per_step"] + report["propose_ms_per_step"])
 
 
+def measure_step_cost(model, prefix: int, reps: int = 7) -> tuple[float, float]:
+    """(a, b): median CPU ms of a verify step with no draft, and the extra ms per draft token (16-node
+    steps), after a ``prefix``-token prompt: the cost model the threshold choice uses."""
+    runner = ModelRunner(model, max_len=prefix + 40 * reps, max_draft_nodes=16)
+    vocab = runner.vocab_size
+    rng = np.random.default_rng(0)
+    slot = runner.start(rng.integers(0, vocab, prefix).tolist())
+    times: dict[int, list[float]] = {0: [], 16: []}
+    for rep in range(reps + 1):
+        for d in (0, 16):
+            tree = DraftTree.chain(rng.integers(0, vocab, d)) if d else DraftTree.empty()
+            start = time.thread_time()
+            runner.verify([VerifyStep(slot, tree)])
+            if rep:  # the first round warms up
+                times[d].append(1000 * (time.thread_time() - start))
+    runner.release(slot)
+    a = float(np.median(times[0]))
+    return a, max(0.0, (float(np.median(times[16])) - a) / 16)
+
+
 def tune_threshold(traces: Sequence[str | Path], config: DraftingConfig, lm: Any, head: Any,
                    settings: HybridTuneSettings = HybridTuneSettings(), *, cache_dir: str | Path | None = None,
                    progress: Callable[[str], None] | None = None,
@@ -73,12 +103,6 @@ def tune_threshold(traces: Sequence[str | Path], config: DraftingConfig, lm: Any
     ``lm``: the loaded target (``verifier.models.LoadedModel``, its tokenizer's chat template renders
     the prompts); ``head``: a ``HeadDrafter`` (``neural_drafters.proposers.load_head_drafter``);
     ``cost``: (a, b) in CPU ms, measured on ``lm`` when None."""
-    from neural_drafters.hybrid import HybridProposer, HybridSettings, NeuralProposer, ReuseProposer
-    from neural_drafters.reuse import HiddenStateMemory
-    from reprise.benchmarks.neural import measure_step_cost
-    from reprise.drafters import DEFAULT_DRAFTER, make_proposer
-    from reprise.offline.model_replay import decode_reference, select_calls, simulate
-
     say = progress or (lambda message: None)
     s = settings
     references = []

@@ -17,7 +17,6 @@ target itself (its chat template, cut to the last ``prompt_tokens`` tokens):
 from __future__ import annotations
 
 import hashlib
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -25,19 +24,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
+from fileio import atomic_writer
 from replay_traces.replay import accepted_path
+from reprise.engine.engine import Engine
+from reprise.offline.calls import ModelCall
+from retrieval.draft_tree import DraftTree
 from retrieval.session import Verified
-
-
-@dataclass(frozen=True, slots=True)
-class ModelCall:
-    """One trace call prepared for the target: its tenant, session and prompt token ids."""
-
-    tenant: str
-    session: str
-    index: int
-    prompt_ids: tuple[int, ...]
+from verifier.runner import ModelRunner
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,49 +46,7 @@ class Reference:
     cpu_seconds: float = 0.0  # the decoding thread's CPU time (steadier on a shared machine)
 
 
-def task_key(session: str, first_message: str) -> str:
-    """Trials of one task share a key (``task3-trial1`` -> ``task3``; ReAct episodes by their question)."""
-    from reprise.benchmarks.verify import task_key as key
-
-    return key(session, first_message)
-
-
-def select_calls(path: str | Path, tokenizer: Any, *, calls: int, trials: int, call_index: int,
-                 prompt_tokens: int) -> list[ModelCall]:
-    """``calls`` calls of a trace, in file order. With ``trials`` > 1 and tasks run several times: call
-    ``call_index`` of ``trials`` trials of each task (history from earlier trials helps later ones).
-    Otherwise: up to ``trials`` consecutive calls of each session from ``call_index`` on (an agent's
-    later steps resemble its earlier ones)."""
-    from replay_traces.traces import iter_calls
-
-    by_task: dict[str, dict[str, list[Any]]] = {}
-    for call in iter_calls(path, skip_bad_lines=True):
-        first = call.messages[0].content if call.messages else ""
-        by_task.setdefault(task_key(call.session, first), {}).setdefault(call.session, []).append(call)
-    chosen: list[Any] = []
-    if trials > 1 and any(len(s) >= trials for s in by_task.values()):
-        for sessions in by_task.values():
-            picks = [c[call_index] for c in sessions.values() if len(c) > call_index]
-            if len(picks) >= trials:
-                chosen += picks[:trials]
-            if len(chosen) >= calls:
-                break
-    else:
-        for sessions in by_task.values():
-            for c in sessions.values():
-                chosen += c[min(call_index, len(c) - 1) :][:trials]
-            if len(chosen) >= calls:
-                break
-    out = []
-    for call in sorted(chosen[:calls], key=lambda c: c.index):
-        messages = [{"role": m.role, "content": m.content} for m in call.messages]
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-        out.append(ModelCall(call.tenant, call.session, call.index, tuple(ids[-prompt_tokens:])))
-    return out
-
-
-class _Recorder:
+class HiddenStateRecorder:
     """A proposer that drafts nothing and keeps the hidden states the engine hands it."""
 
     wants_hidden_states = True
@@ -101,7 +54,7 @@ class _Recorder:
     def __init__(self) -> None:
         self.chunks: list[Any] = []
 
-    def begin(self, tenant: str, session_id: str, prompt_ids: Any, request_id: str = "") -> _Recorder:
+    def begin(self, tenant: str, session_id: str, prompt_ids: Any, request_id: str = "") -> HiddenStateRecorder:
         self.chunks = []
         return self
 
@@ -109,8 +62,6 @@ class _Recorder:
         self.chunks.append(states.detach().float().cpu().clone())
 
     def propose(self, budget: int) -> Any:
-        from retrieval.draft_tree import DraftTree
-
         return DraftTree.empty()
 
     def commit(self, verified: Any) -> None:
@@ -128,13 +79,8 @@ def decode_reference(model: Any, tokenizer: Any, calls: Sequence[ModelCall], *, 
 
     With ``cache_dir``, each reference is stored there (hidden states as fp16) under a digest of
     ``model_key``, the prompt and ``max_new_tokens``, and read back instead of decoded next time."""
-    import torch
-
-    from reprise.engine.engine import Engine
-    from verifier.runner import ModelRunner
-
     max_len = max(len(c.prompt_ids) for c in calls) + max_new_tokens + 8
-    recorder = _Recorder()
+    recorder = HiddenStateRecorder()
     engine = Engine(ModelRunner(model, max_len=max_len, max_draft_nodes=0), recorder, tokenizer)
     refs = []
     for i, call in enumerate(calls):
@@ -149,11 +95,9 @@ def decode_reference(model: Any, tokenizer: Any, calls: Sequence[ModelCall], *, 
             seconds, cpu = time.perf_counter() - start, time.thread_time() - start_cpu
             ref = Reference(call, tuple(result.token_ids), torch.cat(recorder.chunks), seconds, cpu)
             if path is not None:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_name(path.name + ".tmp")
-                torch.save({"output_ids": torch.tensor(ref.output_ids), "hidden": ref.hidden.half(),
-                            "seconds": seconds, "cpu_seconds": cpu}, tmp)
-                os.replace(tmp, path)
+                with atomic_writer(path) as fh:
+                    torch.save({"output_ids": torch.tensor(ref.output_ids), "hidden": ref.hidden.half(),
+                                "seconds": seconds, "cpu_seconds": cpu}, fh)
         refs.append(ref)
         if on_call is not None:
             on_call(i, ref)
@@ -230,11 +174,4 @@ def simulate(proposer: Any, references: Sequence[Reference], *, budget: int = 32
 
 
 def _empty_tree() -> Any:
-    from retrieval.draft_tree import DraftTree
-
     return DraftTree.empty()
-
-
-def references_to_arrays(references: Sequence[Reference]) -> list[np.ndarray]:
-    """The output ids of every reference (for comparing engines' outputs)."""
-    return [np.asarray(r.output_ids, np.int32) for r in references]

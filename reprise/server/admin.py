@@ -22,6 +22,15 @@ from grpc_api.backend import (
     TenantInfo,
     TenantStats,
 )
+from privacy.errors import (
+    AuthenticationError,
+    IntegrityError,
+    MasterKeyError,
+    StorageError,
+    TenantExistsError,
+    UnknownTenantError,
+)
+from privacy.tenants import TenantId
 
 log = logging.getLogger(__name__)
 
@@ -29,15 +38,6 @@ log = logging.getLogger(__name__)
 @contextlib.contextmanager
 def privacy_errors() -> Iterator[None]:
     """Map privacy's exceptions to gRPC statuses (ValueError passes: it becomes INVALID_ARGUMENT)."""
-    from privacy.errors import (
-        AuthenticationError,
-        IntegrityError,
-        MasterKeyError,
-        StorageError,
-        TenantExistsError,
-        UnknownTenantError,
-    )
-
     try:
         yield
     except UnknownTenantError as exc:
@@ -56,8 +56,6 @@ def privacy_errors() -> Iterator[None]:
 
 def tenant_id(value: str) -> Any:
     """A ``privacy.TenantId``; INVALID_ARGUMENT naming the value if it is not one."""
-    from privacy.tenants import TenantId
-
     try:
         return TenantId(value)
     except ValueError:

@@ -14,6 +14,7 @@ from typing import Any
 
 from grpc_api import errors
 from grpc_api.backend import Principal
+from privacy.errors import AuthenticationError, StorageError
 
 ADMIN_PREFIX = "rpa_"
 TENANT_PREFIX = "rpk_"
@@ -46,8 +47,6 @@ class StoreAuthenticator:
         return principal
 
     def _check(self, key: str) -> Principal | None:
-        from privacy.errors import AuthenticationError, StorageError
-
         try:
             if key.startswith(ADMIN_PREFIX):
                 return Principal("admin", self._store.authenticate_admin(key).key_id)

@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
+
+from neural_drafters.hybrid import HybridProposer, ReuseProposer
+from privacy.tenants import TenantId
 
 log = logging.getLogger(__name__)
 
@@ -37,16 +41,12 @@ class HiddenStatePersistence:
 
     def save(self, tenant: str, session_id: str, segment: Any) -> str:
         """Seal one segment (call it off the engine thread); returns its key."""
-        from privacy.tenants import TenantId
-
         key = segment_key(session_id, segment.tokens)
         self.store.put_hidden_states(TenantId(tenant), key, segment.positions, segment.vectors)
         return key
 
     def restore(self, tenant: str, memory: Any) -> int:
         """Add every stored segment of ``tenant`` to ``memory`` (oldest first); returns how many."""
-        from privacy.tenants import TenantId
-
         tid = TenantId(tenant)
         restored = 0
         for record in self.store.iter_trajectories(tid):
@@ -69,8 +69,6 @@ class ReuseWiring:
     deleted tenant's memory is dropped."""
 
     def __init__(self, reuse: Any, store: Any) -> None:
-        from concurrent.futures import ThreadPoolExecutor
-
         self.reuse = reuse
         self.persistence = HiddenStatePersistence(store)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="reprise-reuse")
@@ -79,8 +77,6 @@ class ReuseWiring:
     @staticmethod
     def find(proposer: Any) -> Any:
         """The ``ReuseProposer`` inside ``proposer`` (itself, or a hybrid's part), or None."""
-        from neural_drafters.hybrid import HybridProposer, ReuseProposer
-
         if isinstance(proposer, ReuseProposer):
             return proposer
         if isinstance(proposer, HybridProposer):

@@ -28,7 +28,6 @@ from reprise.engine.request import GenerationResult
 
 log = logging.getLogger(__name__)
 STOP = object()  # queued by close(): the writer thread ends after what came before it
-_STOP = STOP
 
 
 class WriteTicket:
@@ -48,12 +47,6 @@ class WriteTicket:
     def wait(self, timeout: float | None = None) -> bool:
         """Whether it was resolved within ``timeout`` seconds."""
         return self._done.wait(timeout)
-
-
-def failed_ticket(error: str) -> WriteTicket:
-    ticket = WriteTicket()
-    ticket.resolve(False, error)
-    return ticket
 
 
 def drain(q: queue.Queue[Any], item: Any, max_batch: int) -> tuple[list[Any], list[threading.Event], bool]:
@@ -93,30 +86,38 @@ def trajectories_by_tenant(batch: list[tuple[GenerationResult, WriteTicket]]
     return by_tenant
 
 
-def resolve_all(tickets: list[WriteTicket], ok: bool, error: str = "") -> None:
-    for ticket in tickets:
-        ticket.resolve(ok, error)
+class TrajectoryWriter:
+    """What the history writers share: ``put`` queues a finished turn without blocking the engine; one
+    thread drains the queue in batches and hands each tenant's trajectories to ``_append``, then resolves
+    their tickets; ``flush`` waits for what was queued before it; ``close`` stores what is queued, then
+    stops. Subclasses say how one tenant's batch is appended (``_append`` returns None when it is stored
+    or there is nothing to keep, else why it was given up) and count what they store in ``num_written``."""
 
-
-class HistoryWriter:
-    def __init__(self, store: Any, max_queue: int = 10_000, max_batch: int = 64) -> None:
+    def __init__(self, store: Any, max_queue: int = 10_000, max_batch: int = 64, metrics: Any = None) -> None:
         self._store = store
         self._queue: queue.Queue[Any] = queue.Queue(max_queue)
         self._max_batch = max_batch
+        self._metrics = metrics
+        self._closing = threading.Event()
         self.num_written = 0
         self.num_dropped = 0
         self._thread = threading.Thread(target=self._run, name="reprise-history", daemon=True)
         self._thread.start()
 
-    def put(self, record: GenerationResult) -> WriteTicket:
+    @property
+    def pending(self) -> int:
+        """Trajectories queued or being retried (approximate)."""
+        return self._queue.qsize()
+
+    def put(self, record: GenerationResult) -> WriteTicket | None:
         """Queue a finished turn (called on the engine thread; never blocks)."""
         ticket = WriteTicket()
         try:
             self._queue.put_nowait((record, ticket))
         except queue.Full:
-            self.num_dropped += 1
-            log.warning("history queue full: dropped the trajectory of request %s", record.request_id)
-            ticket.resolve(False, f"the history queue is full ({self._queue.maxsize} turns waiting for the store)")
+            why = f"the write queue is full ({self._queue.maxsize}; is the store down?)"
+            self._dropped(1, why)
+            ticket.resolve(False, why)
         return ticket
 
     def flush(self, timeout: float | None = None) -> bool:
@@ -129,31 +130,58 @@ class HistoryWriter:
         return done.wait(timeout)
 
     def close(self, timeout: float = 30.0) -> None:
-        """Store what is queued, then stop the thread."""
-        self.flush(timeout)
-        self._queue.put(_STOP)
+        """Store what is queued (waiting up to ``timeout`` for it), then stop the thread."""
+        if not self.flush(timeout):
+            log.error("history writer: the store did not come back within %.0f s; %d trajectories are not "
+                      "stored", timeout, self.pending)
+        self._closing.set()
+        try:
+            self._queue.put(STOP, timeout=1)
+        except queue.Full:
+            pass
         self._thread.join(timeout)
+
+    def _dropped(self, n: int, why: str) -> None:
+        self.num_dropped += n
+        if self._metrics is not None:
+            self._metrics.writes_dropped.inc(n)
+        log.warning("history writer: dropped %d trajectories: %s", n, why)
 
     def _run(self) -> None:
         while True:
-            batch, events, stop = drain(self._queue, self._queue.get(), self._max_batch)
+            try:
+                item = self._queue.get(timeout=0.2)
+            except queue.Empty:
+                if self._closing.is_set():  # closed without room for the stop marker
+                    return
+                continue
+            batch, events, stop = drain(self._queue, item, self._max_batch)
             if batch:
-                self._write(batch)
+                for tenant, (trajectories, tickets) in trajectories_by_tenant(batch).items():
+                    error = self._append(tenant, trajectories)
+                    for ticket in tickets:
+                        ticket.resolve(error is None, error or "")
             for event in events:
                 event.set()
             if stop:
                 return
 
-    def _write(self, batch: list[Any]) -> None:
-        for tenant, (trajectories, tickets) in trajectories_by_tenant(batch).items():
-            try:
-                self._store.append_trajectories(TenantId(tenant), trajectories)
-                self.num_written += len(trajectories)
-                resolve_all(tickets, True)
-            except UnknownTenantError:
-                self.num_dropped += len(trajectories)  # deleted while its requests ran: nothing to keep
-                resolve_all(tickets, True)
-            except Exception as exc:
-                self.num_dropped += len(trajectories)
-                resolve_all(tickets, False, f"the store failed: {type(exc).__name__}")
-                log.exception("could not store %d trajectories of tenant %s", len(trajectories), tenant)
+    def _append(self, tenant: str, trajectories: list[Trajectory]) -> str | None:
+        raise NotImplementedError
+
+
+class HistoryWriter(TrajectoryWriter):
+    """The writer of a single server: one append per tenant and batch; a failed append is dropped and
+    logged (history is rebuildable)."""
+
+    def _append(self, tenant: str, trajectories: list[Trajectory]) -> str | None:
+        try:
+            self._store.append_trajectories(TenantId(tenant), trajectories)
+            self.num_written += len(trajectories)
+        except UnknownTenantError:
+            self.num_dropped += len(trajectories)  # deleted while its requests ran: nothing to keep
+        except Exception as exc:
+            log.exception("could not store %d trajectories of tenant %s", len(trajectories), tenant)
+            self._dropped(len(trajectories), "unexpected error (logged above)")
+            return f"the store failed: {type(exc).__name__}"
+        return None

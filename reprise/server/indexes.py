@@ -19,6 +19,10 @@ import numpy as np
 
 from grpc_api import errors
 from grpc_api.backend import CorpusDocument, CorpusImport, Progress, ProgressCallback, TenantStats
+from privacy.errors import IntegrityError
+from privacy.tenants import TenantId
+from reprise.server.admin import privacy_errors
+from retrieval.tenant_history import Trajectory
 
 log = logging.getLogger(__name__)
 _CORPUS_BATCH = 256  # documents per sealed corpus part
@@ -48,7 +52,6 @@ class TenantIndexes:
         """Load every tenant's history and corpus from the store (before serving)."""
         if not self.has_indexes:
             return
-        from privacy.errors import IntegrityError
 
         t0 = time.perf_counter()
         tenants = self._store.list_tenants()
@@ -67,8 +70,6 @@ class TenantIndexes:
                      time.perf_counter() - t0)
 
     def _load(self, tid: Any, progress: ProgressCallback) -> int:
-        from retrieval.tenant_history import Trajectory
-
         total = self._store.count_trajectories(tid)
         done = 0
 
@@ -92,9 +93,6 @@ class TenantIndexes:
 
     def record(self, tenant: str, session_id: str, token_ids: Sequence[int]) -> None:
         """``AppendTrajectory``: store the turn durably, then let the tenant's index draft from it."""
-        from privacy.tenants import TenantId
-        from reprise.server.admin import privacy_errors
-
         with privacy_errors():
             self._store.append_trajectory(TenantId(tenant), session_id, list(token_ids))
         if self.has_indexes:
@@ -123,8 +121,6 @@ class TenantIndexes:
 
     def build(self, tenant: str, progress: ProgressCallback) -> TenantStats:
         """Rebuild the tenant's indexes from the store (after an import, or to recover)."""
-        from privacy.tenants import TenantId
-
         self._require()
         self._load(TenantId(tenant), progress)
         return self.stats(tenant)
@@ -141,8 +137,6 @@ class TenantIndexes:
                    progress: ProgressCallback) -> CorpusImport:
         """Store the documents (sealed) and index them; text documents are tokenized here. The whole
         upload is read first: one that breaks off leaves the corpus as it was."""
-        from privacy.tenants import TenantId
-
         self._require()
         tid = TenantId(tenant)
         docs: list[np.ndarray] = []

@@ -1,4 +1,4 @@
-"""Prometheus metrics with vLLM-compatible names under ``reprise_`` (../shared/research/service.md, 5).
+"""Prometheus metrics with vLLM-compatible names under ``reprise_``.
 
 vLLM's PromQL ports by renaming ``vllm:`` to ``reprise_``:
 
@@ -93,12 +93,17 @@ class ServiceMetrics:
         self.grpc_seconds = Histogram("grpc_server_handling_seconds", "RPC handling time",
                                       ["grpc_service", "grpc_method", "grpc_type"],
                                       buckets=LATENCY_BUCKETS, registry=r)
+        # HTTP (the OpenAI-compatible API, metrics, dashboard); route is the route's template, never an id.
+        self.http_handled = Counter("reprise_http_requests", "HTTP requests completed, by route and status",
+                                    ["route", "status"], registry=r)
+        self.http_seconds = Histogram("reprise_http_request_seconds", "HTTP handling time (to the last byte)",
+                                      ["route"], buckets=LATENCY_BUCKETS, registry=r)
         self.storage_seconds = Histogram("reprise_storage_op_seconds", "History store operations",
                                          ["backend", "op"], buckets=LATENCY_BUCKETS, registry=r)
         self.crypto_failures = Counter("reprise_crypto_failures", "Records that failed their integrity check",
                                        ["kind"], registry=r)
 
-    # ---- called by the decode pipeline, once per step ----------------------------------------------
+    # ---- called by the engine's step observer, once per step ----------------------------------------------
 
     def observe_step(self, num_draft_tokens: int, num_accepted: int, lookup_seconds: float | None = None,
                      match_len: int | None = None, skipped: bool = False) -> None:
@@ -125,7 +130,7 @@ class ServiceMetrics:
 
     def observe_drafts(self, num_drafts: int, num_draft_tokens: int, accepted_per_pos: Sequence[int],
                        num_steps: int = 0) -> None:
-        """Aggregated figures of several steps (e.g. one request's), for pipelines that report in bulk."""
+        """Aggregated figures of several steps (e.g. one request's), for a decode backend that reports in bulk."""
         if num_steps:
             self.num_steps.inc(num_steps)
         if num_drafts:
@@ -170,6 +175,10 @@ class ServiceMetrics:
     def observe_rpc(self, service: str, method: str, rpc_type: str, code: str, seconds: float) -> None:
         self.grpc_handled.labels(service, method, rpc_type, code).inc()
         self.grpc_seconds.labels(service, method, rpc_type).observe(seconds)
+
+    def observe_http(self, route: str, status: int, seconds: float) -> None:
+        self.http_handled.labels(route, str(status)).inc()
+        self.http_seconds.labels(route).observe(seconds)
 
     def watch_engine(self, engine: Any) -> None:
         """Report the engine's prefix cache and fitted step cost, read when Prometheus scrapes."""

@@ -2,8 +2,7 @@
 
 ``reprise tune`` writes the best setting it found; the service reads every tenant's at start-up
 (``apply_tenant_configs``). The data directory is the ``data_dir`` argument, else ``$REPRISE_HOME``, else ``~/.reprise``.
-Writes are atomic (temporary file in the same folder, fsync, rename): a crash leaves the old file or the
-new one, never half of one.
+Writes are atomic (``fileio.write_atomic``): a crash leaves the old file or the new one, never half of one.
 
 File layout::
 
@@ -19,21 +18,15 @@ from __future__ import annotations
 import json
 import logging
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from fileio import write_atomic
 from privacy.tenants import validate_tenant_name
 from retrieval.config import DraftingConfig
 
 FILE_NAME = "drafting.json"
 log = logging.getLogger(__name__)
-
-
-def _umask() -> int:
-    current = os.umask(0)
-    os.umask(current)
-    return current
 
 
 def data_dir_path(data_dir: str | Path | None = None) -> Path:
@@ -56,32 +49,8 @@ def save_drafting_config(
     if not isinstance(config, DraftingConfig):
         raise TypeError(f"config must be a DraftingConfig, got {type(config).__name__}")
     path = drafting_config_path(tenant, data_dir)
-    path.parent.mkdir(parents=True, exist_ok=True)
     body = json.dumps({"drafting": config.to_dict(), "meta": meta or {}}, indent=2, sort_keys=True) + "\n"
-    fd, tmp = tempfile.mkstemp(prefix=f".{FILE_NAME}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            os.fchmod(fh.fileno(), 0o666 & ~_umask())  # mkstemp makes 0600; give the usual mode
-            fh.write(body)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    try:  # make the rename itself durable
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-    except OSError:
-        return path
-    try:
-        os.fsync(dir_fd)
-    except OSError:
-        pass
-    finally:
-        os.close(dir_fd)
+    write_atomic(path, body)
     return path
 
 

@@ -4,9 +4,10 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <queue>
 #include <stdexcept>
 #include <string>
+
+#include "bisect.h"
 
 namespace reprise {
 
@@ -177,8 +178,8 @@ constexpr uint32_t kSkipFlag = 0x80000000u;
 using Rank = DraftWorkspace::Rank;
 
 // A queued node's rank: more probable first, then queued earlier. The bits of a non-negative double
-// order as the double does, so one unsigned comparison decides (no data-dependent branches when the
-// queue picks a child: most of the queue's time was mispredicted comparisons).
+// order as the double does, so one unsigned comparison decides: the queue picks a child without a
+// data-dependent branch (mispredicted comparisons would cost most of the queue's time).
 inline Rank rank_of(double prob, uint32_t order, uint32_t index) {
   uint64_t bits;
   std::memcpy(&bits, &prob, sizeof bits);
@@ -198,38 +199,27 @@ bool continues(const SuffixTree& t, const Locus& l) {
   return t.next_in_edge(l) != kSentinel || t.num_children(l.node) > 0;
 }
 
-// The largest m in [1, hi] whose locus continues, trying hi first (a match that kept growing); 0 if
-// none. Continuation is monotone: a longer string's occurrences end where its suffix's do.
+// The largest m in [1, hi] whose locus continues (0 if none), hi tried first; *out is its locus.
+// Continuation is monotone: a longer string's occurrences end where its suffix's do.
 uint32_t longest_continuing(const SuffixTree& t, const Tok* ctx, size_t n, uint32_t hi, Locus* out) {
-  if (hi == 0) return 0;
-  if (t.locate(ctx + n - hi, hi, out) && continues(t, *out)) return hi;
-  uint32_t lo = 0;
-  --hi;
   Locus l;
-  while (lo < hi) {
-    const uint32_t mid = (lo + hi + 1) / 2;
-    if (t.locate(ctx + n - mid, mid, &l) && continues(t, l))
-      lo = mid;
-    else
-      hi = mid - 1;
-  }
-  if (lo > 0) t.locate(ctx + n - lo, lo, out);
-  return lo;
+  return longest_holding(hi, [&](uint32_t m) {
+    if (!t.locate(ctx + n - m, m, &l) || !continues(t, l)) return false;
+    *out = l;  // the last m that holds is the one returned
+    return true;
+  });
 }
 
-// The largest m in [1, hi] whose string occurs more than `floor` times and continues; 0 if none.
+// The largest m in [1, hi] whose string occurs more than `floor` times and continues (0 if none);
+// *out is its locus.
 uint32_t longest_more_frequent(const SuffixTree& t, const Tok* ctx, size_t n, uint32_t hi, double floor, Locus* out) {
-  uint32_t lo = 0;
   Locus l;
-  while (lo < hi) {
-    const uint32_t mid = (lo + hi + 1) / 2;
-    if (t.locate(ctx + n - mid, mid, &l) && t.count_of(l.node) > floor)
-      lo = mid;
-    else
-      hi = mid - 1;
-  }
-  if (lo == 0 || !t.locate(ctx + n - lo, lo, out) || !continues(t, *out)) return 0;
-  return lo;
+  const uint32_t found = last_holding(0, hi, [&](uint32_t m) {
+    if (!t.locate(ctx + n - m, m, &l) || !(t.count_of(l.node) > floor)) return false;
+    *out = l;  // the last m that holds is the one returned
+    return true;
+  });
+  return found > 0 && continues(t, *out) ? found : 0;
 }
 
 class Builder {
@@ -271,11 +261,9 @@ class Builder {
         const int32_t index = (int32_t)out.token_ids.size();
         if (index == 0 && it.begin < it.end)  // the source of its longest-matching cursor
           out.lead_kind = sources_[pool_[it.begin].source & ~kSkipFlag].kind;
-        out.token_ids.push_back(it.token);
-        out.parents.push_back(it.parent);
         // DraftTree contract: probability given the parent was accepted; score sums path probabilities.
         const double parent_prob = it.parent < 0 ? 1.0 : path_[it.parent];
-        out.probs.push_back((float)std::min(1.0, it.prob / parent_prob));
+        out.push(it.token, it.parent, std::min(1.0, it.prob / parent_prob));
         path_.push_back(it.prob);
         out.score += it.prob;
         ++emitted_;
@@ -498,13 +486,9 @@ class Builder {
   // Queues the node just appended to items_.
   void push_queued(double prob, uint32_t order) {
     const Rank r = rank_of(prob, order, (uint32_t)(items_.size() - 1));
-    size_t i = queue_.size();
+    const size_t hole = queue_.size();
     queue_.emplace_back();
-    while (i > 0 && queue_[(i - 1) / 2] < r) {
-      queue_[i] = queue_[(i - 1) / 2];
-      i = (i - 1) / 2;
-    }
-    queue_[i] = r;
+    sift_up(hole, r);
   }
 
   // Removes the queue's first node: the hole it leaves goes down to a leaf by the better child (chosen
@@ -524,11 +508,16 @@ class Builder {
       queue_[hole] = queue_[c];
       hole = c;
     }
-    while (hole > 0 && queue_[(hole - 1) / 2] < last) {
+    sift_up(hole, last);
+  }
+
+  // Puts r into the queue's hole, moving the ranks above it that r beats down along its path.
+  void sift_up(size_t hole, Rank r) {
+    while (hole > 0 && queue_[(hole - 1) / 2] < r) {
       queue_[hole] = queue_[(hole - 1) / 2];
       hole = (hole - 1) / 2;
     }
-    queue_[hole] = last;
+    queue_[hole] = r;
   }
 
   // kids_ by token, then by decreasing match (the order among candidates equal in both is the sort's).

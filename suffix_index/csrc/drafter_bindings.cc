@@ -270,9 +270,7 @@ class DraftingSession {
     if (kept == 0 && taken > 0) d->lead_kind = kLeadFallback;
     for (size_t g = 0; g < taken; ++g) {
       const double prob = guesses_[g].second * all_wrong;
-      d->token_ids.push_back(guesses_[g].first);
-      d->parents.push_back(-1);
-      d->probs.push_back((float)prob);
+      d->push(guesses_[g].first, -1, prob);
       d->score += prob;
     }
   }

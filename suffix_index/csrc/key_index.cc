@@ -112,40 +112,33 @@ uint32_t SuffixTree::key_slot_of(const KeyTable& table, uint64_t h, ChildRef nod
   }
 }
 
-void SuffixTree::keys_insert_range(ChildRef node, uint32_t lo, uint32_t hi) {
+template <typename F>
+void SuffixTree::for_keys_in(uint32_t pos, uint32_t lo, uint32_t hi, F&& f) {
   if (keys_.empty() || keys_.back().k <= lo || keys_.front().k > hi) return;
-  const uint64_t* hashes = key_hashes_at(ref_of(node), hi);
-  for (size_t ki = 0; ki < keys_.size(); ++ki) {
-    KeyTable& table = keys_[ki];
-    if (table.k <= lo || table.k > hi) continue;
+  const uint64_t* hashes = key_hashes_at(pos, hi);
+  for (size_t ki = 0; ki < keys_.size(); ++ki)
+    if (keys_[ki].k > lo && keys_[ki].k <= hi) f(keys_[ki], hashes[ki]);
+}
+
+void SuffixTree::keys_insert_range(ChildRef node, uint32_t lo, uint32_t hi) {
+  for_keys_in(ref_of(node), lo, hi, [&](KeyTable& table, uint64_t h) {
     if ((table.size + 1) * 5 > table.slots.size() * 4) key_rehash(table, table.slots.size() + table.slots.size() / 2);
-    const uint64_t h = hashes[ki];
     size_t j = table.home(h);
     while (!is_empty(table.slots[j])) j = table.next(j);
     table.slots[j] = ((h >> 32) << 32) | node;
     ++table.size;
-  }
+  });
 }
 
 void SuffixTree::keys_move_range(ChildRef from, ChildRef to, uint32_t lo, uint32_t hi) {
-  if (keys_.empty() || keys_.back().k <= lo || keys_.front().k > hi) return;
-  const uint64_t* hashes = key_hashes_at(ref_of(to), hi);
-  for (size_t ki = 0; ki < keys_.size(); ++ki) {
-    KeyTable& table = keys_[ki];
-    if (table.k <= lo || table.k > hi) continue;
-    const uint64_t h = hashes[ki];
+  for_keys_in(ref_of(to), lo, hi, [&](KeyTable& table, uint64_t h) {
     const uint32_t i = key_slot_of(table, h, from);
     table.slots[i] = (table.slots[i] & 0xFFFFFFFF00000000ull) | to;
-  }
+  });
 }
 
 void SuffixTree::keys_erase_range(ChildRef node, uint32_t lo, uint32_t hi) {
-  if (keys_.empty() || keys_.back().k <= lo || keys_.front().k > hi) return;
-  const uint64_t* hashes = key_hashes_at(ref_of(node), hi);
-  for (size_t ki = 0; ki < keys_.size(); ++ki) {
-    KeyTable& table = keys_[ki];
-    if (table.k <= lo || table.k > hi) continue;
-    const uint64_t h = hashes[ki];
+  for_keys_in(ref_of(node), lo, hi, [&](KeyTable& table, uint64_t h) {
     size_t i = key_slot_of(table, h, node);
     // Backward-shift deletion: pull later entries of the probe run into the hole when their home allows.
     for (size_t j = table.next(i);; j = table.next(j)) {
@@ -162,7 +155,7 @@ void SuffixTree::keys_erase_range(ChildRef node, uint32_t lo, uint32_t hi) {
     --table.size;
     if (table.slots.size() > 16 && table.size * 5 < table.slots.size())
       key_rehash(table, std::max<size_t>(16, table.slots.size() * 2 / 3));
-  }
+  });
 }
 
 bool SuffixTree::key_lookup(size_t idx, const Tok* key, Locus* out) const {

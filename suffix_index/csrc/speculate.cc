@@ -1,5 +1,4 @@
-// Drafting from the trie (SuffixDecoding's speculation, arXiv 2411.04975 sec. 3) and from the
-// exact-key index.
+// Drafting from the trie: SuffixDecoding's speculation (arXiv 2411.04975 sec. 3).
 //
 // For a match of the context's last m tokens (string s0, count c0), the probability of a draft node
 // whose string is s0 + t1..ti is count(s0 t1..ti) / c0: the fraction of s0's occurrences that continue
@@ -10,6 +9,7 @@
 #include <new>
 #include <queue>
 
+#include "bisect.h"
 #include "suffix_tree.h"
 
 namespace reprise {
@@ -33,10 +33,19 @@ struct WorseCandidate {
   }
 };
 
-inline void push_token(DraftOut* out, Tok t, int32_t parent, double p) {
-  out->token_ids.push_back(t);
-  out->parents.push_back(parent);
-  out->probs.push_back((float)p);
+// The m in [lo, hi] (1 <= lo <= hi) with the highest f(m), the longest among ties.
+template <typename F>
+uint32_t longest_argmax(uint32_t lo, uint32_t hi, F&& f) {
+  uint32_t best = hi;
+  auto value = f(hi);
+  for (uint32_t m = hi - 1; m >= lo; --m) {
+    const auto v = f(m);
+    if (v > value) {
+      best = m;
+      value = v;
+    }
+  }
+  return best;
 }
 
 }  // namespace
@@ -100,22 +109,6 @@ Tok SuffixTree::next_in_edge(const Locus& l) const {
   return l.depth < n.depth ? tok_[n.ref + l.depth] : kSentinel;
 }
 
-uint32_t SuffixTree::longest_match(const Tok* ctx, size_t n) const {
-  // Matching is monotone: if the last m tokens occur, so do the last m - 1.
-  uint32_t lo = 0, hi = (uint32_t)std::min<size_t>(n, max_depth_);
-  Locus l;
-  if (hi > 0 && locate(ctx + n - hi, hi, &l)) return hi;
-  if (hi > 0) --hi;
-  while (lo < hi) {
-    uint32_t mid = (lo + hi + 1) / 2;
-    if (locate(ctx + n - mid, mid, &l))
-      lo = mid;
-    else
-      hi = mid - 1;
-  }
-  return lo;
-}
-
 double SuffixTree::draft_path(const Locus& l, uint32_t budget, double min_prob, DraftOut* out) const {
   const double c0 = count_of(l.node);
   Locus cur = l;
@@ -130,7 +123,7 @@ double SuffixTree::draft_path(const Locus& l, uint32_t budget, double min_prob, 
     }
     const double p = count_of(cur.node) / c0;
     if (p < min_prob) break;
-    push_token(out, t, (int32_t)out->token_ids.size() - 1, p);
+    out->push(t, (int32_t)out->token_ids.size() - 1, p);
     score += p;
     ++cur.depth;
   }
@@ -169,231 +162,210 @@ double SuffixTree::draft_tree(const Locus& l, uint32_t budget, double min_prob, 
     const Candidate c = heap.top();
     heap.pop();
     const int32_t idx = (int32_t)out->token_ids.size();
-    push_token(out, c.token, c.parent, c.prob);
+    out->push(c.token, c.parent, c.prob);
     score += c.prob;
     expand(c.node, c.depth, idx);
   }
   return score;
 }
 
-DraftOut SuffixTree::speculate(const Tok* ctx, size_t n, const SpecParams& params) const {
-  DraftOut best;
-  if (n == 0 || nodes_[kRoot].count == 0) return best;
-  const uint32_t top = (uint32_t)std::min<size_t>(n, max_depth_);
-  // Loci found so far, by match length (each costs a walk from the root). Raw storage: only the
-  // entries `have` marks are ever read, so nothing is initialised up front.
-  alignas(Locus) unsigned char loci_raw[sizeof(Locus) * (kMaxDepthLimit + 1)];
-  Locus* loci = reinterpret_cast<Locus*>(loci_raw);
-  uint8_t have[kMaxDepthLimit + 1];
-  std::memset(have, 0, top + 1);
-  auto find = [&](uint32_t m) -> int {  // 1 found, 0 not indexed
-    if (!have[m]) {
-      new (&loci[m]) Locus();
-      have[m] = locate(ctx + n - m, m, &loci[m]) ? 1 : 2;
-    }
-    return have[m] == 1;
-  };
-  // Longest indexed suffix of the context (matching is monotone in m).
-  uint32_t longest = 0;
-  if (find(top)) {
-    longest = top;
-  } else {
-    uint32_t lo = 0, hi = top - 1;
-    while (lo < hi) {
-      const uint32_t mid = (lo + hi + 1) / 2;
-      if (find(mid))
-        lo = mid;
-      else
-        hi = mid - 1;
-    }
-    longest = lo;
+// The speculation of one context: its suffixes' loci, found lazily by match length (each costs a walk
+// from the root, so none is walked twice and most are never walked), the node budget of each length,
+// and the phases speculate() runs. The winner is the highest (score, match length) over every length
+// in [1, longest].
+class SuffixTree::Speculation {
+ public:
+  Speculation(const SuffixTree& t, const Tok* ctx, size_t n, const SpecParams& params)
+      : t_(t),
+        ctx_(ctx),
+        n_(n),
+        params_(params),
+        max_depth_(t.max_depth_),
+        top_((uint32_t)std::min<size_t>(n, max_depth_)) {
+    std::memset(state_, kUnlocated, top_ + 1);
   }
-  best.match_len = longest;  // an empty draft reports the longest match
-  if (longest == 0) return best;
-  uint32_t budgets[kMaxDepthLimit + 1];
-  for (uint32_t m = 1; m <= longest; ++m) {
-    const double raw = std::floor(m * params.max_spec_factor + params.max_spec_offset);
-    budgets[m] = !(raw > 0) ? 0 : raw >= params.max_tokens ? params.max_tokens : (uint32_t)raw;
+
+  // Longest indexed suffix of the context, at most max_depth tokens (0: none).
+  uint32_t longest_match() {
+    return longest_holding(top_, [&](uint32_t m) { return indexed(m); });
   }
-  // Most nodes a draft for match length m can have: its budget, and in path mode its depth room.
-  auto bound_of = [&](uint32_t m) -> uint32_t {
+
+  // budgets_[m] for m in [1, longest]: min(max_tokens, floor(m * factor + offset)), 0 when that is not
+  // positive.
+  void set_budgets(uint32_t longest) {
+    for (uint32_t m = 1; m <= longest; ++m) {
+      const double raw = std::floor(m * params_.max_spec_factor + params_.max_spec_offset);
+      budgets_[m] = !(raw > 0) ? 0 : raw >= params_.max_tokens ? params_.max_tokens : (uint32_t)raw;
+    }
+  }
+
+  // Lengths whose suffix occurs once draft the same continuation, the tokens after that occurrence,
+  // each with probability 1: a chain whose score is arithmetic, min(budget, depth room, tokens left).
+  // Occurring once is monotone in m, so those lengths are a range ending at `longest`. Drafts the best
+  // chain of the range [from, longest] into the empty *best and returns from (longest + 1 when the
+  // longest match occurs more than once). Lengths below from, unique or not, are left to
+  // draft_by_bound.
+  uint32_t draft_unique(uint32_t longest, DraftOut* best) {
+    const ChildRef node = locus(longest).node;
+    if (t_.count_of(node) != 1) return longest + 1;
+    const uint32_t end = t_.ref_of(node) + longest;  // where the single occurrence ends
+    uint32_t left = 0;                               // tokens after it, up to the depth cap
+    while (left < max_depth_ && t_.tok_[end + left] != kSentinel) ++left;
+    const auto chain_length = [this, left](uint32_t m) {
+      return std::min(std::min(budgets_[m], max_depth_ - m), left);
+    };
+    const uint32_t from = unique_from(longest, chain_length);
+    const uint32_t m_best = longest_argmax(from, longest, chain_length);
+    const uint32_t length = chain_length(m_best);
+    if (length > 0) {
+      for (uint32_t i = 0; i < length; ++i) best->push(t_.tok_[end + i], (int32_t)i - 1, 1.0);
+      best->score = length;
+      best->match_len = m_best;
+    }
+    return from;
+  }
+
+  // Lengths [1, last], each drafted exactly unless an upper bound on its score (node count, times the
+  // first token's probability once located) shows it cannot beat *best. They are tried in decreasing
+  // order of that bound, so a strong draft found early lets the rest be skipped without a walk.
+  void draft_by_bound(uint32_t last, DraftOut* best) {
+    if (last == 0) return;
+    ByBound order(*this, last);
+    DraftOut cand;
+    for (uint32_t m; order.next(&m);) {
+      const uint32_t nodes = bound(m);
+      if (nodes * kBoundSlack < best->score) break;  // bounds only decrease from here
+      if (nodes == 0 || !could_beat(nodes, m, *best)) continue;
+      if (!indexed(m)) continue;  // cannot happen: shorter suffixes of a match occur
+      const double p1 = first_token_bound(locus(m));
+      if (p1 < params_.min_token_prob || !could_beat(p1 * nodes, m, *best)) continue;
+      const double score = draft(m, &cand);
+      if (beats(score, m, *best)) {
+        std::swap(*best, cand);
+        best->score = score;
+        best->match_len = m;
+      }
+    }
+  }
+
+ private:
+  static constexpr uint8_t kUnlocated = 0, kIndexed = 1, kAbsent = 2;
+
+  // Whether the context's last m tokens are indexed; their locus is then locus(m).
+  bool indexed(uint32_t m) {
+    if (state_[m] == kUnlocated) {
+      new (&loci_[m]) Locus();
+      state_[m] = t_.locate(ctx_ + n_ - m, m, &loci_[m]) ? kIndexed : kAbsent;
+    }
+    return state_[m] == kIndexed;
+  }
+  const Locus& locus(uint32_t m) const { return loci_[m]; }
+  bool occurs_once(uint32_t m) { return indexed(m) && t_.count_of(loci_[m].node) == 1; }
+
+  // Most nodes a draft matching m tokens can have: its budget, and in path mode its depth room.
+  uint32_t bound(uint32_t m) const {
     const uint32_t room = max_depth_ - m;
-    return room == 0 ? 0 : params.use_tree ? budgets[m] : std::min(budgets[m], room);
-  };
-  // The winner is the highest (score, match length). Lengths are tried in decreasing order of an
-  // upper bound on their score (node count, times the first token's probability once located), so
-  // a strong draft found early lets the rest be skipped without a walk; every length whose bound
-  // could still win is evaluated exactly.
-  auto can_win = [&](double bound, uint32_t m) {
+    return room == 0 ? 0 : params_.use_tree ? budgets_[m] : std::min(budgets_[m], room);
+  }
+
+  // Whether a draft matching m tokens with this score wins over best: a higher score, or an equal,
+  // positive one from a longer match.
+  static bool beats(double score, uint32_t m, const DraftOut& best) {
+    return score > best.score || (score == best.score && score > 0 && m > best.match_len);
+  }
+
+  // Whether a draft matching m tokens whose score is at most `bound` could beat best.
+  static bool could_beat(double bound, uint32_t m, const DraftOut& best) {
     const double b = bound * kBoundSlack;
     return b > best.score || (b >= best.score && m > best.match_len && best.score > 0);
+  }
+
+  // Every probability of a draft from l is at most its first token's: 1 inside an edge, else the
+  // most frequent child's share.
+  double first_token_bound(const Locus& l) const {
+    if (t_.next_in_edge(l) != kSentinel) return 1.0;
+    const ChildRef b = t_.best_child(l.node);
+    return b == kNil ? 0.0 : t_.count_of(b) / (double)t_.count_of(l.node);
+  }
+
+  // The draft matching m tokens, into *out (cleared first); returns its score.
+  double draft(uint32_t m, DraftOut* out) const {
+    out->token_ids.clear();
+    out->parents.clear();
+    out->probs.clear();
+    return params_.use_tree ? t_.draft_tree(loci_[m], budgets_[m], params_.min_token_prob, out)
+                            : t_.draft_path(loci_[m], budgets_[m], params_.min_token_prob, out);
+  }
+
+  // Where draft_unique's range starts. A chain's length rises then falls with m (the budget grows, the
+  // depth room shrinks), so the best unique length is the chain's peak if the peak occurs once, else
+  // the shortest unique length (found by bisection). Lengths shorter than a unique peak are left to
+  // draft_by_bound, unless many of them might still beat it: then uniqueness is bisected for (a few
+  // walks) rather than each of them walked and drafted.
+  template <typename ChainLength>
+  uint32_t unique_from(uint32_t longest, ChainLength&& chain_length) {
+    const auto once = [&](uint32_t m) { return occurs_once(m); };
+    const uint32_t peak = longest_argmax(1, longest, chain_length);
+    if (!once(peak)) return first_holding(peak + 1, longest, once);
+    const uint32_t peak_length = chain_length(peak);
+    uint32_t open = 0;
+    for (uint32_t m = 1; m < peak; ++m) open += bound(m) > peak_length;
+    return open > 4 ? first_holding(1, peak, once) : peak;
+  }
+
+  // Match lengths [1, last] in decreasing order of bound(m), lazily. The tree bound only grows with m,
+  // so m descends; the path bound rises then falls (the budget grows, the depth room shrinks), so two
+  // cursors walk away from its peak, the longer side first on ties.
+  class ByBound {
+   public:
+    ByBound(const Speculation& s, uint32_t last) : s_(s), last_(last) {
+      const uint32_t peak =
+          s.params_.use_tree ? last : longest_argmax(1, last, [&](uint32_t m) { return s.bound(m); });
+      down_ = peak;
+      up_ = peak + 1;
+    }
+    bool next(uint32_t* m) {
+      if (up_ <= last_ && (down_ == 0 || s_.bound(up_) >= s_.bound(down_)))
+        *m = up_++;
+      else if (down_ > 0)
+        *m = down_--;
+      else
+        return false;
+      return true;
+    }
+
+   private:
+    const Speculation& s_;
+    const uint32_t last_;
+    uint32_t down_, up_;  // next lengths to offer: down_ (m <= the peak, 0: none left), up_ (m > it)
   };
-  // Lengths whose suffix occurs once (all m in [unique_from, longest]: count is monotone) draft the
-  // same continuation with probability 1, so their scores are min(budget, depth room, tokens left).
-  uint32_t unique_from = longest + 1;
-  if (count_of(loci[longest].node) == 1) {
-    const uint32_t end = ref_of(loci[longest].node) + longest;  // where the single occurrence ends
-    uint32_t left = 0;
-    while (left < max_depth_ && tok_[end + left] != kSentinel) ++left;
-    auto unique_score = [&](uint32_t m) -> uint32_t {  // one continuation: a chain
-      return std::min(std::min(budgets[m], max_depth_ - m), left);
-    };
-    // Scores along m rise then fall; the best unique length is the peak if the peak is unique, else
-    // the shortest unique length (found by bisection).
-    uint32_t peak = longest, peak_score = unique_score(longest);
-    for (uint32_t m = longest - 1; m >= 1; --m) {
-      const uint32_t sc = unique_score(m);
-      if (sc > peak_score) {
-        peak = m;
-        peak_score = sc;
-      }
-    }
-    if (find(peak) && count_of(loci[peak].node) == 1) {
-      unique_from = peak;
-      // Shorter lengths that might still beat the peak: when many, bisect for where uniqueness ends
-      // (a few walks) rather than walk and draft each of them.
-      uint32_t open = 0;
-      for (uint32_t m = 1; m < peak; ++m) open += bound_of(m) > peak_score;
-      if (open > 4) {
-        uint32_t lo = 1, hi = peak;
-        while (lo < hi) {
-          const uint32_t mid = (lo + hi) / 2;
-          if (find(mid) && count_of(loci[mid].node) == 1)
-            hi = mid;
-          else
-            lo = mid + 1;
-        }
-        unique_from = lo;
-      }
-    } else {
-      uint32_t lo = peak + 1, hi = longest;  // smallest unique length in (peak, longest]
-      while (lo < hi) {
-        const uint32_t mid = (lo + hi) / 2;
-        if (find(mid) && count_of(loci[mid].node) == 1)
-          hi = mid;
-        else
-          lo = mid + 1;
-      }
-      unique_from = lo;
-    }
-    uint32_t m_best = longest, s_best = unique_score(longest);
-    for (uint32_t m = longest; m > unique_from; --m) {
-      if (unique_score(m - 1) > s_best) {
-        s_best = unique_score(m - 1);
-        m_best = m - 1;
-      }
-    }
-    if (s_best > 0) {  // the path the single occurrence continues with
-      for (uint32_t i = 0; i < s_best; ++i) push_token(&best, tok_[end + i], (int32_t)i - 1, 1.0);
-      best.score = s_best;
-      best.match_len = m_best;
-    }
-  }
-  // Candidates m < unique_from in decreasing bound order, lazily: the path bound rises then falls in
-  // m (budget grows, depth room shrinks), so two cursors walk away from its peak; the tree bound only
-  // grows, so m descends.
-  const uint32_t last = unique_from - 1;
-  uint32_t peak = last;
-  if (!params.use_tree)
-    for (uint32_t m = last; m >= 1; --m)
-      if (bound_of(m) > bound_of(peak)) peak = m;
-  uint32_t down = peak, up = peak + 1;  // next candidates: down (m <= peak), up (m > peak)
-  DraftOut cand;
-  while (down >= 1 || up <= last) {
-    uint32_t m;
-    if (up <= last && (down < 1 || bound_of(up) >= bound_of(down)))
-      m = up++;
-    else
-      m = down--;
-    const uint32_t bound = bound_of(m);
-    if (bound * kBoundSlack < best.score) break;  // bounds only decrease from here
-    if (bound == 0 || !can_win(bound, m)) continue;
-    if (!find(m)) continue;  // cannot happen: shorter suffixes of a match occur
-    const Locus& l = loci[m];
-    double p1 = 1.0;  // every draft probability is <= the first token's best
-    if (next_in_edge(l) == kSentinel) {
-      const ChildRef b = best_child(l.node);
-      p1 = b == kNil ? 0.0 : count_of(b) / (double)count_of(l.node);
-    }
-    if (p1 < params.min_token_prob || !can_win(p1 * bound, m)) continue;
-    cand.token_ids.clear();
-    cand.parents.clear();
-    cand.probs.clear();
-    const double score = params.use_tree ? draft_tree(l, budgets[m], params.min_token_prob, &cand)
-                                         : draft_path(l, budgets[m], params.min_token_prob, &cand);
-    if (score > best.score || (score == best.score && score > 0 && m > best.match_len)) {
-      std::swap(best, cand);
-      best.score = score;
-      best.match_len = m;
-    }
-  }
+
+  const SuffixTree& t_;
+  const Tok* ctx_;
+  const size_t n_;
+  const SpecParams& params_;
+  const uint32_t max_depth_;  // the tree's, by value: the phases' loops read it without going through t_
+  const uint32_t top_;  // longest length worth locating: min(n, max_depth)
+  // Per length in [0, top_]: kUnlocated, kIndexed or kAbsent. loci_[m] is read only once state_[m] is
+  // kIndexed, so its storage is left uninitialised (a default-constructed array would cost a write per
+  // length on every call).
+  uint8_t state_[kMaxDepthLimit + 1];
+  alignas(Locus) unsigned char loci_raw_[sizeof(Locus) * (kMaxDepthLimit + 1)];
+  Locus* const loci_ = reinterpret_cast<Locus*>(loci_raw_);
+  uint32_t budgets_[kMaxDepthLimit + 1];  // valid for [1, longest] after set_budgets
+};
+
+DraftOut SuffixTree::speculate(const Tok* ctx, size_t n, const SpecParams& params) const {
+  DraftOut best;
+  if (n == 0 || num_tokens() == 0) return best;
+  Speculation s(*this, ctx, n, params);
+  const uint32_t longest = s.longest_match();
+  best.match_len = longest;  // an empty draft reports the longest match
+  if (longest == 0) return best;
+  s.set_budgets(longest);
+  const uint32_t unique_from = s.draft_unique(longest, &best);  // lengths [unique_from, longest]
+  s.draft_by_bound(unique_from - 1, &best);                     // lengths [1, unique_from)
   return best;
-}
-
-bool SuffixTree::newest_continuation(const Locus& l, uint32_t* pos, uint32_t* end) const {
-  uint32_t start;
-  if (next_in_edge(l) != kSentinel) {
-    start = ref_of(l.node);  // every occurrence continues along the edge; ref is the newest
-  } else {
-    if (num_children(l.node) == 0) return false;
-    start = 0;
-    for_each_child(l.node, [&](Tok, ChildRef c) { start = std::max(start, ref_of(c)); });
-  }
-  *pos = start + l.depth;
-  auto it = by_base_.upper_bound(*pos);
-  const Sequence& s = seqs_[std::prev(it)->second];
-  *end = s.base + s.len;
-  return *pos < *end;
-}
-
-// Longest key first. The draft copies the continuation of the key's newest occurrence that has one.
-// Probabilities: token i's is count(key t1..ti) / (occurrences of key followed by a token), exact while
-// k + i <= max_depth; beyond the trie's depth the last exact value decays geometrically at the mean
-// per-token rate observed over the exact part (no decay if the exact part never dropped).
-DraftOut SuffixTree::speculate_exact(const Tok* ctx, size_t n, uint32_t max_tokens, uint32_t min_key_len) const {
-  DraftOut out;
-  for (size_t ti = keys_.size(); ti-- > 0;) {
-    const uint32_t k = keys_[ti].k;
-    if (k > n || k < min_key_len) continue;
-    Locus l;
-    if (!key_lookup(ti, ctx + n - k, &l)) continue;
-    uint32_t pos, end;
-    if (!newest_continuation(l, &pos, &end)) continue;
-    double c_cont = 0;  // occurrences of the key followed by a token
-    if (next_in_edge(l) != kSentinel)
-      c_cont = count_of(l.node);
-    else
-      for_each_child(l.node, [&](Tok, ChildRef c) { c_cont += count_of(c); });
-    const uint32_t len = std::min<uint32_t>(max_tokens, end - pos);
-    Locus cur = l;
-    double first = 0, last = 0, rate = 1.0;
-    uint32_t exact = 0;
-    for (uint32_t i = 0; i < len; ++i) {
-      const Tok t = tok_[pos + i];
-      double p;
-      if (exact == i && cur.depth < max_depth_) {  // still inside the trie: exact count
-        const Tok e = next_in_edge(cur);
-        const ChildRef c = e == kSentinel ? find_child(cur.node, t) : (e == t ? cur.node : kNil);
-        if (c != kNil) {
-          cur = Locus{c, cur.depth + 1};
-          p = count_of(c) / c_cont;
-          if (exact == 0) first = p;
-          last = p;
-          ++exact;
-          push_token(&out, t, (int32_t)i - 1, p);
-          out.score += p;
-          continue;
-        }
-      }
-      if (exact == i && exact >= 2 && first > 0) rate = std::pow(last / first, 1.0 / (exact - 1));
-      p = last * std::pow(rate, (double)(i + 1 - exact));
-      push_token(&out, t, (int32_t)i - 1, p);
-      out.score += p;
-    }
-    out.match_len = k;
-    return out;
-  }
-  return out;
 }
 
 }  // namespace reprise

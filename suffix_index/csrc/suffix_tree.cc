@@ -348,6 +348,21 @@ void SuffixTree::prefetch_near(uint32_t p, uint32_t end) const {
   __builtin_prefetch(&pool_[n.num_children > kSmallBlock ? n.block + home_of(t, block_capacity(n.num_children)) : n.block]);
 }
 
+// The suffix starting at arena position p, to end at depth d_to, has reached node `at` at depth
+// j <= d_to: it ends there (j == d_to) or goes on below it as a new inline leaf. Returns where it ends.
+inline ChildRef SuffixTree::end_suffix(uint32_t at, uint32_t p, uint32_t j, uint32_t d_to) {
+  if (j >= d_to) {
+    term_add(at, p);
+    return at;
+  }
+  const Tok t = tok_[p + j];
+  term_next_[p] = kNil;
+  add_child(at, t, leaf_of(p));
+  bump_best(at, t, 1);
+  keys_insert_range(leaf_of(p), j, d_to);
+  return leaf_of(p);
+}
+
 // The suffix starting at arena position p currently ends at x, at depth d_from (x is the root and
 // d_from 0 for a suffix not yet indexed). Extends it to end at depth d_to; returns where it now ends.
 // Keeps the trie canonical. An inline leaf x is p's own and has already grown with its sequence.
@@ -364,11 +379,7 @@ ChildRef SuffixTree::advance(uint32_t p, ChildRef x, uint32_t d_from, uint32_t d
     const Tok t = tok[p + d];
     const uint32_t ei = find_entry(cur, t);
     if (ei == kNil) {  // new branch: an inline leaf
-      term_next_[p] = kNil;
-      add_child(cur, t, leaf_of(p));
-      bump_best(cur, t, 1);
-      keys_insert_range(leaf_of(p), d, d_to);
-      end = leaf_of(p);
+      end = end_suffix(cur, p, d, d_to);
       break;
     }
     const ChildRef y = pool_[nodes_[cur].block + ei].b;
@@ -390,16 +401,7 @@ ChildRef SuffixTree::advance(uint32_t p, ChildRef x, uint32_t d_from, uint32_t d
         add_child(v, a[j], y);
         bump_best(v, a[j], 1);
       }
-      if (j < d_to) {
-        term_next_[p] = kNil;
-        add_child(v, b[j], leaf_of(p));
-        bump_best(v, b[j], 1);
-        keys_insert_range(leaf_of(p), j, d_to);
-        end = leaf_of(p);
-      } else {
-        term_add(v, p);
-        end = v;
-      }
+      end = end_suffix(v, p, j, d_to);
       break;
     }
     const uint32_t e = nodes_[y].depth, lim = std::min(e, d_to);
@@ -413,16 +415,7 @@ ChildRef SuffixTree::advance(uint32_t p, ChildRef x, uint32_t d_from, uint32_t d
       bump_best(cur, t, ycount + 1);
       bump_best(up, a[j], ycount);
       keys_move_range(y, up, d, j);
-      if (j < d_to) {
-        term_next_[p] = kNil;
-        add_child(up, b[j], leaf_of(p));
-        bump_best(up, b[j], 1);
-        keys_insert_range(leaf_of(p), j, d_to);
-        end = leaf_of(p);
-      } else {
-        term_add(up, p);
-        end = up;
-      }
+      end = end_suffix(up, p, j, d_to);
       break;
     }
     // whole edge matched: one more occurrence of y's string

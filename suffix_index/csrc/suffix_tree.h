@@ -123,6 +123,13 @@ struct DraftOut {
   double score = 0.0;     // sum of probs = expected number of accepted tokens
   uint32_t match_len = 0; // context tokens matched
   int32_t lead_kind = -1; // multi-source drafting: source kind of the first (most likely) node, -1 if none
+
+  // Appends a node: parent is -1 or an earlier node's index.
+  void push(Tok token, int32_t parent, double prob) {
+    token_ids.push_back(token);
+    parents.push_back(parent);
+    probs.push_back((float)prob);
+  }
 };
 
 struct SpecParams {
@@ -203,8 +210,6 @@ class SuffixTree {
   // ---- trie access for native drafters in other files (read-only, under the index's shared lock) ----
   // Locus of the m tokens s[0, m), or false when that string is not indexed (or m > max_depth).
   bool locate(const Tok* s, size_t m, Locus* out) const;
-  // Length of the longest suffix of ctx[0, n) that is indexed (at most max_depth).
-  uint32_t longest_match(const Tok* ctx, size_t n) const;
   uint32_t count_of(ChildRef c) const { return is_inline_leaf(c) ? 1 : nodes_[c].count; }
   // Start of the newest occurrence of the string of c (its edge label is read from there).
   uint32_t ref_of(ChildRef c) const { return is_inline_leaf(c) ? c & ~kLeafTag : nodes_[c].ref; }
@@ -254,6 +259,7 @@ class SuffixTree {
   void term_remove(uint32_t id, uint32_t pos);
   // insertion / removal
   ChildRef advance(uint32_t p, ChildRef x, uint32_t d_from, uint32_t d_to);
+  ChildRef end_suffix(uint32_t at, uint32_t p, uint32_t j, uint32_t d_to);  // at `at` or a new leaf below it
   // Prefetch stages for the suffix at position p (of a sequence ending at `end`): the walk's first
   // levels and the exact-key slots of its k-grams, issued a few suffixes ahead of its insertion.
   void prefetch_far(uint32_t p, uint32_t end);
@@ -282,10 +288,14 @@ class SuffixTree {
   void keys_insert_range(ChildRef node, uint32_t lo, uint32_t hi);
   void keys_move_range(ChildRef from, ChildRef to, uint32_t lo, uint32_t hi);
   void keys_erase_range(ChildRef node, uint32_t lo, uint32_t hi);
+  // f(table, hash) for every key length k in (lo, hi], with the hash of the k-gram at arena position pos.
+  template <typename F>
+  void for_keys_in(uint32_t pos, uint32_t lo, uint32_t hi, F&& f);
   uint32_t key_slot_of(const KeyTable& table, uint64_t h, ChildRef node) const;  // slot holding node
   void key_rehash(KeyTable& table, size_t capacity);
   uint32_t key_find(const KeyTable& table, const Tok* key, uint64_t h) const;  // slot index or kNil
-  // drafting
+  // drafting (speculate.cc)
+  class Speculation;  // one speculate() call: the context's loci by match length and the phases
   double draft_path(const Locus& l, uint32_t budget, double min_prob, DraftOut* out) const;
   double draft_tree(const Locus& l, uint32_t budget, double min_prob, DraftOut* out) const;
 

@@ -8,6 +8,7 @@ import grpc
 import pytest
 
 from grpc_api.client import AdminClient, RepriseClient, RepriseError
+from grpc_api.v1 import admin_pb2, admin_pb2_grpc
 
 ADMIN = "rpa_admin"
 
@@ -118,8 +119,6 @@ def test_tenant_cannot_use_the_admin_plane(server) -> None:
 
 
 def test_upload_that_breaks_off_keeps_nothing(server, fakes) -> None:
-    from grpc_api.v1 import admin_pb2, admin_pb2_grpc
-
     _, admin, _ = fakes
     with AdminClient(server.target, ADMIN) as client:
         tenant, _ = client.create_tenant("acme")

@@ -8,6 +8,7 @@ from pathlib import Path
 import tomllib
 
 from grpc_api import codegen
+from grpc_api.v1 import admin_pb2, decoding_pb2
 
 ROOT = Path(codegen.__file__).resolve().parent.parent
 
@@ -44,8 +45,6 @@ def test_runtime_pins_match_generated_code() -> None:
 
 
 def test_generated_modules_import_with_the_wire_names() -> None:
-    from grpc_api.v1 import admin_pb2, decoding_pb2
-
     assert decoding_pb2.DESCRIPTOR.services_by_name["DecodingService"].full_name == "reprise.v1.DecodingService"
     assert admin_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name == "reprise.v1.AdminService"
     # proto3 `optional`: an explicit 0 is distinguishable from unset.

@@ -5,13 +5,18 @@ End-to-end tests with the real pipeline and store are in tests/service/.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from testkit.grpc_fakes import FakeDecode, ServerThread, Settings, fake_text
 
+from grpc_api import errors
+from grpc_api.backend import Principal, PromptInput
 from grpc_api.client import AsyncRepriseClient, RepriseClient, RepriseError, build_request
 from grpc_api.v1 import decoding_pb2, decoding_pb2_grpc
 
@@ -20,8 +25,6 @@ TENANT_KEY = "rpk_tenant_a"
 
 @pytest.fixture
 def tenant(fakes):
-    from grpc_api.backend import Principal
-
     _, _, auth = fakes
     auth.keys[TENANT_KEY] = Principal("tenant", "a" * 32)
     auth.keys["rpk_tenant_b"] = Principal("tenant", "b" * 32)
@@ -72,8 +75,6 @@ def test_unary_generate_text_and_chat(server, fakes, tenant) -> None:
 
 
 def _text(t: str):
-    from grpc_api.backend import PromptInput
-
     return PromptInput(text=t)
 
 
@@ -183,9 +184,6 @@ def test_credentials(server, tenant) -> None:
 
 
 def test_health_and_reflection_need_no_credentials(server) -> None:
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
-
     with grpc.insecure_channel(server.target) as channel:
         health = health_pb2_grpc.HealthStub(channel)
         for name in ("", "reprise.v1.DecodingService", "reprise.v1.AdminService"):
@@ -305,8 +303,6 @@ def test_abort_out_of_band(fakes, tenant) -> None:
 
 
 def test_async_client_streams(server, fakes, tenant) -> None:
-    import asyncio
-
     decode = fakes[0]
 
     async def main():
@@ -362,8 +358,6 @@ def test_grace_period_cancels_stragglers(fakes, tenant) -> None:
 
 
 def test_backend_errors_map_to_status(fakes, tenant) -> None:
-    from grpc_api import errors
-
     decode, admin, auth = fakes
     st = ServerThread(decode, admin, auth, Settings())
     try:

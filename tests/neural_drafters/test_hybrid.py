@@ -11,7 +11,9 @@ import torch
 from testkit.neural import VOCAB, hidden_of, random_head
 
 from neural_drafters import proposers as neural_proposers
+from neural_drafters.config import HeadConfig
 from neural_drafters.drafting import DraftSettings, HeadDrafter
+from neural_drafters.heads import TargetParts, build_head
 from neural_drafters.hybrid import (
     HybridProposer,
     HybridSettings,
@@ -21,9 +23,12 @@ from neural_drafters.hybrid import (
     merge_trees,
 )
 from neural_drafters.reuse import HiddenStateMemory
+from neural_drafters.training import Example, Trainer, TrainSettings, extract_features
+from reprise import drafters
 from reprise.engine.draft_budget import DraftBudget
 from reprise.engine.engine import Engine, EngineConfig
 from reprise.engine.request import GenerationRequest, StoppingParams
+from retrieval.config import DraftingConfig
 from retrieval.draft_tree import DraftTree
 from retrieval.registry import make_proposer
 from verifier.runner import ModelRunner
@@ -156,10 +161,6 @@ def sampled_joint(model, params, first_prompt, proposer, trials):
 def trained_eagle(target):
     """An EAGLE head trained briefly on the target's own greedy continuations: its drafts are often
     right, so acceptance paths are exercised."""
-    from neural_drafters.config import HeadConfig
-    from neural_drafters.heads import TargetParts, build_head
-    from neural_drafters.training import Example, Trainer, TrainSettings, extract_features
-
     examples = []
     for seed in range(6):
         p = prompt(100 + seed, 6)
@@ -246,8 +247,6 @@ def test_without_hidden_states_the_hybrid_is_retrieval(target, caplog) -> None:
 
 
 def test_registry_names_resolve(monkeypatch, tmp_path) -> None:
-    from reprise import drafters
-
     monkeypatch.setenv(neural_proposers.CHECKPOINT_ENV, str(tmp_path / "none"))
     assert {"neural", "hidden_reuse", "hybrid", "reprise"} <= set(drafters.proposer_names())
     assert isinstance(drafters.make_proposer("hidden_reuse"), ReuseProposer)
@@ -256,8 +255,6 @@ def test_registry_names_resolve(monkeypatch, tmp_path) -> None:
 
 
 def test_a_tenants_own_threshold_overrides_the_proposers(target) -> None:
-    from retrieval.config import DraftingConfig
-
     retrieval = make_proposer("reprise")
     proposer = HybridProposer(retrieval, neural(target), ReuseProposer(HiddenStateMemory()),
                               HybridSettings(threshold=2.0))

@@ -105,7 +105,7 @@ def test_a_failed_save_keeps_the_previous_checkpoint(target, features, tmp_path,
     def broken(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr("safetensors.torch.save_file", broken)
+    monkeypatch.setattr(ckpt, "save_file", broken)
     with pytest.raises(OSError, match="disk full"):
         ckpt.save_checkpoint(tmp_path, trainer.head, step=2)
     assert ckpt.checkpoint_dir(tmp_path).name == "step-000001"

@@ -4,14 +4,9 @@ it) drafts exactly as the index built live; a tenant's index holds only its own 
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 from privacy import open_store
-
-suffix_index = pytest.importorskip("suffix_index")
-SuffixIndex = getattr(suffix_index, "SuffixIndex", None)
-if SuffixIndex is None or not hasattr(SuffixIndex, "deserialize"):
-    pytest.skip("suffix_index.SuffixIndex is not built yet", allow_module_level=True)
+from suffix_index import SuffixIndex
 
 
 def _agent_like(seed: int, n: int, base: int) -> list[np.ndarray]:

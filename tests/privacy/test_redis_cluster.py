@@ -10,6 +10,7 @@ import subprocess
 import time
 
 import pytest
+from redis.cluster import RedisCluster
 
 from privacy import StoreConfig, UnknownTenantError, open_store
 
@@ -68,8 +69,6 @@ def cluster(tmp_path):
 
 
 def test_store_on_a_redis_cluster(cluster, tmp_path, master_env) -> None:
-    from redis.cluster import RedisCluster
-
     config = StoreConfig(backend="redis", data_dir=tmp_path / "data", redis_url=f"redis://127.0.0.1:{cluster[0]}/0",
                          redis_cluster=True, chunk_bytes=4096)
     store = open_store(config, env=master_env)

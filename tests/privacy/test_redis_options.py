@@ -12,6 +12,7 @@ import subprocess
 import time
 
 import pytest
+import redis
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -117,8 +118,6 @@ def test_tls_client_certificate_and_acl_user(tls_redis, master_env) -> None:
 
 
 def test_db_number_is_honoured(redis_client, redis_prefix, tmp_path, master_env) -> None:
-    import redis
-
     config = StoreConfig(data_dir=tmp_path, backend="redis", redis_url="redis://127.0.0.1:6379/7",
                          redis_key_prefix=redis_prefix)
     store = open_store(config, env=master_env)

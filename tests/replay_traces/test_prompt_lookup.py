@@ -7,11 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from retrieval.drafter import Drafter
 from retrieval.prompt_lookup import (
     VLLM_MAX_N,
     VLLM_MIN_N,
-    PromptLookupDrafter,
     PromptLookupProposer,
     ngram_continuation,
 )
@@ -74,23 +72,20 @@ def test_earliest_occurrence_of_the_longest_match_wins():
     assert ngram_continuation(np.array(context), 4, 5, 3).tolist() == []
 
 
-def test_defaults_are_vllms_and_the_drafter_protocol_holds():
+def test_defaults_are_vllms():
     assert (VLLM_MIN_N, VLLM_MAX_N) == (5, 5)
-    drafter = PromptLookupDrafter()
-    assert (drafter.min_n, drafter.max_n) == (5, 5)
-    assert isinstance(drafter, Drafter)
+    proposer = PromptLookupProposer()
+    assert (proposer.min_n, proposer.max_n) == (5, 5)
     context = [4, 5, 6, 7, 8, 1, 2, 4, 5, 6, 7, 8]
-    tree = drafter.propose(context, 3)
+    tree = proposer.begin("t", "s", context).propose(3)
     assert tree.token_ids.tolist() == [1, 2, 4]
     assert tree.source == "prompt_lookup" and tree.score == 3.0
-    assert drafter.propose(context, 0).num_nodes == 0
-    assert drafter.propose([], 8).num_nodes == 0
+    assert proposer.begin("t", "s", context).propose(0).num_nodes == 0
+    assert proposer.begin("t", "s", []).propose(8).num_nodes == 0
 
 
 @pytest.mark.parametrize(("min_n", "max_n"), [(0, 3), (3, 2), (-1, -1)])
 def test_bad_n_range_is_rejected(min_n, max_n):
-    with pytest.raises(ValueError, match="min_n"):
-        PromptLookupDrafter(min_n, max_n)
     with pytest.raises(ValueError, match="min_n"):
         PromptLookupProposer(min_n, max_n)
 

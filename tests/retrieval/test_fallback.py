@@ -1,77 +1,21 @@
 """Fallback guesses: the tenant's most frequent next tokens where its indexes' roots missed, by the shape
-of the context's last token, competing with the indexes' nodes for the draft budget."""
+of the context's last token, competing with the indexes' nodes for the draft budget. (The table itself
+is tested with the native drafter, tests/suffix_index/test_drafting.py.)"""
 
 from __future__ import annotations
 
 import dataclasses
 import struct
 import zlib
-from collections import Counter
 
 import numpy as np
-import pytest
 from test_proposer import check_tree, ids, run_request
 from testkit.drafting import verified_along
 
 from retrieval.config import DraftingConfig
 from retrieval.proposer import RepriseProposer
 from retrieval.vocabulary import token_categories
-from suffix_index.drafting import FALLBACK_CATEGORIES, FallbackTable
-
-PRIOR = 8  # FallbackTable's pseudo-misses
-
-
-def test_table_ranks_exactly_below_capacity_and_keeps_categories_apart() -> None:
-    rng = np.random.default_rng(0)
-    table = FallbackTable()
-    counts: Counter[int] = Counter()
-    misses = 0
-    for _ in range(2000):
-        token = int(rng.zipf(1.5)) % 200
-        missed = bool(rng.random() < 0.7)
-        table.observe(3, token, missed)
-        if missed:
-            counts[token] += 1
-            misses += 1
-    top = table.top(3, 10)
-    assert [c for _, c in top] == sorted((c for _, c in top), reverse=True)
-    expected = sorted(counts.values(), reverse=True)[:10]
-    assert [round(p * (misses + PRIOR)) for _, p in top] == expected
-    assert all(counts[t] == round(p * (misses + PRIOR)) for t, p in top)
-    assert table.num_observations == 2000
-    assert table.top(4, 10) == []  # another category saw nothing
-
-
-def test_table_keeps_heavy_tokens_past_its_capacity() -> None:
-    table = FallbackTable()
-    for k in range(5000):  # 2000 distinct rare tokens (far more than the counters), two frequent ones
-        table.observe(0, 1000 + k % 2000, True)
-        if k % 4 == 0:
-            table.observe(0, 7, True)
-        if k % 10 == 0:
-            table.observe(0, 9, True)
-    assert [t for t, _ in table.top(0, 2)] == [7, 9]
-
-
-def test_table_round_trips_and_rejects_bad_tables() -> None:
-    table = FallbackTable()
-    for token, missed in [(5, True), (5, True), (6, True), (7, False)]:
-        table.observe(2, token, missed)
-    copy = FallbackTable()
-    copy.set_table(table.table())
-    assert copy.top(2, 5) == table.top(2, 5) and copy.num_observations == 4
-    flat = table.table()
-    with pytest.raises(ValueError, match="truncated"):
-        copy.set_table(flat[:10])
-    with pytest.raises(ValueError, match="trailing"):
-        copy.set_table(np.concatenate([flat, [0]]))
-    bad = flat.copy()
-    bad[2 * 3 + 3 + 1] = 1  # category 2's first count below its second: not ranked
-    bad[2 * 3 + 3 + 3] = 2
-    with pytest.raises(ValueError, match="ranked"):
-        copy.set_table(bad)
-    with pytest.raises(ValueError, match="category"):
-        table.observe(FALLBACK_CATEGORIES, 1, True)
+from suffix_index.drafting import FALLBACK_CATEGORIES
 
 
 def test_token_categories_follow_the_token_shape() -> None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from retrieval.policy import AcceptanceMonitor, MonitorConfig
+from retrieval.proposer import RepriseProposer
 
 
 def test_defaults_keep_drafting_while_drafts_are_accepted() -> None:
@@ -43,10 +45,6 @@ def test_threshold_zero_never_suspends_and_bad_configs_fail() -> None:
 
 
 def test_proposer_stops_drafting_for_a_collapsed_tenant() -> None:
-    import numpy as np
-
-    from retrieval.proposer import RepriseProposer
-
     p = RepriseProposer()
     monitor = p.history("t").monitor
     for _ in range(200):

@@ -1,5 +1,5 @@
-"""On real agent traces (../shared/traces; skipped when absent): the full proposer beats the
-SuffixDecoding anchor run on the same index with the same replay, and drafts fast enough to matter."""
+"""On real agent traces (``replay_traces.traces.TRACES_DIR``; skipped when absent): the full proposer
+beats the SuffixDecoding anchor run on the same index with the same replay, and drafts fast enough to matter."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tenant scoping (DESIGN.md, Contracts): a tenant's drafts come only from its own history, corpus and
+"""Tenant scoping (docs/architecture.md, "Contracts"): a tenant's drafts come only from its own history, corpus and
 current request. Property: no draft token transition that exists only in another tenant's text is ever
 proposed."""
 

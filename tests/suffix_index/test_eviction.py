@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from testkit.suffix_checks import same_index
+from testkit.suffix_checks import apply_op, same_index
 
 from suffix_index import SuffixIndex
 
@@ -21,15 +21,9 @@ ops_st = st.lists(
 
 
 def run(ops, ix: SuffixIndex, skip: int | None = None) -> None:
-    for kind, sid, toks in ops:
-        if sid == skip:
-            continue
-        if kind == "add" and sid not in ix:
-            ix.add(sid, toks)
-        elif kind == "extend":
-            ix.extend(sid, toks)
-        elif kind == "remove" and sid in ix:
-            ix.remove(sid)
+    for op in ops:
+        if op[1] != skip:
+            apply_op(ix, op)
 
 
 def contexts(ix: SuffixIndex) -> list[list[int]]:

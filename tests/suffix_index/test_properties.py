@@ -8,6 +8,7 @@ import math
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from testkit.suffix_checks import assert_same_draft
 from testkit.suffix_oracle import Oracle
 
 from suffix_index import SuffixIndex
@@ -60,15 +61,6 @@ def contexts(oracle: Oracle, rng: np.random.Generator) -> list[list[int]]:
             out.append(seq[:cut] + [int(rng.integers(0, 4))])
     out.extend(rng.integers(0, 4, size=int(rng.integers(1, 10))).tolist() for _ in range(3))
     return out
-
-
-def assert_same_draft(draft, expected, where: str) -> None:
-    nodes, score, match_len = expected
-    assert draft.token_ids.tolist() == [t for t, _, _ in nodes], where
-    assert draft.parents.tolist() == [p for _, p, _ in nodes], where
-    assert draft.probs.tolist() == np.array([p for _, _, p in nodes], dtype=np.float32).tolist(), where
-    assert math.isclose(draft.score, score, rel_tol=1e-12, abs_tol=0.0), where
-    assert draft.match_len == match_len, where
 
 
 def check_state(ix: SuffixIndex, oracle: Oracle, rng: np.random.Generator, params) -> None:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from testkit.suffix_checks import same_index
+from testkit.suffix_checks import apply_op, same_index
 
 from suffix_index import SuffixIndex
 
@@ -67,13 +67,8 @@ def payload(
 )
 def test_round_trip_is_exact(ops, depth) -> None:
     ix = SuffixIndex(max_depth=depth, key_lengths=tuple(k for k in (1, 3) if k < depth), max_bytes=10**9)
-    for kind, sid, toks in ops:
-        if kind == "add" and sid not in ix:
-            ix.add(sid, toks)
-        elif kind == "extend":
-            ix.extend(sid, toks)
-        elif kind == "remove" and sid in ix:
-            ix.remove(sid)
+    for op in ops:
+        apply_op(ix, op)
     data = ix.serialize()
     clone = SuffixIndex.deserialize(data)
     contexts = [ix.get_sequence(s).tolist()[:n] for s in ix.sequence_ids().tolist() for n in (2, 5, 40)]

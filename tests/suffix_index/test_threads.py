@@ -6,7 +6,7 @@ import threading
 import time
 
 import numpy as np
-from testkit.suffix_checks import same_index
+from testkit.suffix_checks import apply_op, same_index
 
 from suffix_index import SuffixIndex
 
@@ -22,22 +22,12 @@ def _writer_ops(rng: np.random.Generator, n: int) -> list[tuple[str, int, np.nda
     return ops
 
 
-def _apply(ix: SuffixIndex, op) -> None:
-    kind, sid, toks = op
-    if kind == "add" and sid not in ix:
-        ix.add(sid, toks)
-    elif kind == "extend":
-        ix.extend(sid, toks)
-    elif kind == "remove" and sid in ix:
-        ix.remove(sid)
-
-
 def test_speculate_while_writing() -> None:
     rng = np.random.default_rng(11)
     ops = _writer_ops(rng, 2000)
     ix = SuffixIndex(max_depth=32, key_lengths=(4, 8), max_bytes=400_000)
     for op in ops[:40]:
-        _apply(ix, op)
+        apply_op(ix, op)
     contexts = [op[2][: max(1, len(op[2]) // 2)] for op in ops]
     errors: list[BaseException] = []
     stop = threading.Event()
@@ -62,7 +52,7 @@ def test_speculate_while_writing() -> None:
     def writer() -> None:
         try:
             for op in ops[40:]:
-                _apply(ix, op)
+                apply_op(ix, op)
         except BaseException as exc:  # noqa: BLE001
             errors.append(exc)
 
@@ -81,7 +71,7 @@ def test_speculate_while_writing() -> None:
     # One writer: the result equals the same operations applied on one thread.
     sequential = SuffixIndex(max_depth=32, key_lengths=(4, 8), max_bytes=400_000)
     for op in ops:
-        _apply(sequential, op)
+        apply_op(sequential, op)
     same_index(sequential, ix, contexts[::20])
 
 

@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from privacy import StoreConfig
+from reprise.cluster import launch
 from reprise.cluster.launch import RedisProcess as RedisServer
 from reprise.cluster.launch import ReplicaProcess
 
@@ -42,16 +44,12 @@ def start_redis_cluster(workdir: Path, num_masters: int = 3) -> list[RedisServer
 
 
 def store_config(redis_url: str, data_dir: Path, cluster: bool = False) -> Any:
-    from privacy import StoreConfig
-
     return StoreConfig(backend="redis", redis_url=redis_url, redis_cluster=cluster, data_dir=data_dir)
 
 
 def start_replicas(n: int, workdir: Path, redis_url: str, env: dict[str, str], cluster: bool = False,
                    **settings: str) -> list[ReplicaProcess]:
     """``n`` tiny-model replicas started together, each ready (resync every second, 4 slots)."""
-    from reprise.cluster import launch
-
     settings = {"model-num-slots": "4", "model-max-len": "2048", "cluster-resync-interval-s": "1", **settings}
     return launch.start_replicas(n, workdir, redis_url, env, cluster=cluster, **settings)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+import redis
+
 from privacy import StoreConfig
 
 REDIS_HOST, REDIS_PORT, REDIS_DB = "127.0.0.1", 6379, 0  # the real Redis the tests talk to
@@ -29,7 +31,6 @@ def raw_dump(config: StoreConfig) -> list[bytes]:
         finally:
             db.close()
         return out
-    import redis
 
     r = redis.Redis(host=config.redis.host, port=config.redis.port, db=config.redis.db)
     for key in r.scan_iter(match=f"{config.redis_key_prefix}:*", count=1000):

@@ -11,7 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from reprise.config import load_config
 from reprise.engine.request import GenerationRequest, GenerationResult, Usage
+from reprise.offline.tiny import TINY_EOS, byte_level_tokenizer, tiny_llama  # noqa: F401 - re-exported
+from reprise.server.service import Service
+from verifier.models import LoadedModel
 
 
 class LoopThread:
@@ -33,8 +37,6 @@ class LoopThread:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(5)
 
-
-from reprise.offline.tiny import TINY_EOS, byte_level_tokenizer, tiny_llama  # noqa: F401 - re-exported
 
 byte_tokenizer = byte_level_tokenizer
 
@@ -59,15 +61,11 @@ class Running:
         self.loop.close()
 
 
-def start_service(home: Path, model: Any = None, **settings: Any) -> Running:
-    from reprise.config import load_config
-    from reprise.server.service import Service
-    from verifier.models import LoadedModel
-
+def start_service(home: Path, model: Any = None, tokenizer: Any = None, **settings: Any) -> Running:
     flags = {"home": str(home), "server.grpc_port": "0", "server.http_port": str(free_port()),
              "model.num_slots": "4", "model.max_len": "1000", "server.stats_interval_s": "0.2", **settings}
     config = load_config(flags, env={})
-    loaded = LoadedModel(model if model is not None else tiny_llama(), byte_tokenizer(), "tiny-llama")
+    loaded = LoadedModel(model if model is not None else tiny_llama(), tokenizer or byte_tokenizer(), "tiny-llama")
     loop = LoopThread()
 
     async def make() -> Any:

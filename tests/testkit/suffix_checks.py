@@ -1,8 +1,34 @@
-"""Shared comparison for suffix index tests: two indexes that must be indistinguishable."""
+"""Shared steps of the suffix index tests: applying a random operation, a draft against the oracle's,
+two indexes that must be indistinguishable."""
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
+
 from suffix_index import SuffixIndex
+
+
+def apply_op(ix: SuffixIndex, op: tuple) -> None:
+    """One ("add" | "extend" | "remove", seq_id, tokens) operation; an add of a present id and a remove of
+    an absent one are skipped."""
+    kind, sid, toks = op
+    if kind == "add" and sid not in ix:
+        ix.add(sid, toks)
+    elif kind == "extend":
+        ix.extend(sid, toks)
+    elif kind == "remove" and sid in ix:
+        ix.remove(sid)
+
+
+def assert_same_draft(draft, expected, where: str) -> None:
+    nodes, score, match_len = expected
+    assert draft.token_ids.tolist() == [t for t, _, _ in nodes], where
+    assert draft.parents.tolist() == [p for _, p, _ in nodes], where
+    assert draft.probs.tolist() == np.array([p for _, _, p in nodes], dtype=np.float32).tolist(), where
+    assert math.isclose(draft.score, score, rel_tol=1e-12, abs_tol=0.0), where
+    assert draft.match_len == match_len, where
 
 
 def same_index(a: SuffixIndex, b: SuffixIndex, contexts) -> None:

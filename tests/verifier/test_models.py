@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from transformers import MistralConfig, MistralForCausalLM
 
 from retrieval.draft_tree import DraftTree
 from verifier import models
@@ -56,8 +57,6 @@ def test_load_errors_name_the_problem(tmp_path) -> None:
 
 
 def test_unsupported_families_are_refused() -> None:
-    from transformers import MistralConfig, MistralForCausalLM
-
     model = MistralForCausalLM(MistralConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                              num_attention_heads=2, num_key_value_heads=1))  # fmt: skip
     with pytest.raises(ValueError, match="model type 'mistral' is not supported"):
@@ -99,10 +98,8 @@ def test_half_written_cache_is_never_loaded(monkeypatch, tmp_path) -> None:
                 raise OSError("no tokenizer files")
             return Tok()
 
-    import transformers
-
-    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", fake_from_pretrained)
-    monkeypatch.setattr(transformers, "AutoTokenizer", NoTokenizer)
+    monkeypatch.setattr(models.AutoModelForCausalLM, "from_pretrained", fake_from_pretrained)
+    monkeypatch.setattr(models, "AutoTokenizer", NoTokenizer)
     monkeypatch.setattr(models, "load_model", lambda path, **kw: models.LoadedModel(tiny, None, str(path)))
     loaded = models.load_default_model()
     assert loaded.source == str(target)

@@ -3,6 +3,8 @@ signature: tree-masked attention over the KV cache, and accept-and-compact of th
 
 Dispatch (``backend="auto"``): Triton on CUDA tensors, the torch reference on CPU. Tests run the Triton
 kernels on CPU under ``TRITON_INTERPRET=1`` (set before triton is imported) against the references.
+Triton is an optional extra: the kernel modules import it inside the functions that compile or launch a
+kernel, never at module top.
 """
 
 from __future__ import annotations

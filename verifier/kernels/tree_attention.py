@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import torch
 
+from verifier.tree import additive_mask
+
 
 def tree_attention_reference(q, k, v, prefix_lens, tree_mask, scale: float, mask=None):
     """Pure-torch reference: a float additive mask and scaled dot-product attention (GQA without
     copying the KV heads). ``mask`` [B, 1, Q, L]: that mask, already built (the runner builds it once
     per forward rather than once per layer); by default it is built from ``prefix_lens`` and
     ``tree_mask``."""
-    from verifier.tree import additive_mask
-
     if mask is None:
         mask = additive_mask(prefix_lens, tree_mask, k.shape[2], q.dtype).to(q.device)  # [B, 1, Q, L]
     return torch.nn.functional.scaled_dot_product_attention(

@@ -1,12 +1,10 @@
-"""The built-in hit-rate dashboard and the service's HTTP endpoints (/metrics, /healthz, /dashboard).
-
-``StatsHistory`` samples per-tenant statistics over time; ``HttpServer`` serves the page (inline SVG
-charts, no external scripts) and its JSON, the latter only to admin keys.
-"""
+"""The built-in hit-rate dashboard: ``StatsHistory`` samples per-tenant statistics over time;
+``dashboard_router`` serves the page (inline SVG charts, no external scripts) and its JSON, the latter
+only to admin keys (on the app of ``reprise.server.http``)."""
 
 from __future__ import annotations
 
 from reprise.server.dashboard.history import StatsHistory, interval_point
-from reprise.server.dashboard.http import HttpServer
+from reprise.server.dashboard.http import dashboard_router
 
-__all__ = ["HttpServer", "StatsHistory", "interval_point"]
+__all__ = ["StatsHistory", "dashboard_router", "interval_point"]

@@ -1,7 +1,5 @@
-"""The service's HTTP side: Prometheus metrics, a liveness probe and the hit-rate dashboard.
+"""The hit-rate dashboard's routes (served by ``reprise.server.http`` with the rest of the HTTP side).
 
-    GET /metrics               Prometheus text format (no tenant ids in any label; no credentials)
-    GET /healthz               200 "serving", 503 "draining"
     GET /dashboard             the page: a static shell, no data; draws its charts with inline SVG
     GET /dashboard/api/stats   the page's data; needs ``Authorization: Bearer <admin key>``
 
@@ -12,14 +10,14 @@ No external scripts, styles or fonts: a strict Content-Security-Policy with a pe
 
 from __future__ import annotations
 
-import json
 import logging
 import secrets
-import threading
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from grpc_api.backend import Authenticator
 from grpc_api.interceptors import bearer_key
@@ -28,97 +26,35 @@ log = logging.getLogger(__name__)
 PAGE = resources.files("reprise.server.dashboard").joinpath("page.html").read_text(encoding="utf-8")
 
 
-class HttpServer:
-    """A small threaded HTTP server beside the gRPC port (``server.http_port``)."""
+def dashboard_router(authenticator: Authenticator, snapshot: Callable[[], dict[str, Any]]) -> APIRouter:
+    router = APIRouter()
 
-    def __init__(self, host: str, port: int, authenticator: Authenticator, snapshot: Callable[[], dict[str, Any]],
-                 render_metrics: Callable[[], tuple[bytes, str]], is_draining: Callable[[], bool] = lambda: False,
-                 ) -> None:
-        app = self
+    @router.get("/dashboard")
+    @router.get("/dashboard/")
+    async def page() -> Response:
+        nonce = secrets.token_urlsafe(16)
+        csp = (f"default-src 'none'; script-src 'nonce-{nonce}'; style-src 'nonce-{nonce}'; "
+               "connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; "
+               "frame-ancestors 'none'")
+        return HTMLResponse(PAGE.replace("{{NONCE}}", nonce), headers={"Content-Security-Policy": csp})
 
-        class Handler(BaseHTTPRequestHandler):
-            server_version = "reprise"
-            sys_version = ""
+    @router.get("/dashboard/api/stats")
+    async def stats(request: Request) -> Response:
+        header = request.headers.get("authorization")
+        key = bearer_key([("authorization", header)] if header is not None else [])
+        if not key:
+            return JSONResponse({"error": "send 'Authorization: Bearer <admin key>'"}, 401,
+                                {"WWW-Authenticate": 'Bearer realm="reprise"'})
+        principal = authenticator.authenticate(key)
+        if principal is None:
+            return JSONResponse({"error": "this admin key was not accepted (unknown or revoked): check it and try again"},
+                                401, {"WWW-Authenticate": 'Bearer realm="reprise"'})
+        if principal.kind != "admin":
+            return JSONResponse({"error": "the dashboard needs an admin key; this key belongs to a tenant"}, 403)
+        try:
+            return JSONResponse(snapshot())
+        except Exception:
+            log.exception("dashboard: building the statistics failed")
+            return JSONResponse({"error": "internal error; see the server log"}, 500)
 
-            def do_GET(self) -> None:
-                app._get(self)
-
-            def log_message(self, fmt: str, *args: Any) -> None:
-                log.debug("http %s " + fmt, self.address_string(), *args)
-
-        self._auth = authenticator
-        self._snapshot = snapshot
-        self._render_metrics = render_metrics
-        self._is_draining = is_draining
-        self._httpd = ThreadingHTTPServer((host, port), Handler)
-        self._httpd.daemon_threads = True
-        self.port = self._httpd.server_address[1]
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> int:
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name="reprise-http", daemon=True)
-        self._thread.start()
-        return self.port
-
-    def stop(self) -> None:
-        if self._thread is not None:  # shutdown() waits for serve_forever: only when it runs
-            self._httpd.shutdown()
-            self._thread.join(5)
-            self._thread = None
-        self._httpd.server_close()
-
-    # ---- routes ------------------------------------------------------------------------------------
-
-    def _get(self, h: BaseHTTPRequestHandler) -> None:
-        path = h.path.split("?", 1)[0]
-        if path == "/metrics":
-            body, ctype = self._render_metrics()
-            return _send(h, 200, body, ctype)
-        if path == "/healthz":
-            draining = self._is_draining()
-            return _send(h, 503 if draining else 200, b"draining\n" if draining else b"serving\n", "text/plain")
-        if path in ("", "/"):
-            return _send(h, 302, b"", "text/plain", {"Location": "/dashboard"})
-        if path in ("/dashboard", "/dashboard/"):
-            nonce = secrets.token_urlsafe(16)
-            csp = (f"default-src 'none'; script-src 'nonce-{nonce}'; style-src 'nonce-{nonce}'; "
-                   "connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; "
-                   "frame-ancestors 'none'")
-            body = PAGE.replace("{{NONCE}}", nonce).encode()
-            return _send(h, 200, body, "text/html; charset=utf-8", {"Content-Security-Policy": csp})
-        if path == "/dashboard/api/stats":
-            key = bearer_key([("authorization", h.headers.get("Authorization", ""))]
-                             if h.headers.get("Authorization") is not None else [])
-            if not key:
-                return _json(h, 401, {"error": "send 'Authorization: Bearer <admin key>'"},
-                             {"WWW-Authenticate": 'Bearer realm="reprise"'})
-            principal = self._auth.authenticate(key)
-            if principal is None:
-                return _json(h, 401, {"error": "this admin key was not accepted (unknown or revoked): check it and "
-                                               "try again"}, {"WWW-Authenticate": 'Bearer realm="reprise"'})
-            if principal.kind != "admin":
-                return _json(h, 403, {"error": "the dashboard needs an admin key; this key belongs to a tenant"})
-            try:
-                return _json(h, 200, self._snapshot())
-            except Exception:
-                log.exception("dashboard: building the statistics failed")
-                return _json(h, 500, {"error": "internal error; see the server log"})
-        return _json(h, 404, {"error": f"no page {path}"})
-
-
-def _send(h: BaseHTTPRequestHandler, status: int, body: bytes, ctype: str,
-          headers: dict[str, str] | None = None) -> None:
-    h.send_response(status)
-    h.send_header("Content-Type", ctype)
-    h.send_header("Content-Length", str(len(body)))
-    h.send_header("Cache-Control", "no-store")
-    h.send_header("X-Content-Type-Options", "nosniff")
-    h.send_header("Referrer-Policy", "no-referrer")
-    for k, v in (headers or {}).items():
-        h.send_header(k, v)
-    h.end_headers()
-    h.wfile.write(body)
-
-
-def _json(h: BaseHTTPRequestHandler, status: int, data: Any, headers: dict[str, str] | None = None) -> None:
-    _send(h, status, json.dumps(data, separators=(",", ":")).encode(), "application/json", headers)
+    return router

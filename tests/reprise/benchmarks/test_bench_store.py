@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
+from reprise.arguments import CliError
 from reprise.benchmarks import store as bench
-from reprise.cli import CliError
 
 
 def _args(backend: str, **kw) -> argparse.Namespace:

@@ -32,11 +32,6 @@ def test_bad_arguments_are_cli_errors(capsys) -> None:
     assert "trace file not found: /nonexistent.jsonl" in capsys.readouterr().err
 
 
-def test_task_key_groups_trials() -> None:
-    assert bench.task_key("task3-trial1", "x") == bench.task_key("task3-trial0", "y") == "task3"
-    assert bench.task_key("ep7-trial2", "Question: Q?") == bench.task_key("ep9-trial3", "Question: Q?")
-
-
 class StubTokenizer:
     """Characters to small token ids (a unit-test stand-in for a chat tokenizer)."""
 

@@ -9,6 +9,8 @@ from typing import Any
 import pytest
 from testkit.cluster import RedisServer, master_env, require_redis_server, store_config
 
+from privacy import open_store
+
 
 @dataclass
 class Deployment:
@@ -21,8 +23,6 @@ class Deployment:
     workdir: Path
 
     def store(self) -> Any:
-        from privacy import open_store
-
         return open_store(store_config(self.redis.url, self.workdir / "checker"), env=self.env)
 
 
@@ -32,8 +32,6 @@ def deployment(tmp_path: Path):
     redis = RedisServer(tmp_path / "redis", appendfsync="always").start()
     env = master_env()
     try:
-        from privacy import open_store
-
         with open_store(store_config(redis.url, tmp_path / "setup"), env=env) as store:
             admin_key = store.create_admin_key().secret
             tenants = {}

@@ -14,11 +14,13 @@ import pytest
 from testkit.cluster import master_env, require_redis_server, wait_for
 from testkit.service import finished_turn
 
+from grpc_api.interceptors import DATA_PLANE
 from privacy import StoreConfig, open_store
 from privacy.changefeed import KIND_APPEND, open_feed
 from reprise.cluster.config import ClusterConfig
 from reprise.cluster.launch import free_port
 from reprise.cluster.node import ClusterNode
+from reprise.config import env_name, load_config, settings
 from retrieval.proposer import RepriseProposer
 
 DEPLOY = Path(__file__).resolve().parents[3] / "deploy" / "cluster"
@@ -90,8 +92,6 @@ def test_redis_conf_and_its_acl_user_run_every_replica_operation(tmp_path) -> No
 
 
 def test_the_replicas_settings_load_and_name_only_known_variables(monkeypatch) -> None:
-    from reprise.config import env_name, load_config, settings
-
     known = {env_name(k) for k in settings()}
     compose = _compose()
     for name in ("reprise-1", "reprise-2", "reprise-3"):
@@ -109,8 +109,6 @@ def test_the_replicas_settings_load_and_name_only_known_variables(monkeypatch) -
 
 
 def test_envoy_hashes_on_session_then_tenant_and_checks_readiness() -> None:
-    from grpc_api.interceptors import DATA_PLANE
-
     envoy = yaml.safe_load((DEPLOY / "envoy.yaml").read_text())
     cluster = envoy["static_resources"]["clusters"][0]
     assert cluster["lb_policy"] == "RING_HASH"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 
 import pytest
+import redis
 from testkit.cluster import (
     master_env,
     require_redis_server,
@@ -17,6 +18,7 @@ from testkit.cluster import (
 )
 
 from grpc_api.client import AdminClient, RepriseClient, RepriseError
+from privacy import open_store
 
 pytestmark = pytest.mark.redis
 
@@ -88,8 +90,6 @@ def scenario(a, b, admin_key: str, tenants: dict[str, tuple[str, str]], raw_node
 
 
 def test_turn_on_one_replica_drafts_on_another_and_deletion_reaches_all(deployment) -> None:
-    import redis
-
     d = deployment
     a, b = start_replicas(2, d.workdir, d.redis.url, d.env)
     try:
@@ -101,10 +101,6 @@ def test_turn_on_one_replica_drafts_on_another_and_deletion_reaches_all(deployme
 
 @pytest.mark.slow
 def test_the_same_on_a_redis_cluster_of_three_masters(tmp_path) -> None:
-    import redis
-
-    from privacy import open_store
-
     require_redis_server()
     nodes = start_redis_cluster(tmp_path / "cluster")
     env = master_env()

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 from testkit.service import LoopThread
 
+from grpc_api.backend import ModelInfo
 from grpc_api.server import GrpcServer
-from privacy import StoreConfig, ensure_admin_key, open_store
+from privacy import StoreConfig, TenantId, ensure_admin_key, open_store
 from reprise.cli import main
 from reprise.config import ServerConfig
 from reprise.server.admin import ServiceAdmin
@@ -21,8 +22,6 @@ class NoModel:
     """Data-plane stub: these tests never decode."""
 
     def model_info(self):
-        from grpc_api.backend import ModelInfo
-
         return ModelInfo("none", 1024, (0,), 100, False)
 
     def close(self) -> None:
@@ -110,7 +109,6 @@ def test_export_and_import(admin_server, capsys, tmp_path: Path, monkeypatch) ->
     store, _, _ = admin_server
     code, out, _ = run(capsys, "tenant", "create", "acme", "--json")
     tid = json.loads(out)["tenant_id"]
-    from privacy import TenantId
 
     store.append_trajectory(TenantId(tid), "s1", [1, 2, 3, 4], "one two")
     pw = tmp_path / "pw"

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import json
 import re
+import sys
+from concurrent.futures.process import BrokenProcessPool
 
 import pytest
 from testkit.replay import conversation, write_trace
 
 from reprise.cli import main
+from reprise.commands import tune as tune_command
 from reprise.server.tenant_config import load_drafting_config
 from retrieval.config import DraftingConfig
+from retrieval.registry import proposer_names
 
 CODE = "def area(r):\n    return 3.14159 * r * r\n\nprint(area(2))\n"
 
@@ -60,8 +64,6 @@ def test_replay_oracle_is_at_least_prompt_lookup(trace, capsys):
 
 
 def test_default_drafter_comes_from_the_registry(trace, capsys):
-    from retrieval.registry import proposer_names
-
     main(["replay", str(trace), "--json"])
     expected = "reprise" if "reprise" in proposer_names() else "prompt_lookup"
     assert json.loads(capsys.readouterr().out)["drafter"] == expected
@@ -172,14 +174,10 @@ def test_tune_jobs_gives_the_same_results_as_one_process(tmp_path, trace, capsys
 
 
 def test_tune_says_when_a_worker_died(tmp_path, trace, capsys, monkeypatch):
-    from concurrent.futures.process import BrokenProcessPool
-
-    import replay_traces.tune
-
     def dies(*args, **kwargs):
         raise BrokenProcessPool("A process in the process pool was terminated abruptly")
 
-    monkeypatch.setattr(replay_traces.tune, "sweep", dies)
+    monkeypatch.setattr(tune_command, "sweep", dies)
     argv = ["tune", str(trace), "--tenant", "acme", "--data-dir", str(tmp_path / "data"), "--out", str(tmp_path / "o"),
             "--grid", "levels=1,2", "--jobs", "2"]
     assert main(argv) == 1
@@ -188,10 +186,29 @@ def test_tune_says_when_a_worker_died(tmp_path, trace, capsys, monkeypatch):
 
 
 def test_progress_bar_only_on_a_terminal(trace, capsys, monkeypatch):
-    import sys
-
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
     assert main(["replay", str(trace), "--drafter", "prompt_lookup"]) == 0
     assert "call" in capsys.readouterr().err  # tqdm's bar: "tiny.jsonl.gz: ... call/s"
     assert main(["replay", str(trace), "--drafter", "prompt_lookup", "--json"]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_replay_chain_sends_one_path_per_step(trace, capsys, monkeypatch):
+    import replay_traces.replay as replay_module
+
+    shapes: list[bool] = []
+    real = replay_module.accepted_path
+
+    def spy(token_ids, parents, target, pos):
+        shapes.append(list(parents) == list(range(-1, len(parents) - 1)))
+        return real(token_ids, parents, target, pos)
+
+    monkeypatch.setattr(replay_module, "accepted_path", spy)
+    assert main(["replay", str(trace), "--json", "--chain", "--budget", "8"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["chain"] is True
+    (report,) = data["files"]
+    assert shapes and all(shapes), "a step was sent a tree"
+    assert report["tau"] > 1.5 and report["draft_tokens_per_step"] <= 8
+    main(["replay", str(trace), "--json", "--budget", "8"])
+    assert json.loads(capsys.readouterr().out)["chain"] is False

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -14,6 +16,8 @@ import pytest
 from testkit.service import byte_tokenizer, free_port, tiny_llama
 
 from grpc_api.client import RepriseClient
+from privacy import StoreConfig, open_store
+from reprise.cli import main
 
 
 def cli(*argv: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -66,7 +70,6 @@ def test_serve_then_sigterm_finishes_streams_and_keeps_history(tmp_path: Path, m
         assert any("admin key is in" in line for line in lines)
         created = cli("tenant", "create", "acme", "--json", env=env)
         assert created.returncode == 0, created.stderr
-        import json
 
         key = json.loads(created.stdout)["api_key"]
         with RepriseClient(f"127.0.0.1:{grpc_port}", key) as client:
@@ -82,7 +85,6 @@ def test_serve_then_sigterm_finishes_streams_and_keeps_history(tmp_path: Path, m
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    from privacy import StoreConfig, open_store
 
     with open_store(StoreConfig(data_dir=home)) as store:
         tenant = store.list_tenants()[0]
@@ -90,10 +92,6 @@ def test_serve_then_sigterm_finishes_streams_and_keeps_history(tmp_path: Path, m
 
 
 def test_ports_in_use_fail_clearly(tmp_path: Path, model_dir: Path, monkeypatch, capsys) -> None:
-    import socket
-
-    from reprise.cli import main
-
     monkeypatch.delenv("REPRISE_MASTER_KEY", raising=False)
     monkeypatch.setenv("REPRISE_HOME", str(tmp_path / "home"))
     with socket.socket() as busy:
@@ -104,3 +102,18 @@ def test_ports_in_use_fail_clearly(tmp_path: Path, model_dir: Path, monkeypatch,
         assert code == 1 and "Address already in use" in capsys.readouterr().err
         code = main(["serve", "--model-path", str(model_dir), "--grpc-port", str(port), "--http-port", str(free_port())])
         assert code == 1 and f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
+
+
+def test_engine_vllm_without_a_supported_vllm_is_one_clear_error(tmp_path: Path, model_dir: Path, monkeypatch,
+                                                                 capsys) -> None:
+    from reprise.backends.vllm import versions
+    from reprise.cli import main
+
+    monkeypatch.delenv("REPRISE_MASTER_KEY", raising=False)
+    monkeypatch.setenv("REPRISE_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(versions, "installed_vllm", lambda: ("vllm", "0.31.1"))
+    code = main(["serve", "--engine", "vllm", "--model-path", str(model_dir), "--grpc-port", str(free_port()),
+                 "--http-port", str(free_port())])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "supports vLLM 0.32.0; vllm 0.31.1 is installed" in err and "Traceback" not in err

@@ -6,8 +6,14 @@ import numpy as np
 import pytest
 
 from reprise.engine.draft_budget import AcceptanceTracker, CostModel, DraftBudget
+from reprise.engine.engine import Engine, EngineConfig
+from reprise.engine.request import GenerationRequest, StoppingParams
 from reprise.engine.step_cost import StepCostFit
 from retrieval.draft_tree import DraftTree, conditional_probs, path_probs, subtree
+from retrieval.registry import make_proposer
+from verifier.runner import ModelRunner
+from verifier.sampling import SamplingParams
+from verifier.testing import tiny_model
 
 
 def tree_of(probs, parents=None) -> DraftTree:
@@ -121,10 +127,6 @@ def test_larger_batches_keep_fewer_draft_tokens() -> None:
 
 
 def test_the_engine_tells_the_budget_its_batch_size() -> None:
-    from reprise.engine.engine import Engine, EngineConfig
-    from verifier.runner import ModelRunner
-    from verifier.testing import tiny_model
-
     seen: list[int] = []
 
     class Spy(DraftBudget):
@@ -132,13 +134,10 @@ def test_the_engine_tells_the_budget_its_batch_size() -> None:
             seen.append(batch_size)
             return super().select(tree, max_nodes, scale, batch_size)
 
-    from retrieval.registry import make_proposer
 
     model = tiny_model("llama", vocab_size=64, seed=1)
     engine = Engine(ModelRunner(model, num_slots=3, max_len=64), make_proposer("prompt_lookup"), None,
                     EngineConfig(budget=Spy()))
-    from reprise.engine.request import GenerationRequest, StoppingParams
-    from verifier.sampling import SamplingParams
 
     handles = [engine.submit(GenerationRequest((1, 2, 3 + i), SamplingParams(), StoppingParams(max_new_tokens=4,
                                                                                              ignore_eos=True)))

@@ -12,10 +12,11 @@ import torch
 from reprise.engine.draft_budget import DraftBudget
 from reprise.engine.engine import Engine, EngineConfig
 from reprise.engine.request import GenerationRequest, StoppingParams
+from reprise.engine.stopping import StopChecker
 from retrieval.draft_tree import DraftTree
 from retrieval.registry import make_proposer
 from verifier.runner import ModelRunner
-from verifier.sampling import SamplingParams
+from verifier.sampling import SamplingParams, warp_probs
 from verifier.testing import chi_square, chi_square_critical, hf_greedy, tiny_model
 
 VOCAB = 256
@@ -206,8 +207,6 @@ def test_stop_strings_cut_text_and_tokens(llama, include) -> None:
 
 
 def test_stream_holds_back_partial_utf8_and_possible_stop_prefix() -> None:
-    from reprise.engine.stopping import StopChecker
-
     text = "héllo wörld"
     ids = list(text.encode())
     checker = StopChecker(StoppingParams(max_new_tokens=100, stop_strings=("wör",)), ByteTokenizer(), (), 100)
@@ -293,7 +292,6 @@ def test_sampled_output_has_the_target_distribution() -> None:
     params = SamplingParams(temperature=0.9, top_k=5, top_p=0.95, seed=None)
     prompt = prompt_of(26, 8)
     prompt = [t % 128 for t in prompt]
-    from verifier.sampling import warp_probs
 
     with torch.inference_mode():
         p1 = warp_probs(model(torch.tensor([prompt])).logits[0, -1:].float(), params)[0].double()
@@ -332,8 +330,6 @@ def test_sampled_output_has_the_target_distribution() -> None:
 
 
 def test_text_of_a_request_ending_mid_character_is_flushed() -> None:
-    from reprise.engine.stopping import StopChecker
-
     checker = StopChecker(StoppingParams(max_new_tokens=3), ByteTokenizer(), (), 100)
     first = checker.append(list(b"ab"))
     last = checker.append(["é".encode()[0]])  # the length limit cuts a two-byte character in half

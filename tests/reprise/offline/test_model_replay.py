@@ -14,7 +14,8 @@ from neural_drafters.drafting import DraftSettings, HeadDrafter
 from neural_drafters.hybrid import NeuralProposer
 from reprise.engine.draft_budget import DraftBudget
 from reprise.engine.engine import Engine, EngineConfig
-from reprise.offline.model_replay import decode_reference, select_calls, simulate
+from reprise.offline.calls import select_calls
+from reprise.offline.model_replay import decode_reference, simulate
 from reprise.offline.tiny import byte_level_tokenizer, tiny_llama
 from verifier.runner import ModelRunner
 from verifier.testing import hf_greedy

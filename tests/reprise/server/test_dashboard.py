@@ -10,9 +10,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from testkit.service import LoopThread
 
 from grpc_api.backend import Principal, TenantInfo, TenantStats
-from reprise.server.dashboard import HttpServer, StatsHistory, interval_point
+from reprise.server.dashboard import StatsHistory, interval_point
+from reprise.server.http import HttpServer, build_app
 from reprise.server.metrics import ServiceMetrics
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -58,19 +60,21 @@ def dashboard():
         ]
         history.sample(t + 10 * k)
     metrics = ServiceMetrics()
-    server = HttpServer("127.0.0.1", 0, KeyTable(), history.snapshot, metrics.render)
-    server.start()
+    loop = LoopThread()
+    server = HttpServer("127.0.0.1", 0)
+    loop.call(server.start(build_app(KeyTable(), history.snapshot, metrics.render)))
     yield server, history
-    server.stop()
+    loop.call(server.stop())
+    loop.close()
 
 
 def get(url: str, key: str | None = None) -> tuple[int, bytes, dict]:
     req = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"} if key else {})
     try:
         with urllib.request.urlopen(req, timeout=10) as r:
-            return r.status, r.read(), dict(r.headers)
+            return r.status, r.read(), r.headers  # case-insensitive, as HTTP header names are
     except urllib.error.HTTPError as e:
-        return e.code, e.read(), dict(e.headers)
+        return e.code, e.read(), e.headers
 
 
 def test_json_needs_an_admin_key(dashboard) -> None:

@@ -6,18 +6,24 @@ transformers' greedy decoding); the real SmolLM2 runs in the slow tests.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import time
 import urllib.request
+from pathlib import Path
 
 import grpc
 import pytest
 from testkit.service import TINY_EOS, byte_tokenizer, start_service, tiny_llama
 
 from grpc_api.client import AdminClient, RepriseClient, RepriseError
+from privacy import TenantId
 from reprise.engine.engine import Engine
 from reprise.engine.request import GenerationRequest, StoppingParams
-from retrieval.registry import make_proposer
+from reprise.server.hidden_store import segment_key
+from reprise.server.tenant_config import save_drafting_config
+from retrieval.config import DraftingConfig
+from retrieval.registry import make_proposer, proposer_names
 from verifier.runner import ModelRunner
 from verifier.sampling import SamplingParams
 from verifier.testing import hf_greedy
@@ -106,8 +112,6 @@ def test_sampling_and_stop_conditions(running, reference) -> None:
 
 
 def test_eos_is_reported(running) -> None:
-    from reprise.engine.engine import EngineConfig  # noqa: F401 - the pipeline is importable alongside
-
     _, key = tenant_key(running)
     with RepriseClient(running.target, key) as client:
         # Force EOS: it is the model's EOS id and a stop id at once; either way the request ends there.
@@ -118,8 +122,6 @@ def test_eos_is_reported(running) -> None:
 
 
 def test_history_is_stored_and_do_not_record_is_honoured(running) -> None:
-    from privacy import TenantId
-
     tid, key = tenant_key(running)
     with RepriseClient(running.target, key) as client:
         client.generate(tokens=[10, 11, 12], max_new_tokens=5, session_id="kept")
@@ -132,8 +134,6 @@ def test_history_is_stored_and_do_not_record_is_honoured(running) -> None:
 
 
 def history_drafter_registered() -> bool:
-    from retrieval.registry import proposer_names
-
     return "reprise" in proposer_names()
 
 
@@ -204,8 +204,6 @@ def test_tenant_cannot_reach_another_tenants_stats_or_requests(running) -> None:
 
 
 def test_restart_keeps_tenants_keys_and_history(tmp_path, monkeypatch) -> None:
-    from privacy import TenantId
-
     monkeypatch.delenv("REPRISE_MASTER_KEY", raising=False)
     home = tmp_path / "home"
     r = start_service(home)
@@ -246,9 +244,6 @@ def test_metrics_and_dashboard_after_requests(running) -> None:
 
 
 def test_example_agent_loop_runs(running, capsys) -> None:
-    import importlib.util
-    from pathlib import Path
-
     path = Path(__file__).resolve().parents[3] / "examples" / "agent_loop.py"
     spec = importlib.util.spec_from_file_location("agent_loop_example", path)
     module = importlib.util.module_from_spec(spec)
@@ -261,9 +256,6 @@ def test_example_agent_loop_runs(running, capsys) -> None:
 
 
 def test_tuned_settings_are_used_for_their_tenant_after_a_restart(tmp_path, monkeypatch) -> None:
-    from reprise.server.tenant_config import save_drafting_config
-    from retrieval.config import DraftingConfig
-
     monkeypatch.delenv("REPRISE_MASTER_KEY", raising=False)
     home = tmp_path / "home"
     r = start_service(home)
@@ -291,9 +283,6 @@ def test_tuned_settings_are_used_for_their_tenant_after_a_restart(tmp_path, monk
 
 
 def test_hybrid_reuse_vectors_are_sealed_and_restored_after_a_restart(tmp_path, monkeypatch) -> None:
-    from privacy import TenantId
-    from reprise.server.hidden_store import segment_key
-
     monkeypatch.delenv("REPRISE_MASTER_KEY", raising=False)
     monkeypatch.setenv("REPRISE_DRAFTER_CHECKPOINT", str(tmp_path / "no-head"))  # reuse + retrieval only
     home = tmp_path / "home"

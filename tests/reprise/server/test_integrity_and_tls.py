@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import datetime
 import io
+import ipaddress
 from pathlib import Path
 
 import grpc
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 from testkit.service import LoopThread, start_service
 
 from grpc_api.client import AdminClient, RepriseClient, RepriseError
@@ -49,13 +54,6 @@ def test_tampered_history_is_data_loss_and_startup_survives(tmp_path: Path, monk
 
 def _certs(tmp: Path) -> dict[str, Path]:
     """A CA, a server certificate for 127.0.0.1/localhost, and a client certificate."""
-    import ipaddress
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
     now = datetime.datetime.now(datetime.timezone.utc)
 
     def make(name: str, issuer_key=None, issuer_name=None, ca=False, san=None):

@@ -13,6 +13,7 @@ from reprise.server.metrics import ServiceMetrics
 from retrieval.draft_tree import DraftTree
 from retrieval.registry import make_proposer
 from verifier.runner import ModelRunner
+from verifier.testing import hf_greedy
 
 
 def test_accounting_figures() -> None:
@@ -57,8 +58,6 @@ class TruthProposer:
         self.model = model
 
     def begin(self, tenant, session_id, prompt_ids, request_id=""):
-        from verifier.testing import hf_greedy
-
         return TruthSession(hf_greedy(self.model, list(prompt_ids), 60), len(prompt_ids))
 
 

@@ -8,15 +8,16 @@ import pytest
 from testkit.service import LoopThread, free_port
 
 from grpc_api.client import AdminClient, RepriseClient
+from reprise.config import load_config
+from reprise.server.service import Service
+from verifier.models import load_default_model
+from verifier.testing import hf_greedy
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def smol_service(tmp_path_factory):
-    from reprise.config import load_config
-    from reprise.server.service import Service
-
     home = tmp_path_factory.mktemp("smol") / "home"
     config = load_config({"home": str(home), "server.grpc_port": "0", "server.http_port": str(free_port()),
                           "model.num_slots": "4", "model.max_len": "1024"}, env={})
@@ -36,9 +37,6 @@ def smol_service(tmp_path_factory):
 
 
 def test_chat_stream_equals_transformers_greedy(smol_service) -> None:
-    from verifier.models import load_default_model
-    from verifier.testing import hf_greedy
-
     target, key, _, _ = smol_service
     reference = load_default_model()
     chat = [{"role": "user", "content": "List three colors of the rainbow, comma separated."}]

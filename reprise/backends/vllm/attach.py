@@ -1,0 +1,36 @@
+"""Starting Reprise's proposer in vLLM's worker: the model folder, the vocabulary, ``reprise_attach``.
+
+The service's wiring (``reprise.server.vllm``) and ``reprise bench engine`` both start it this way.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from reprise.backends.vllm.engine import VllmEngine
+from reprise.backends.vllm.proposer import DEFAULT_STALL_TIMEOUT_S
+
+CHAIN_TREE_FACTOR = 2  # retrieval.chain: a chain is the best path of a tree this many times its length
+MAX_SPECULATIVE_TOKENS = 32
+
+
+def model_folder(path: str) -> str:
+    """``path``, or the default model's safetensors folder (converted on first use)."""
+    if path:
+        return str(Path(path).expanduser())
+    from verifier.models import ensure_default_model
+
+    return str(ensure_default_model())
+
+
+def vocabulary(tokenizer: Any) -> list[str]:
+    """Each token id's text, for canonical number matching in the worker (``set_vocabulary``)."""
+    return [tokenizer.decode([i]) for i in range(len(tokenizer))]
+
+
+def attach_reprise(engine: VllmEngine, drafting: Any, tokenizer: Any, *, adaptive: bool = True,
+                   stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S) -> None:
+    """Start Reprise's proposer in every worker with ``drafting`` (a ``DraftingConfig``)."""
+    words = vocabulary(tokenizer) if tokenizer is not None else None
+    engine.rpc("reprise_attach", drafting.to_dict(), words, CHAIN_TREE_FACTOR, stall_timeout_s, adaptive)

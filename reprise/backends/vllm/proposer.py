@@ -1,0 +1,275 @@
+"""Reprise's drafter as vLLM's speculative proposer (``speculative_config.method = "custom_class"``).
+
+vLLM builds this class in its worker process (``RepriseVllmProposer(vllm_config)``) and calls
+``propose`` once per engine step, after the step's tokens are committed, with every batch row's
+committed tokens (``token_ids_cpu``, ``num_tokens_no_spec``). The call carries no request ids; the
+worker extension (``worker.RepriseWorkerExtension.reprise_attach``) hands the proposer the model runner,
+whose ``input_batch.req_ids`` and ``requests[...].sampling_params.extra_args`` name each row's request
+and its ``RequestTag`` (tenant, session), set by the service after authentication.
+
+Per request the proposer keeps a Reprise drafting session of the request's tenant (its own
+``RepriseProposer`` state: history, corpus, calibration, acceptance monitor), commits the tokens the
+step added, and sends the best path of the session's tree (``retrieval.chain``), since vLLM verifies
+chains. Per step:
+
+    for each row with new tokens: commit them (the accepted part of the last draft, then the bonus),
+        record (tenant, draft length, accepted) for the service's accounting, propose the next chain
+    cut each chain to what the batch pays for (``DraftBudget``: fewer, surer tokens as the batch grows,
+        its probabilities scaled by how the request's own drafts fared: ``AcceptanceTracker``; its cost
+        per verified row measured on this engine as it runs: ``step_cost.StepCostMeter``)
+    requests that left the batch: end their sessions (their turns reach the history from the service)
+
+Failures never reach vLLM: drafting runs on a helper thread with a deadline; a step whose drafting
+raises or overruns ``stall_timeout_s`` drafts nothing (one warning per episode: an episode ends after
+``RECOVERY_STEPS`` good steps in a row), and while a stalled drafting call is still running, later steps
+draft nothing rather than wait.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from reprise.backends.vllm.step_cost import StepCostMeter
+from reprise.backends.vllm.tags import RequestTag, StepRecord
+from reprise.engine.draft_budget import AcceptanceTracker, DraftBudget
+from retrieval.session import Verified
+
+log = logging.getLogger(__name__)
+
+DEFAULT_STALL_TIMEOUT_S = 1.0
+RECOVERY_STEPS = 16  # good steps in a row that end a failure episode (the next failure warns again)
+_MAX_PENDING_STEPS = 200_000  # step records kept for the service between two drains
+
+
+@dataclass(slots=True)
+class _Request:
+    """Drafting state of one vLLM request in the worker."""
+
+    tag: RequestTag
+    session: Any  # a retrieval.chain.ChainSession, or None when the request does not draft
+    seen: int  # tokens (prompt + output) committed to the session so far
+    draft: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))  # last chain sent
+    chain: Any = None  # the DraftTree of the last chain sent (for the request's acceptance tracker)
+    source: str = ""
+    tracker: AcceptanceTracker | None = None  # this request's own calibration of its drafts' probabilities
+
+
+@dataclass(slots=True)
+class ProposerHealth:
+    """Counters of degraded steps (the service reads them with ``reprise_health``)."""
+
+    failed_steps: int = 0
+    stalled_steps: int = 0
+    skipped_steps: int = 0  # a stalled drafting call was still running
+    warnings: int = 0
+
+
+class RepriseVllmProposer:
+    """The custom proposer class vLLM instantiates; inert (drafts nothing) until ``attach``."""
+
+    def __init__(self, vllm_config: Any) -> None:
+        spec = vllm_config.speculative_config
+        self.num_speculative_tokens = int(spec.num_speculative_tokens)
+        self.runner: Any = None
+        self.tenants: Any = None  # retrieval.proposer.RepriseProposer, set by attach
+        self.chain_factor = 2
+        self.stall_timeout_s = DEFAULT_STALL_TIMEOUT_S
+        self.health = ProposerHealth()
+        self._budget: DraftBudget | None = None
+        self._requests: dict[str, _Request] = {}
+        self._steps: list[tuple[str, int, int, str]] = []
+        self._steps_lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reprise-draft")
+        self._running: Future[list[list[int]]] | None = None
+        self._warned = False
+        self._good_steps = 0  # good steps since the last failure
+        self._unattached_warned = False
+        self.step_cost = StepCostMeter()
+        self._last_step: tuple[float, tuple[str, ...], int] | None = None  # (call time, batch, rows verified next)
+
+    # ---- vLLM's side ---------------------------------------------------------------------------------
+
+    def load_model(self, model: Any) -> None:
+        """vLLM's CPU runner calls this with the target model; the proposer needs no model."""
+
+    def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray,
+                token_ids_cpu: np.ndarray, slot_mappings: Any = None) -> list[list[int]]:
+        """One draft (a chain of token ids, possibly empty) per batch row. Never raises."""
+        num_rows = len(sampled_token_ids)
+        empty: list[list[int]] = [[] for _ in range(num_rows)]
+        if self.runner is None or self.tenants is None:
+            if not self._unattached_warned:
+                self._unattached_warned = True
+                log.warning("the Reprise proposer is not attached to a runner (reprise_attach was not called): "
+                            "it drafts nothing")
+            return empty
+        if self._running is not None and not self._running.done():
+            self.health.skipped_steps += 1  # the stalled call still holds the sessions
+            return empty
+        now = time.perf_counter()
+        try:
+            req_ids = list(self.runner.input_batch.req_ids[:num_rows])
+            self._time_step(now, req_ids, sampled_token_ids)
+            rows = [(i, req_ids[i], self._tag(req_ids[i])) for i in range(num_rows) if sampled_token_ids[i]]
+            lengths = np.asarray(num_tokens_no_spec[:num_rows], dtype=np.int64).copy()
+            # A copy: after a stall vLLM goes on writing its buffer while the late call still reads.
+            tokens = np.array(token_ids_cpu[:num_rows, : int(lengths.max(initial=0))], dtype=np.int32)
+            live = set(self.runner.requests)
+            self._running = self._pool.submit(self._draft_step, rows, lengths, tokens, live, num_rows)
+            drafts = self._running.result(timeout=self.stall_timeout_s)
+        except FutureTimeout:
+            self._good_steps = 0
+            self.health.stalled_steps += 1
+            self._warn(f"Reprise drafting took longer than {self.stall_timeout_s:g} s: the step drafts nothing "
+                       "(and so do later steps until the call returns)")
+            return empty
+        except Exception as exc:  # noqa: BLE001 - a failing drafter means no draft, never a failed step
+            self._good_steps = 0
+            self.health.failed_steps += 1
+            self._warn(f"Reprise drafting failed ({type(exc).__name__}: {exc}): the step drafts nothing")
+            return empty
+        self._good_steps += 1
+        if self._good_steps >= RECOVERY_STEPS:  # a sustained recovery ends the episode
+            self._warned = False
+        self._last_step = (now, tuple(req_ids), num_rows + sum(len(d) for d in drafts))
+        return drafts
+
+    def _time_step(self, now: float, req_ids: list[str], sampled_token_ids: list[list[int]]) -> None:
+        """Feed the step cost meter with the step that just ran (when it was a steady decoding step),
+        and now and then hand the step budget the measured cost line."""
+        last, self._last_step = self._last_step, None
+        if last is None or last[1] != tuple(req_ids) or not all(sampled_token_ids):
+            return  # a request joined, left or is prefilling: not a plain decoding step
+        self.step_cost.observe(last[2], now - last[0])
+        if self._budget is not None and self._budget.adaptive and self.step_cost.num_steps % 32 == 0:
+            line = self.step_cost.line()
+            if line is not None:
+                self._budget = DraftBudget(self._budget.max_draft_tokens, line.cost_model(), adaptive=True)
+
+    # ---- drafting (helper thread) --------------------------------------------------------------------
+
+    def _tag(self, req_id: str) -> RequestTag | None:
+        state = self.runner.requests.get(req_id)
+        params = getattr(state, "sampling_params", None)
+        return RequestTag.from_extra_args(getattr(params, "extra_args", None))
+
+    def _draft_step(self, rows: list[tuple[int, str, RequestTag | None]], lengths: np.ndarray,
+                    token_ids: np.ndarray, live: set[str], num_rows: int) -> list[list[int]]:
+        for req_id in [r for r in self._requests if r not in live]:
+            self._end(req_id)
+        drafts: list[list[int]] = [[] for _ in range(num_rows)]
+        chains: list[tuple[int, str, Any]] = []
+        for i, req_id, tag in rows:
+            chain = self._draft_row(req_id, tag, token_ids[i], int(lengths[i]))
+            if chain is not None and len(chain):
+                chains.append((i, req_id, chain))
+        batch = len(rows)
+        for i, req_id, chain in chains:
+            req = self._requests[req_id]
+            scale = req.tracker.scale if req.tracker is not None else 1.0
+            kept = self._budget.choose(chain, self.num_speculative_tokens, scale, batch) if self._budget else chain
+            ids = kept.token_ids[: self.num_speculative_tokens]
+            req.chain = kept
+            req.draft = np.asarray(ids, dtype=np.int32)
+            req.source = chain.source
+            drafts[i] = [int(t) for t in ids]
+        return drafts
+
+    def _draft_row(self, req_id: str, tag: RequestTag | None, row: np.ndarray, length: int) -> Any:
+        """Commit what the last step added to the request's session and propose its next chain."""
+        req = self._requests.get(req_id)
+        if req is None:
+            if tag is None:
+                return None
+            num_prompt = int(getattr(self.runner.requests.get(req_id), "num_prompt_tokens", 0) or 0)
+            num_prompt = min(num_prompt, length) if num_prompt else max(length - 1, 0)
+            session = self._begin(tag, row[:num_prompt]) if tag.speculate else None
+            req = self._requests[req_id] = _Request(tag, session, num_prompt, tracker=AcceptanceTracker())
+        new = np.asarray(row[req.seen:length], dtype=np.int32)
+        if not len(new):
+            return None
+        req.seen = length
+        accepted = _matched(req.draft, new[:-1])
+        self._record(StepRecord(req.tag.tenant, len(req.draft), accepted, req.source if len(req.draft) else ""))
+        verified = Verified(new, np.arange(accepted, dtype=np.int32), draft_verified=len(req.draft) > 0)
+        if req.chain is not None and req.tracker is not None:  # a request whose drafts fail verifies fewer
+            req.tracker.update(req.chain, verified.accepted)
+        req.draft, req.chain = np.zeros(0, dtype=np.int32), None
+        if req.session is None:
+            return None
+        try:
+            req.session.commit(verified)
+            return req.session.propose(self.num_speculative_tokens)
+        except Exception as exc:  # noqa: BLE001 - this request stops drafting; the others go on
+            self.health.failed_steps += 1
+            self._warn(f"Reprise drafting failed for a request of tenant {req.tag.tenant!r} "
+                       f"({type(exc).__name__}: {exc}); it drafts nothing from now on")
+            req.session = None
+            return None
+
+    def _begin(self, tag: RequestTag, prompt: np.ndarray) -> Any:
+        from retrieval.chain import ChainSession
+
+        try:
+            inner = self.tenants.begin(tag.tenant, tag.session_id, np.asarray(prompt, dtype=np.int32))
+        except KeyError:  # a deleted tenant: nothing to draft from
+            return None
+        return ChainSession(inner, self.chain_factor)
+
+    def _end(self, req_id: str) -> None:
+        req = self._requests.pop(req_id)
+        if req.session is not None:
+            try:
+                req.session.finish(record=False)  # the service records the turn (the stored one)
+            except Exception:
+                log.debug("ending the drafting session of %s failed", req_id, exc_info=True)
+
+    def _record(self, step: StepRecord) -> None:
+        with self._steps_lock:
+            if len(self._steps) < _MAX_PENDING_STEPS:
+                self._steps.append(step.to_wire())
+
+    def _warn(self, message: str) -> None:
+        if not self._warned:
+            self._warned = True
+            self.health.warnings += 1
+            log.warning(message)
+
+    # ---- the service's side (through the worker extension) -------------------------------------------
+
+    def attach(self, runner: Any, tenants: Any, *, chain_factor: int, stall_timeout_s: float,
+               budget: DraftBudget | None) -> None:
+        """Start drafting: ``runner`` names the batch's requests, ``tenants`` (a ``RepriseProposer``)
+        holds every tenant's drafting state."""
+        self.runner = runner
+        self.tenants = tenants
+        self.chain_factor = chain_factor
+        self.stall_timeout_s = stall_timeout_s
+        self._budget = budget
+
+    def drain_steps(self) -> list[tuple[str, int, int, str]]:
+        """The step records since the last drain (wire form of ``StepRecord``)."""
+        with self._steps_lock:
+            steps, self._steps = self._steps, []
+        return steps
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _matched(draft: np.ndarray, tokens: np.ndarray) -> int:
+    """How many leading ``tokens`` equal ``draft``'s (the accepted draft tokens of a chain)."""
+    n = min(len(draft), len(tokens))
+    if n == 0:
+        return 0
+    miss = np.flatnonzero(draft[:n] != tokens[:n])
+    return int(miss[0]) if len(miss) else n
+

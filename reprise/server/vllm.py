@@ -1,0 +1,91 @@
+"""How the service starts on vLLM (``model.engine = "vllm"``): engine, drafting state, backend.
+
+    backend, indexes = start_vllm(config, store, accounting, metrics, history_sink)
+
+Order: the model folder (``model.path``, or the default SmolLM2 converted once to safetensors by
+``verifier.models``), the engine (vLLM's processes start and compile: tens of seconds to minutes), the
+proposer attached in the worker with the drafting settings and the tokenizer's vocabulary, each tenant's
+tuned settings, then every tenant's stored history streamed into the worker (``TenantIndexes.load_all``).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from reprise.backends.vllm.attach import MAX_SPECULATIVE_TOKENS, attach_reprise, model_folder
+from reprise.backends.vllm.backend import VllmBackend
+from reprise.backends.vllm.engine import VllmEngine, VllmSettings
+from reprise.backends.vllm.tenants import WorkerTenants
+from reprise.server.indexes import TenantIndexes
+from reprise.server.metering import StepMeter
+from reprise.server.tenant_config import apply_tenant_configs
+
+log = logging.getLogger(__name__)
+
+
+class DrainingAccounting:
+    """``TenantAccounting`` whose figures first take in the worker's latest steps (so `reprise index
+    stats` right after a request counts it); everything else is the wrapped object's."""
+
+    def __init__(self, inner: Any, backend: Any = None) -> None:
+        self.inner = inner
+        self.backend = backend
+
+    def stats(self, tenant: str, **index_figures: int) -> Any:
+        if self.backend is not None:
+            try:
+                self.backend.drain_steps()
+            except Exception:
+                log.debug("draining vLLM's step records failed", exc_info=True)
+        return self.inner.stats(tenant, **index_figures)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def start_vllm(config: Any, store: Any, accounting: Any, metrics: Any, history_sink: Any,
+               on_close: Any = None) -> tuple[VllmBackend, Any]:
+    """The started vLLM backend and the ``TenantIndexes`` over the worker's drafting state."""
+    m = config.model
+    folder = model_folder(m.path)
+    drafting = (m.drafter or "reprise") == "reprise"
+    if not drafting:
+        log.warning("model.drafter %r: the vllm engine drafts with Reprise's proposer only; drafting is off",
+                    m.drafter)
+    engine = VllmEngine(VllmSettings(
+        model=folder, dtype=m.dtype, max_model_len=m.max_len, max_num_seqs=m.num_slots,
+        num_speculative_tokens=min(config.drafting.max_draft_tokens, MAX_SPECULATIVE_TOKENS),
+        speculation="reprise" if drafting else "off", tensor_parallel_size=m.tensor_parallel_size))
+    try:
+        return wire_vllm(engine, config, store, accounting, metrics, history_sink, on_close)
+    except BaseException:
+        engine.close()
+        raise
+
+
+def wire_vllm(engine: VllmEngine, config: Any, store: Any, accounting: Any, metrics: Any, history_sink: Any,
+              on_close: Any = None, owns_engine: bool = True) -> tuple[VllmBackend, Any]:
+    """Over a started engine: attach the proposer, load every tenant's history into the worker, and
+    build the backend (``start_vllm`` without the engine start; tests share one engine)."""
+    from transformers import AutoTokenizer  # lazily: the CLI and the transformers engine never need it here
+
+    folder = engine.settings.model
+    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    metered = DrainingAccounting(accounting)
+    tenants = WorkerTenants(engine) if engine.settings.speculation == "reprise" else None
+    if tenants is not None:
+        attach_reprise(engine, config.drafting, tokenizer)
+        tuned = apply_tenant_configs(tenants, store.list_tenants(), config.home)
+        if tuned:
+            log.info("%d tenants draft with their own tuned settings", tuned)
+    tokenize = lambda text: list(tokenizer.encode(text, add_special_tokens=False))
+    indexes = TenantIndexes(store, tenants if tenants is not None else object(), metered, metrics, tokenize)
+    indexes.load_all()
+    backend = VllmBackend(engine, tokenizer, Path(folder).name, accounting=accounting,
+                          meter=StepMeter(accounting, metrics),
+                          history_sink=history_sink, record_trajectory=indexes.record, on_close=on_close,
+                          owns_engine=owns_engine, store_before_reply=config.server.store_before_reply)
+    metered.backend = backend
+    return backend, indexes

@@ -1,0 +1,87 @@
+"""Tool-call formats: parsing each family's output, rendering calls back, the forced-call grammar's shape,
+the streaming hold-back of a tool-call marker, and the front's validation of tools and formats."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from grpc_api import errors
+from grpc_api.backend import ModelInfo, Tool, ToolCall
+from grpc_api.front import ResponseFormat, ToolChoice, check_tools, output_constraint
+from grpc_api.tool_calls import FORMATS, StreamingToolText, format_for
+
+FIELDS = {"tool_choice": "tool_choice", "response_format": "response_format", "json_schema": "json_schema"}
+ADD = Tool("add", "Add two numbers", json.dumps({"type": "object", "properties": {"a": {"type": "integer"}}}))
+
+
+def test_hermes_parses_one_block_per_call() -> None:
+    text = ('Let me check.\n<tool_call>\n{"name": "add", "arguments": {"a": 1}}\n</tool_call>\n'
+            '<tool_call>\n{"name": "mul", "arguments": {"b": 2}}\n</tool_call>')
+    parsed = FORMATS["hermes"].parse(text)
+    assert parsed is not None and parsed.content == "Let me check."
+    assert [(c.name, json.loads(c.arguments)) for c in parsed.tool_calls] == [("add", {"a": 1}), ("mul", {"b": 2})]
+    assert all(c.id.startswith("call_") for c in parsed.tool_calls)
+    assert len({c.id for c in parsed.tool_calls}) == 2
+
+
+def test_smollm2_parses_a_list_and_an_unclosed_block() -> None:
+    parsed = FORMATS["smollm2"].parse('<tool_call>[{"name": "add", "arguments": {"a": 3}}, '
+                                      '{"name": "add", "arguments": {"a": 4}}]</tool_call>')
+    assert parsed is not None and [json.loads(c.arguments)["a"] for c in parsed.tool_calls] == [3, 4]
+    unclosed = FORMATS["smollm2"].parse('<tool_call>[{"name": "add", "arguments": {"a": 5}}]')
+    assert unclosed is not None and unclosed.tool_calls[0].name == "add"
+
+
+@pytest.mark.parametrize("text", ["plain answer", "<tool_call>not json</tool_call>", '<tool_call>{"x": 1}</tool_call>'])
+def test_text_without_a_parseable_call_is_content(text: str) -> None:
+    assert FORMATS["hermes"].parse(text) is None
+
+
+@pytest.mark.parametrize("name", ["hermes", "smollm2"])
+def test_rendered_calls_parse_back(name: str) -> None:
+    fmt = FORMATS[name]
+    calls = (ToolCall("call_1", "add", '{"a": 1}'), ToolCall("call_2", "add", '{"a": 2}'))
+    parsed = fmt.parse(fmt.render_calls(calls))
+    assert parsed is not None and [(c.name, c.arguments) for c in parsed.tool_calls] == [
+        ("add", '{"a": 1}'), ("add", '{"a": 2}')]
+    constraint = fmt.constraint([ADD])
+    assert constraint.prefix.startswith("<tool_call>") and constraint.suffix.endswith("</tool_call>")
+    schema = json.loads(constraint.schema)
+    assert schema["properties"]["name"] == {"const": "add"} and schema["required"] == ["name", "arguments"]
+    assert "<tools>" in fmt.system_prompt([ADD]) and '"name": "add"' in fmt.system_prompt([ADD])
+
+
+def test_format_per_model_family() -> None:
+    assert format_for("SmolLM2-135M-Instruct", "{{ 'You are SmolLM' }}") == "smollm2"
+    assert format_for("Qwen2.5-0.5B-Instruct", "{% if tools %}<tool_call>{% endif %}") == "hermes"
+    assert format_for("tiny", "{{ messages }}") == "hermes"
+
+
+def test_streaming_holds_back_a_possible_marker() -> None:
+    s = StreamingToolText()
+    assert s.feed("Hello <to") == "Hello "
+    assert s.feed("ol") == ""
+    assert s.feed("bar") == "<toolbar"  # not a marker after all
+    assert s.feed("x <tool_") == "x "
+    assert s.feed('call>{"name"') == "" and s.in_call
+    assert s.finish() == '<tool_call>{"name"'
+
+
+def test_front_validates_tools_and_formats() -> None:
+    with pytest.raises(errors.InvalidArgument, match=r"tools\[0\].function.name 'bad name'"):
+        check_tools("tools", [Tool("bad name")])
+    with pytest.raises(errors.InvalidArgument, match="appears twice"):
+        check_tools("tools", [ADD, ADD])
+    with pytest.raises(errors.InvalidArgument, match="not valid JSON"):
+        check_tools("tools", [Tool("x", parameters="{")])
+    with pytest.raises(errors.InvalidArgument, match="not among the tools"):
+        output_constraint([ADD], ToolChoice("function", "mul"), ResponseFormat(), "hermes", FIELDS)
+    with pytest.raises(errors.InvalidArgument, match="cannot both"):
+        output_constraint([ADD], ToolChoice("required"), ResponseFormat("json_object"), "hermes", FIELDS)
+    assert output_constraint([ADD], ToolChoice("auto"), ResponseFormat(), "hermes", FIELDS) is None
+    assert output_constraint([], ToolChoice(), ResponseFormat("json_object"), "hermes", FIELDS).name == "json_object"
+    forced = output_constraint([ADD], ToolChoice("function", "add"), ResponseFormat(), "smollm2", FIELDS)
+    assert forced is not None and forced.prefix == "<tool_call>[" and forced.name == "tool_calls"
+    assert ModelInfo("m", 10, (), 10, True).tool_call_format == "hermes"

@@ -1,0 +1,209 @@
+"""The ``vllm`` backend on the real vLLM engine and the real SmolLM2-135M-Instruct.
+
+One engine for the whole module (vLLM's start-up is the cost: ~20-40 s here with ``enforce_eager``),
+Reprise's proposer in its worker; every test uses its own tenants, so they share the engine without
+seeing each other's history. Skipped, saying why, where vLLM is not installed (``make install-vllm``).
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from grpc_api.backend import GenerateParams, PromptInput
+from reprise.backends.vllm.versions import VllmUnavailableError, require_vllm
+
+try:
+    require_vllm()
+    _SKIP = ""
+except VllmUnavailableError as exc:
+    _SKIP = str(exc)
+
+pytestmark = [pytest.mark.vllm, pytest.mark.skipif(bool(_SKIP), reason=_SKIP or "vLLM installed")]
+
+# A system prompt long enough to fill prefix-cache blocks; the tasks ask for text the prompt does not hold.
+SYSTEM = "You are a careful assistant for an airline. " * 40
+TASKS = ("Write a short poem about the sea at night.", "Describe a quiet morning in a small mountain village.",
+         "Explain in a few sentences why the sky looks blue.")
+
+
+@pytest.fixture(scope="module")
+def vllm_engine() -> Iterator[object]:
+    from testkit.vllm_faults import FAULTY_EXTENSION
+
+    from reprise.backends.vllm.engine import VllmEngine, VllmSettings
+    from verifier.models import ensure_default_model
+
+    engine = VllmEngine(VllmSettings(
+        model=str(ensure_default_model()), dtype="float32", max_model_len=2048, max_num_seqs=8,
+        num_speculative_tokens=16, enforce_eager=True, kv_cache_gib=1.0, worker_extension=FAULTY_EXTENSION))
+    yield engine
+    engine.close()
+
+
+class Stack:
+    """A store, the history writer and the backend over the shared engine: what the service wires."""
+
+    def __init__(self, engine: object, home: Path, master_env: dict[str, str]) -> None:
+        from privacy import open_store
+        from privacy.config import StoreConfig
+        from reprise.config import ServiceConfig
+        from reprise.server.history_writer import HistoryWriter
+        from reprise.server.metering import TenantAccounting
+        from reprise.server.vllm import wire_vllm
+
+        self.config = ServiceConfig(home=home)
+        self.store = open_store(StoreConfig(data_dir=home), env=master_env)
+        self.history = HistoryWriter(self.store)
+        self.accounting = TenantAccounting()
+        self.backend, self.indexes = wire_vllm(engine, self.config, self.store, self.accounting, None,
+                                               self.history.put, owns_engine=False)
+
+    def tenant(self) -> str:
+        return self.store.create_tenant(f"t-{uuid.uuid4().hex[:8]}").id.value
+
+    def generate(self, tenant: str, task: str, *, session: str = "", speculate: bool = True,
+                 max_new_tokens: int = 48) -> list[int]:
+        prompt = self.backend.tokenize(PromptInput(messages=_messages(task)))
+        out: list[int] = []
+        gen = self.backend.generate(tenant, session or uuid.uuid4().hex, uuid.uuid4().hex, prompt,
+                                    GenerateParams(max_new_tokens=max_new_tokens, speculate=speculate),
+                                    lambda ids, text: out.extend(ids), threading.Event())
+        assert gen.completion_tokens == len(out)
+        return out
+
+    def stats(self, tenant: str) -> object:
+        return self.indexes.stats(tenant)
+
+    def close(self) -> None:
+        self.backend.close()  # the engine is the module's: it stays up
+        self.history.close()
+        self.store.close()
+
+
+def _messages(task: str) -> tuple:
+    from grpc_api.backend import ChatMessage
+
+    return (ChatMessage("system", SYSTEM), ChatMessage("user", task))
+
+
+@pytest.fixture
+def master_env() -> dict[str, str]:
+    return {"REPRISE_MASTER_KEY": base64.b64encode(os.urandom(32)).decode()}
+
+
+@pytest.fixture
+def stack(vllm_engine, tmp_path, master_env) -> Iterator[Stack]:
+    s = Stack(vllm_engine, tmp_path / "home", master_env)
+    yield s
+    s.close()
+
+
+def test_greedy_outputs_with_reprise_drafting_equal_plain_decoding(stack):
+    tenant = stack.tenant()
+    plain = [stack.generate(tenant, t, speculate=False) for t in TASKS]
+    drafted = [stack.generate(tenant, t) for t in TASKS]
+    again = [stack.generate(tenant, t) for t in TASKS]  # now drafted from the tenant's history
+    assert drafted == plain
+    assert again == plain
+    stats = stack.stats(tenant)
+    assert stats.num_accepted_tokens > 0, "the repeated tasks were not drafted at all"
+
+    # Eight at once (continuous batching, drafts of several tenants in one step): still identical.
+    results: dict[int, list[int]] = {}
+
+    def run(i: int) -> None:
+        results[i] = stack.generate(tenant, TASKS[i % len(TASKS)])
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(300)
+    assert [results[i] for i in range(8)] == [plain[i % len(TASKS)] for i in range(8)]
+
+
+def test_a_tenant_never_drafts_from_another_tenants_history(stack):
+    a, b = stack.tenant(), stack.tenant()
+    task = TASKS[0]
+    first = stack.generate(a, task)
+    stack.history.flush()
+    # A's repeat (a new session: nothing of the first request's context carries over) drafts from A's history.
+    assert stack.generate(a, task) == first
+    sa = stack.stats(a)
+    assert sa.drafter_steps.get("reprise:history", 0) > 0
+    assert sa.num_accepted_tokens >= len(first) // 2
+    # B asks the same: B has no history, so none of its drafts comes from one, and few tokens are accepted.
+    assert stack.generate(b, task) == first
+    sb = stack.stats(b)
+    assert sb.num_steps > 0
+    assert "reprise:history" not in sb.drafter_steps
+    assert sb.num_accepted_tokens < sa.num_accepted_tokens // 2
+    assert stack.stats(a).index_sequences == 2 and sb.index_sequences == 1
+
+
+@pytest.mark.parametrize("mode", ["raise", "stall"])
+def test_a_failing_or_stalling_proposer_degrades_to_no_draft_with_one_warning(stack, vllm_engine, mode):
+    tenant = stack.tenant()
+    expected = stack.generate(tenant, TASKS[1], speculate=False)
+    before = stack.backend.health()
+    vllm_engine.rpc("reprise_test_fault", mode, 0.5)
+    try:
+        out = stack.generate(tenant, TASKS[1])
+    finally:
+        vllm_engine.rpc("reprise_test_fault", "")
+    after = stack.backend.health()
+    assert out == expected
+    assert after["warnings"] - before["warnings"] == 1
+    if mode == "raise":
+        assert after["failed_steps"] - before["failed_steps"] >= 10
+    else:
+        assert after["stalled_steps"] - before["stalled_steps"] >= 1
+    # The engine goes on serving, and drafting comes back once the fault is gone.
+    assert stack.generate(tenant, TASKS[1]) == expected
+
+
+def test_prefix_cache_salt_is_per_tenant_and_a_tenant_hits_its_own_cache(stack):
+    a, b = stack.tenant(), stack.tenant()
+    assert stack.backend.cache_salt(a) != stack.backend.cache_salt(b)
+    assert stack.backend.cache_salt(a) == stack.backend.cache_salt(a)
+    assert a not in stack.backend.cache_salt(a)
+    stack.generate(a, TASKS[2], max_new_tokens=4)
+    assert stack.backend.prefix_cached_tokens[a] == 0
+    stack.generate(a, TASKS[2], max_new_tokens=4)
+    hit = stack.backend.prefix_cached_tokens[a]
+    assert hit >= 256, "a tenant's repeated prompt must hit its own prefix cache"
+    stack.generate(b, TASKS[2], max_new_tokens=4)
+    assert stack.backend.prefix_cached_tokens[b] == 0, "another tenant reused cached blocks"
+
+
+def test_history_through_vllm_lands_in_the_store_and_survives_a_restart(vllm_engine, tmp_path, master_env):
+    from privacy.tenants import TenantId
+
+    home = tmp_path / "home"
+    first = Stack(vllm_engine, home, master_env)
+    tenant = first.tenant()
+    output = first.generate(tenant, TASKS[2], session="s-1")
+    first.history.flush()
+    stored = list(first.store.iter_trajectories(TenantId(tenant)))
+    assert len(stored) == 1
+    ids = np.asarray(stored[0].trajectory.token_ids)
+    assert ids[stored[0].trajectory.num_prompt_tokens:].tolist() == output
+    first.close()
+    vllm_engine.rpc("reprise_evict", tenant)  # what a fresh worker holds of the tenant: nothing
+
+    # The restart: a new store handle and backend; start-up streams the stored history into the worker.
+    second = Stack(vllm_engine, home, master_env)
+    try:
+        assert second.stats(tenant).index_sequences == 1
+        assert second.generate(tenant, TASKS[2], session="s-2") == output
+        assert second.stats(tenant).drafter_steps.get("reprise:history", 0) > 0
+    finally:
+        second.close()
