@@ -45,6 +45,8 @@ def stats_message(s: TenantStats) -> admin_pb2.TenantIndexStats:
         num_draft_tokens=s.num_draft_tokens, num_accepted_tokens=s.num_accepted_tokens,
         acceptance_by_position=s.acceptance_by_position, drafter_steps=s.drafter_steps,
         counting_since_unix_ms=s.counting_since_unix_ms,
+        prefix_cache_bytes=s.prefix_cache_bytes, prompt_tokens=s.prompt_tokens,
+        cached_prompt_tokens=s.cached_prompt_tokens, prefix_cache_hit_rate=s.prefix_cache_hit_rate,
     )
 
 

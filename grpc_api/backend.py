@@ -120,12 +120,14 @@ FINISH_REASONS: tuple[FinishReason, ...] = get_args(FinishReason)
 
 @dataclass(frozen=True, slots=True)
 class Generation:
-    """The end of one request. ``matched_stop`` is the stop string or stop token id that ended it."""
+    """The end of one request. ``matched_stop`` is the stop string or stop token id that ended it;
+    ``cached_tokens``: prompt tokens whose KV the engine reused from the tenant's earlier requests."""
 
     finish_reason: FinishReason
     matched_stop: str | int | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,10 +207,18 @@ class TenantStats:
     acceptance_by_position: tuple[float, ...] = ()
     drafter_steps: dict[str, int] = field(default_factory=dict)
     counting_since_unix_ms: int = 0  # the figures from num_requests on count since then (process start)
+    prefix_cache_bytes: int = 0  # the tenant's KV held in the engine's prefix cache
+    prompt_tokens: int = 0  # prompt tokens looked up in the prefix cache
+    cached_prompt_tokens: int = 0  # of those, found (their KV reused instead of prefilled)
 
     @property
     def hit_rate(self) -> float:
         return self.num_drafted_steps / self.num_steps if self.num_steps else 0.0
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        """Share of the tenant's prompt tokens whose KV came from the prefix cache."""
+        return self.cached_prompt_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
     @property
     def tau(self) -> float:

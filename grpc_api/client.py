@@ -505,13 +505,18 @@ class IndexStats:
     acceptance_by_position: list[float] = field(default_factory=list)
     drafter_steps: dict[str, int] = field(default_factory=dict)
     counting_since_unix_ms: int = 0  # the figures from num_requests on count since (the server's start)
+    prefix_cache_bytes: int = 0
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    prefix_cache_hit_rate: float = 0.0
 
     @classmethod
     def from_message(cls, m: Any) -> IndexStats:
         return cls(m.tenant_id, m.index_tokens, m.index_sequences, m.index_memory_bytes, m.corpus_tokens,
                    m.num_requests, m.num_steps, m.num_drafted_steps, m.hit_rate, m.tau, m.num_draft_tokens,
                    m.num_accepted_tokens, list(m.acceptance_by_position), dict(m.drafter_steps),
-                   m.counting_since_unix_ms)
+                   m.counting_since_unix_ms,
+                   m.prefix_cache_bytes, m.prompt_tokens, m.cached_prompt_tokens, m.prefix_cache_hit_rate)
 
 
 def _progress(p: common_pb2.Progress) -> Progress:

@@ -208,8 +208,7 @@ def _complete(g: Generation, reply: ParsedReply | None) -> decoding_pb2.Complete
     complete = decoding_pb2.Complete(
         finish_reason=FINISH.get(g.finish_reason, decoding_pb2.FINISH_REASON_UNSPECIFIED),
         usage=decoding_pb2.Usage(prompt_tokens=g.prompt_tokens, completion_tokens=g.completion_tokens,
-                                 total_tokens=g.prompt_tokens + g.completion_tokens,
-                                 cached_tokens=getattr(g, "cached_tokens", 0)),
+                                 total_tokens=g.prompt_tokens + g.completion_tokens, cached_tokens=g.cached_tokens),
     )
     if reply is not None:
         complete.content = reply.content

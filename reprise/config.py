@@ -132,6 +132,9 @@ class ModelConfig:
         "requests decoded together in one packed verification pass; more wait in the queue"))
     max_len: int = field(default=2048, metadata=_help("most tokens (prompt + output) of one request"))
     max_draft_nodes: int = field(default=64, metadata=_help("most draft-tree nodes one step may verify"))
+    prefix_cache_bytes: int = field(default=1024 * MiB, metadata=_help(
+        "memory for the KV of finished requests, reused by later requests of the same tenant whose prompts "
+        "start with the same tokens (least recently used blocks go first); 0 turns prefix reuse off"))
     drafter: str = field(default="", metadata=_help(
         "proposer name from the retrieval registry; empty = the full Reprise proposer"))
     engine: str = field(default="transformers", metadata=_help(
@@ -156,6 +159,8 @@ class ModelConfig:
             raise ValueError(f"model.max_len must be in [16, 1048576], got {self.max_len}")
         if not 0 <= self.max_draft_nodes <= 1024:
             raise ValueError(f"model.max_draft_nodes must be in [0, 1024], got {self.max_draft_nodes}")
+        if self.prefix_cache_bytes < 0:
+            raise ValueError(f"model.prefix_cache_bytes must be >= 0, got {self.prefix_cache_bytes}")
         if self.path and not Path(self.path).expanduser().is_dir():
             raise ValueError(f"model.path: no such folder: {self.path}")
 

@@ -34,6 +34,8 @@ class TreeAttentionMeta:
     prefix_lens: torch.Tensor  # [B] int32, on the model's device
     tree_mask: torch.Tensor  # [B, Q, Q] bool
     backend: str  # "triton" or "torch"
+    mask: torch.Tensor | None = None  # [B, 1, Q, L] float additive mask for "torch", built once per forward
+    causal: bool = False  # the rows are one chain from position 0 (a prompt's first chunk): no mask at all
 
 
 def reprise_tree_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -44,8 +46,21 @@ def reprise_tree_attention(module, query, key, value, attention_mask, scaling=No
             module, query, key, value, attention_mask, scaling=scaling, dropout=dropout
         )
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    out = tree_attention(query, key, value, meta.prefix_lens, meta.tree_mask, scale, backend=meta.backend)
+    if meta.causal and meta.backend == "torch":  # SDPA's causal kernel: ~1/3 faster than a float mask here
+        return sdpa_causal(query, key, value, scale), None
+    out = tree_attention(
+        query, key, value, meta.prefix_lens, meta.tree_mask, scale, backend=meta.backend, mask=meta.mask
+    )
     return out.transpose(1, 2), None
+
+
+def sdpa_causal(query, key, value, scale: float):
+    """Plain causal attention of one chain from position 0 (``[B, Hq, Q, D]`` with ``Q`` keys) ->
+    ``[B, Q, Hq, D]``."""
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, is_causal=True, scale=scale, enable_gqa=key.shape[1] != query.shape[1]
+    )
+    return out.transpose(1, 2)
 
 
 _registered = False

@@ -40,6 +40,10 @@ class KVPool:
                 self.kv[:, :, slot, :, start:num_rows] = 0
                 self._finite_rows[slot] = num_rows
 
+    def mark_written(self, slot: int, num_rows: int) -> None:
+        """Rows ``[0, num_rows)`` of ``slot`` were written by a copy (the prefix cache): finite now."""
+        self._finite_rows[slot] = max(self._finite_rows[slot], num_rows)
+
     @property
     def bytes_per_row(self) -> int:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.kv.element_size()

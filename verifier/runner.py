@@ -9,6 +9,10 @@
 Several requests verify together in one forward pass, padded to the same number of rows (verifier/tree.py).
 After acceptance the cache is compacted to the accepted path, so it equals a fresh prefill of the
 committed tokens. Not thread-safe: one engine thread owns a runner.
+
+With ``prefix_cache_bytes`` the runner keeps finished requests' KV (verifier/prefix_cache.py):
+``start(..., cache_scope=tenant)`` copies the longest cached prefix of the scope into the new slot and
+prefills only the rest; ``release`` caches the slot's committed rows for later requests of that scope.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from verifier.attention import META_KWARG, TreeAttentionMeta, register
 from verifier.kernels import compact_kv, triton_available
 from verifier.kv_cache import KVPool, StepCache
 from verifier.models import cache_keyword, check_supported
+from verifier.prefix_cache import DEFAULT_BLOCK_SIZE, Lease, PrefixCache
 from verifier.sampling import (
     RowContext,
     SamplingParams,
@@ -85,7 +90,8 @@ class _Slot:
     min_new_tokens: int
     suppress_ids: tuple[int, ...]
     prompt_hidden: torch.Tensor | None = None  # [P-1, d] when the runner keeps hidden states
-
+    lease: Lease | None = None  # the cached blocks the request started from (with a prefix cache)
+    num_reused: int = 0  # prompt tokens whose KV came from the prefix cache
 
     @property
     def cached(self) -> int:
@@ -99,6 +105,9 @@ class ModelRunner:
     ``backend``: ``auto`` (Triton kernels on CUDA, torch references on CPU), ``triton``, ``torch``, or
     ``model`` (the model's own attention with a float additive mask; torch compaction).
     ``keep_hidden`` returns top hidden states in every :class:`VerifyResult` (off: costs nothing).
+    ``prefix_cache_bytes`` > 0 keeps finished requests' KV in a tenant-scoped prefix cache of that size
+    (blocks of ``prefix_block_size`` tokens). A runner that keeps hidden states does not use it: neural
+    drafters read the hidden state of every prompt row, which the cache does not hold.
     """
 
     def __init__(
@@ -111,6 +120,8 @@ class ModelRunner:
         backend: str = "auto",
         keep_hidden: bool = False,
         prefill_chunk: int = 512,
+        prefix_cache_bytes: int = 0,
+        prefix_block_size: int = DEFAULT_BLOCK_SIZE,
     ) -> None:
         if num_slots < 1:
             raise ValueError(f"num_slots must be >= 1, got {num_slots}")
@@ -120,6 +131,8 @@ class ModelRunner:
             raise ValueError(f"max_draft_nodes must be >= 0, got {max_draft_nodes}")
         if prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
+        if prefix_cache_bytes < 0:
+            raise ValueError(f"prefix_cache_bytes must be >= 0, got {prefix_cache_bytes}")
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; use one of {BACKENDS}")
         check_supported(model)
@@ -143,6 +156,15 @@ class ModelRunner:
         self.pool = KVPool(
             model.config, num_slots=num_slots, max_rows=max_len + max_draft_nodes + 1, dtype=self.dtype,
             device=self.device,
+        )  # fmt: skip
+        pool = self.pool
+        self.prefix_cache: PrefixCache | None = (
+            PrefixCache(
+                num_layers=pool.num_layers, num_kv_heads=pool.num_kv_heads, head_dim=pool.head_dim, dtype=self.dtype,
+                device=self.device, capacity_bytes=prefix_cache_bytes, block_size=prefix_block_size,
+            )
+            if prefix_cache_bytes > 0
+            else None
         )  # fmt: skip
         self._placeholder_mask = torch.zeros((1, 1, 1, 1), dtype=self.dtype, device=self.device)
         self._slots: dict[int, _Slot] = {}
@@ -168,8 +190,13 @@ class ModelRunner:
         *,
         min_new_tokens: int = 0,
         suppress_ids: Sequence[int] = (),
+        cache_scope: str | None = None,
     ) -> int:
-        """Take a free slot and prefill the prompt (all but its last token, the first step's root)."""
+        """Take a free slot and prefill the prompt (all but its last token, the first step's root).
+
+        ``cache_scope`` (a tenant): start from the longest prefix of the prompt that the prefix cache
+        holds for that scope and prefill only the rest; ``num_reused(slot)`` says how many tokens that
+        saved. None, a runner without a prefix cache, or one that keeps hidden states prefill it all."""
         sampling = sampling or SamplingParams()
         prompt = [int(t) for t in prompt_ids]
         if not prompt:
@@ -187,13 +214,17 @@ class ModelRunner:
             generator.seed()
         else:
             generator.manual_seed(sampling.seed)
-        self._slots[slot] = _Slot(
-            prompt, len(prompt), sampling, generator, min_new_tokens, tuple(suppress_ids)
-        )
+        state = _Slot(prompt, len(prompt), sampling, generator, min_new_tokens, tuple(suppress_ids))
+        self._slots[slot] = state
         try:
             with torch.inference_mode():
+                if cache_scope is not None and self.prefix_cache is not None and not self.keep_hidden:
+                    # The root's KV is computed by the first step, so at most prompt[:-1] is reused.
+                    state.lease = self.prefix_cache.match(cache_scope, prompt[:-1], count=len(prompt))
+                    state.num_reused = self.prefix_cache.load(state.lease, self.pool.kv, slot)
+                    self.pool.mark_written(slot, state.num_reused)
                 chunks = []
-                for start in range(0, len(prompt) - 1, self.prefill_chunk):
+                for start in range(state.num_reused, len(prompt) - 1, self.prefill_chunk):
                     chunk = prompt[start : min(start + self.prefill_chunk, len(prompt) - 1)]
                     hidden = self._forward([slot], chain_batch(chunk, start))
                     if self.keep_hidden:
@@ -204,7 +235,7 @@ class ModelRunner:
                         torch.cat(chunks) if chunks else torch.zeros(0, width, device=self.device)
                     )
         except BaseException:
-            self.release(slot)
+            self.release(slot, keep_cache=False)
             raise
         return slot
 
@@ -215,9 +246,24 @@ class ModelRunner:
         hidden, state.prompt_hidden = state.prompt_hidden, None
         return hidden
 
-    def release(self, slot: int) -> None:
-        """Free a request's slot at once (its cache rows are simply overwritten by the next user)."""
-        if self._slots.pop(slot, None) is not None:
+    def num_reused(self, slot: int) -> int:
+        """Prompt tokens of an active request whose KV came from the prefix cache."""
+        return self._state(slot).num_reused
+
+    def release(self, slot: int, *, keep_cache: bool = True) -> None:
+        """Free a request's slot at once (its rows are simply overwritten by the next user). With a
+        prefix cache and ``keep_cache``, the committed rows (context but the root) are cached first;
+        pass ``keep_cache=False`` for a request whose step failed (its rows may be half written)."""
+        state = self._slots.pop(slot, None)
+        if state is None:
+            return
+        try:
+            if state.lease is not None and self.prefix_cache is not None:
+                if keep_cache:
+                    self.prefix_cache.insert(state.lease, state.context[:-1], self.pool.kv, slot)
+                else:
+                    self.prefix_cache.release(state.lease)
+        finally:
             self._free.append(slot)
 
     # ---- one verification pass --------------------------------------------------------------------
@@ -349,9 +395,14 @@ class ModelRunner:
             kwargs["attention_mask"] = mask
         else:
             kwargs["attention_mask"] = self._placeholder_mask  # 4D: transformers builds no mask of its own
+            mask = (
+                additive_mask(batch.prefix_lens, batch.tree_mask, batch.kv_len, self.dtype).to(dev)
+                if self.backend == "torch" and not batch.causal
+                else None
+            )  # one mask for every layer
             kwargs[META_KWARG] = TreeAttentionMeta(
                 torch.from_numpy(batch.prefix_lens).to(dev, torch.int32), torch.from_numpy(batch.tree_mask).to(dev),
-                self.backend,
+                self.backend, mask, batch.causal,
             )  # fmt: skip
         out = self._base(
             input_ids=torch.from_numpy(batch.input_ids).to(dev),

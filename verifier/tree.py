@@ -82,6 +82,7 @@ class StepBatch:
     prefix_lens: np.ndarray  # [B] int64, cached rows before this step (visible to every row)
     tree_mask: np.ndarray  # [B, Q, Q] bool, ancestor-or-self among the step's rows; padding sees itself
     kv_len: int  # keys the attention reads per request: max(prefix_lens) + Q
+    causal: bool = False  # one request's chain from position 0: plain causal attention, no mask needed
 
     @property
     def num_rows(self) -> int:
@@ -128,6 +129,7 @@ def chain_batch(token_ids: Sequence[int], prefix_len: int) -> StepBatch:
         prefix_lens=np.array([prefix_len], dtype=np.int64),
         tree_mask=np.tril(np.ones((q, q), dtype=bool))[None],
         kv_len=prefix_len + q,
+        causal=prefix_len == 0,
     )
 
 

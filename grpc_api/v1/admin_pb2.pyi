@@ -110,7 +110,7 @@ class GetIndexStatsResponse(_message.Message):
     def __init__(self, tenants: _Optional[_Iterable[_Union[TenantIndexStats, _Mapping]]] = ...) -> None: ...
 
 class TenantIndexStats(_message.Message):
-    __slots__ = ("tenant_id", "index_tokens", "index_sequences", "index_memory_bytes", "corpus_tokens", "num_requests", "num_steps", "num_drafted_steps", "hit_rate", "tau", "num_draft_tokens", "num_accepted_tokens", "acceptance_by_position", "drafter_steps", "counting_since_unix_ms")
+    __slots__ = ("tenant_id", "index_tokens", "index_sequences", "index_memory_bytes", "corpus_tokens", "num_requests", "num_steps", "num_drafted_steps", "hit_rate", "tau", "num_draft_tokens", "num_accepted_tokens", "acceptance_by_position", "drafter_steps", "counting_since_unix_ms", "prefix_cache_bytes", "prompt_tokens", "cached_prompt_tokens", "prefix_cache_hit_rate")
     class DrafterStepsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -133,6 +133,10 @@ class TenantIndexStats(_message.Message):
     ACCEPTANCE_BY_POSITION_FIELD_NUMBER: _ClassVar[int]
     DRAFTER_STEPS_FIELD_NUMBER: _ClassVar[int]
     COUNTING_SINCE_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHE_HIT_RATE_FIELD_NUMBER: _ClassVar[int]
     tenant_id: str
     index_tokens: int
     index_sequences: int
@@ -148,7 +152,11 @@ class TenantIndexStats(_message.Message):
     acceptance_by_position: _containers.RepeatedScalarFieldContainer[float]
     drafter_steps: _containers.ScalarMap[str, int]
     counting_since_unix_ms: int
-    def __init__(self, tenant_id: _Optional[str] = ..., index_tokens: _Optional[int] = ..., index_sequences: _Optional[int] = ..., index_memory_bytes: _Optional[int] = ..., corpus_tokens: _Optional[int] = ..., num_requests: _Optional[int] = ..., num_steps: _Optional[int] = ..., num_drafted_steps: _Optional[int] = ..., hit_rate: _Optional[float] = ..., tau: _Optional[float] = ..., num_draft_tokens: _Optional[int] = ..., num_accepted_tokens: _Optional[int] = ..., acceptance_by_position: _Optional[_Iterable[float]] = ..., drafter_steps: _Optional[_Mapping[str, int]] = ..., counting_since_unix_ms: _Optional[int] = ...) -> None: ...
+    prefix_cache_bytes: int
+    prompt_tokens: int
+    cached_prompt_tokens: int
+    prefix_cache_hit_rate: float
+    def __init__(self, tenant_id: _Optional[str] = ..., index_tokens: _Optional[int] = ..., index_sequences: _Optional[int] = ..., index_memory_bytes: _Optional[int] = ..., corpus_tokens: _Optional[int] = ..., num_requests: _Optional[int] = ..., num_steps: _Optional[int] = ..., num_drafted_steps: _Optional[int] = ..., hit_rate: _Optional[float] = ..., tau: _Optional[float] = ..., num_draft_tokens: _Optional[int] = ..., num_accepted_tokens: _Optional[int] = ..., acceptance_by_position: _Optional[_Iterable[float]] = ..., drafter_steps: _Optional[_Mapping[str, int]] = ..., counting_since_unix_ms: _Optional[int] = ..., prefix_cache_bytes: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., cached_prompt_tokens: _Optional[int] = ..., prefix_cache_hit_rate: _Optional[float] = ...) -> None: ...
 
 class IndexOperationRequest(_message.Message):
     __slots__ = ("tenant_id",)

@@ -165,7 +165,7 @@ class EngineBackend:
         if self._store_before_reply:
             await_stored(handle.stored, self._store_wait_s)
         return Generation(result.finish_reason, result.matched_stop, result.usage.prompt_tokens,
-                          result.usage.completion_tokens)
+                          result.usage.completion_tokens, result.usage.cached_tokens)
 
     def append_trajectory(self, tenant: str, session_id: str, token_ids: Sequence[int]) -> int:
         if self._record is None:

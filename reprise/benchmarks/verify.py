@@ -10,13 +10,15 @@ without speculation on agent prompts, side by side in one run.
    every method in turn, per call: transformers ``generate`` (plain decoding, the baseline of every
    ratio), transformers prompt lookup (``prompt_lookup_num_tokens=10``, the anchor a user would pick),
    the Reprise engine without drafts, and the Reprise engine with the proposer (``--proposer``; its
-   history holds the model's own earlier outputs, recorded as the calls go). Outputs are checked
-   identical to plain decoding. Prefill (the same work for every method, untouched by drafting) is
-   timed once per call, so the decode phase is reported on its own as well.
+   history holds the model's own earlier outputs, recorded as the calls go; its draft budget weighs
+   drafts against the engine's own fit of step cost, calibrated when the engine starts and refitted
+   from its steps, which the report prints). Outputs are checked identical to plain decoding. Prefill
+   (the same work for every method, untouched by drafting) is timed once per call, so the decode phase
+   is reported on its own as well.
 
 Every time is measured twice: wall clock, and the CPU time of the decoding thread (one torch thread
 runs every op on the calling thread). On a shared machine the CPU time is the steadier figure; the
-cost line, the ratios of the step-cost table and the engine's draft budget use it.
+cost line, the ratios of the step-cost table and the engine's fitted cost model use it.
 
 ``--out FILE`` rewrites the JSON after every call, so an interrupted run keeps what it measured.
 """
@@ -162,7 +164,7 @@ def run_end_to_end(lm, traces: list[Path], args, report: dict[str, Any], save) -
     import torch
 
     from reprise.drafters import DEFAULT_DRAFTER, make_proposer
-    from reprise.engine.draft_budget import CostModel, DraftBudget
+    from reprise.engine.draft_budget import DraftBudget
     from reprise.engine.engine import Engine, EngineConfig
     from verifier.runner import ModelRunner
 
@@ -180,14 +182,9 @@ def run_end_to_end(lm, traces: list[Path], args, report: dict[str, Any], save) -
             pass
 
     name = args.proposer or DEFAULT_DRAFTER
-    costs = report.get("step_cost", {}).get("1500", {}).get("cpu_ms")
-    cost_model = (
-        CostModel(points=tuple((int(d), float(ms)) for d, ms in costs.items()))
-        if costs
-        else DraftBudget().cost_model
-    )
     max_len = args.prompt_tokens + args.max_new_tokens + 8
-    config = EngineConfig(budget=DraftBudget(max_draft_tokens=32, cost_model=cost_model))
+    # The budget's cost model is the engine's own: calibrated when the engine starts, refitted from its steps.
+    config = EngineConfig(budget=DraftBudget(max_draft_tokens=32))
     proposer = make_proposer(name)
     if hasattr(proposer, "set_vocabulary"):  # as the service does: number tokens match by class
         proposer.set_vocabulary(lambda i: lm.tokenizer.decode([i]), lm.model.config.vocab_size)
@@ -276,6 +273,8 @@ def run_end_to_end(lm, traces: list[Path], args, report: dict[str, Any], save) -
             report["end_to_end"]["traces"][trace.name] = _summarise(stats, identical, i + 1, base) | {
                 "diverged": diverged
             }
+            if spec.step_costs is not None:
+                report["end_to_end"]["step_cost_model"] = spec.step_costs.report()
             save()
 
 
@@ -330,4 +329,9 @@ def format_report(report: dict[str, Any]) -> str:
             )
     if "end_to_end" in report:
         lines.append(f"proposer: {report['end_to_end']['proposer']}")
+        fit = report["end_to_end"].get("step_cost_model")
+        if fit and fit["points"]:
+            points = " ".join(f"{p['extra_rows']}:{p['ms']:g}" for p in fit["points"])
+            lines.append(f"the engine's fitted step cost ({fit['clock']} ms by rows beyond the first, "
+                         f"{fit['steps_observed']} steps): {points}")
     return "\n".join(lines)

@@ -5,11 +5,13 @@ Each area lives in ``reprise.benchmarks.<area>`` with ``add_arguments(parser)`` 
 
 from __future__ import annotations
 
-from reprise.benchmarks import cluster, engine, index, neural, serve, store, verify
+from reprise.benchmarks import agent, cluster, engine, index, neural, serve, store, verify
 
 AREAS = {  # name -> (module, help line), in the order --help shows them
     "index": (index, "native suffix index: insert tokens/s, bytes per token, speculate latency"),
     "verify": (verify, "verifier: step cost by tree size, end-to-end tokens/s with and without speculation"),
+    "agent": (agent, ("whole agent sessions: tokens/s and time to first token with prefix reuse and drafts vs "
+                      "generate")),
     "store": (store, "encrypted history store: records/s, bytes per token, encryption share"),
     "serve": (serve, "gRPC service: throughput, TTFT and per-token latency under concurrency"),
     "cluster": (cluster, "replicas on one Redis: throughput, propagation delay, cold start"),

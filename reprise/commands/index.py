@@ -1,6 +1,6 @@
 """`reprise index`: per-tenant drafting indexes on a running server.
 
-    reprise index stats [TENANT] [--json]    # index size, hit rate, tau, acceptance by position, drafter mix
+    reprise index stats [TENANT] [--json]    # index size, hit rate, tau, acceptance by position, drafter mix, KV cache
     reprise index build TENANT               # rebuild the in-memory index from the encrypted history
     reprise index compact TENANT             # rewrite the stored history and snapshot compactly
     reprise index import-corpus TENANT FILE...   # documents that draft REST-style for this tenant
@@ -96,13 +96,14 @@ def run_stats(args: argparse.Namespace) -> int:
         return 0
     width = max(6, *(len(names.get(s.tenant_id, s.tenant_id[:8])) for s in stats))
     print(f"{'tenant':<{width}} {'requests':>9} {'steps':>9} {'hit rate':>9} {'tau':>6} {'accept':>7} "
-          f"{'index tok':>10} {'memory':>9} {'corpus tok':>10}  drafter mix")
+          f"{'index tok':>10} {'memory':>9} {'corpus tok':>10} {'KV cache':>9} {'cached':>7}  drafter mix")
     for s in stats:
         accept = s.num_accepted_tokens / s.num_draft_tokens if s.num_draft_tokens else 0.0
         mix = ", ".join(f"{k} {v}" for k, v in sorted(s.drafter_steps.items(), key=lambda kv: -kv[1])) or "-"
         print(f"{names.get(s.tenant_id, s.tenant_id[:8]):<{width}} {s.num_requests:>9} {s.num_steps:>9} "
               f"{s.hit_rate:>8.1%} {s.tau:>6.2f} {accept:>6.1%} {s.index_tokens:>10} "
-              f"{_bytes(s.index_memory_bytes):>9} {s.corpus_tokens:>10}  {mix}")
+              f"{_bytes(s.index_memory_bytes):>9} {s.corpus_tokens:>10} {_bytes(s.prefix_cache_bytes):>9} "
+              f"{s.prefix_cache_hit_rate:>6.1%}  {mix}")
     since = min(s.counting_since_unix_ms for s in stats)
     if since:
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since / 1000))

@@ -1,9 +1,10 @@
 """How many draft nodes a step should verify: as many as expected acceptance pays for.
 
-Cost model (``reprise tune``'s): a verification step with ``d`` draft tokens costs ``a + b * d``; plain
-decoding costs ``a`` per token. ``reprise bench verify`` measures a and b; it also measures the cost at
-each tree size, and a table of those points (``CostModel.points``) is used in preference to the line
-when given, since on CPU the first draft tokens cost more than the line says (GEMV turns into GEMM).
+Cost model: by default the engine's own fit of step time by rows, measured on the host it runs on
+(``StepCostFit``, reprise/engine/step_cost.py). A fixed ``CostModel`` is the alternative: ``reprise
+tune``'s line (a step with ``d`` draft tokens costs ``a + b * d``; plain decoding costs ``a`` per
+token), or a table of points (``CostModel.points``), used in preference to the line when given, since
+on CPU the first draft tokens cost more than the line says (GEMV turns into GEMM).
 
 Expected acceptance: node i's path probability is the product of its (calibrated) ``probs`` along its
 ancestors; verifying the ``n`` nodes of highest path probability commits ``1 + sum(path probs)``
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from reprise.engine.step_cost import FALLBACK_POINTS, StepCostFit
 from retrieval.draft_tree import DraftTree, conditional_probs, subtree
 
 _NO_NODES = np.zeros(0, dtype=np.int32)
@@ -28,11 +30,11 @@ _NO_NODES = np.zeros(0, dtype=np.int32)
 # Measured with `reprise bench verify` (SmolLM2-135M, fp32, one thread, the 2-core development machine,
 # 1,500-token prefix, CPU time, load average about 2): a plain step costs 1 (84 ms); one or two draft
 # tokens cost almost nothing more (the rows ride on the same weight reads), then each adds about 0.04;
-# the least-squares line is 1.20 + 0.041 d. The table is the measurement itself. Other hardware: pass
-# its own table (`reprise bench verify --json` prints it).
+# the least-squares line is 1.20 + 0.041 d. The table is the measurement itself, and what the engine's
+# own fit starts from before it has measured anything.
 DEFAULT_A = 1.20
 DEFAULT_B = 0.041
-DEFAULT_POINTS = ((0, 1.0), (1, 1.01), (2, 1.07), (4, 1.47), (8, 1.87), (16, 2.08), (32, 2.65), (64, 3.66))
+DEFAULT_POINTS = FALLBACK_POINTS
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,10 +99,11 @@ class AcceptanceTracker:
 
 @dataclass(frozen=True, slots=True)
 class DraftBudget:
-    """The per-step policy: cap, cost model, and whether to adapt to expected acceptance."""
+    """The per-step policy: cap, cost model, and whether to adapt to expected acceptance. The default
+    cost model is a fresh ``StepCostFit``: the engine that runs this budget calibrates and refits it."""
 
     max_draft_tokens: int = 32
-    cost_model: CostModel = field(default_factory=lambda: CostModel(points=DEFAULT_POINTS))
+    cost_model: CostModel | StepCostFit = field(default_factory=StepCostFit)
     adaptive: bool = True
 
     def __post_init__(self) -> None:

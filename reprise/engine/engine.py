@@ -39,6 +39,7 @@ from reprise.engine.draft_budget import AcceptanceTracker, DraftBudget
 from reprise.engine.drafting import GuardedSession
 from reprise.engine.grammar import GrammarState
 from reprise.engine.request import GenerationRequest, GenerationResult, StoppingParams, Usage
+from reprise.engine.step_cost import StepCostFit
 from reprise.engine.stopping import StopChecker
 from retrieval.draft_tree import DraftTree, subtree
 from retrieval.session import Proposer, Verified
@@ -139,6 +140,7 @@ class _Active:
     steps: int = 0
     drafted: int = 0
     accepted: int = 0
+    cached: int = 0  # prompt tokens whose KV came from the prefix cache
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,9 +175,15 @@ class Engine:
         self.eos_token_ids: tuple[int, ...] = tuple(eos)
         if getattr(proposer, "wants_hidden_states", False):
             runner.keep_hidden = True  # neural drafters read the target's states (Verified.hidden_states)
+        self.step_costs = _step_costs(self.config.budget, runner)
         self._lock = threading.Lock()
         self._waiting: deque[tuple[RequestHandle, StreamCallback | None]] = deque()
         self._active: list[_Active] = []
+
+    def forget_tenant(self, tenant: str) -> int:
+        """A deleted tenant: drop its cached KV (any thread); returns the blocks dropped."""
+        cache = self.runner.prefix_cache
+        return cache.drop(tenant) if cache is not None else 0
 
     # ---- submission (any thread) ------------------------------------------------------------------
     def submit(self, request: GenerationRequest, *, on_stream: StreamCallback | None = None,
@@ -249,7 +257,7 @@ class Engine:
         request = handle.request
         stop_ids = tuple(request.stopping.stop_token_ids) + (() if request.stopping.ignore_eos else self.eos_token_ids)
         slot = self.runner.start(request.prompt_ids, request.sampling, min_new_tokens=request.stopping.min_new_tokens,
-                                 suppress_ids=stop_ids)  # fmt: skip
+                                 suppress_ids=stop_ids, cache_scope=request.tenant)  # fmt: skip
         session = GuardedSession(self.proposer, request, handle.request_id)
         prompt_hidden = self.runner.take_prompt_hidden(slot)
         if prompt_hidden is not None:
@@ -258,7 +266,7 @@ class Engine:
                            self.runner.max_len - len(request.prompt_ids))
         grammar = None if request.grammar is None else GrammarState(request.grammar, self.runner.vocab_size,
                                                                      self.tokenizer)
-        return _Active(handle, slot, session, stop, on_stream, grammar)
+        return _Active(handle, slot, session, stop, on_stream, grammar, cached=self.runner.num_reused(slot))
 
     def _propose(self, batch: list[_Active]) -> list[_Draft]:
         """Each request's draft, cut by the budget to what is worth verifying in a batch this size."""
@@ -290,8 +298,13 @@ class Engine:
         (neural_drafters/hybrid.py); the budget's cuts drop it. None when verification failed."""
         steps = [VerifyStep(item.slot, d.tree, getattr(d.tree, "q", None), getattr(d.tree, "q_mode", "iid"),
                             d.token_mask) for item, d in zip(batch, drafts)]
+        fit = self.step_costs
+        started = fit.clock() if fit is not None else 0.0
         try:
-            return self.runner.verify(steps)
+            results = self.runner.verify(steps)
+            if fit is not None:  # rows beyond the first: B requests padded to the longest tree
+                fit.observe(len(steps) * (1 + max(len(d.tree) for d in drafts)) - 1, fit.clock() - started)
+            return results
         except Exception as exc:  # a failing verifier fails this step's requests, not the engine
             log.exception("verification failed; failing %d requests", len(batch))
             for item in batch:
@@ -335,10 +348,12 @@ class Engine:
     def _finish(self, item: _Active, reason: FinishReason, matched: int | str | None,
                 error: BaseException | None = None) -> None:
         self._active.remove(item)
-        self.runner.release(item.slot)
+        # A failed step may have half-written the rows; a request that asked not to be recorded leaves
+        # nothing behind for later requests either.
+        self.runner.release(item.slot, keep_cache=error is None and item.handle.request.record_history)
         item.handle.error = error
         result = _result(item.handle.request, item.stop.token_ids, item.stop.text, reason, matched, item.steps,
-                         item.drafted, item.accepted)
+                         item.drafted, item.accepted, item.cached)
         item.session.finish(record=result.recorded)
         if result.recorded and self.config.history_sink is not None:
             item.handle.stored = self.config.history_sink(result)
@@ -359,6 +374,21 @@ def _own_nodes(nodes: np.ndarray) -> np.ndarray:
 
 
 def _result(request: GenerationRequest, output: Sequence[int], text: str, reason: FinishReason,
-            matched: int | str | None, steps: int, drafted: int, accepted: int) -> GenerationResult:
-    usage = Usage(len(request.prompt_ids), len(output), steps, drafted, accepted)
+            matched: int | str | None, steps: int, drafted: int, accepted: int, cached: int = 0) -> GenerationResult:
+    usage = Usage(len(request.prompt_ids), len(output), steps, drafted, accepted, cached)
     return GenerationResult(request, tuple(output), text, reason, matched, usage)
+
+
+def _step_costs(budget: Any, runner: ModelRunner) -> StepCostFit | None:
+    """The budget's measured cost model, calibrated on ``runner`` if it has measured nothing yet (a
+    budget with a fixed ``CostModel`` is left as it is; a runner that verifies no draft needs no fit)."""
+    fit = getattr(budget, "cost_model", None)
+    if not isinstance(fit, StepCostFit):
+        return None
+    if not fit.num_observed:
+        import torch  # lazily, as everywhere outside the verifier: the CLI starts without it
+
+        fit.use_clock_for(runner.device, torch.get_num_threads())
+        if runner.max_draft_nodes and getattr(budget, "adaptive", True):
+            fit.calibrate(runner)
+    return fit

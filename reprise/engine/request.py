@@ -75,13 +75,15 @@ class GenerationRequest:
 @dataclass(frozen=True, slots=True)
 class Usage:
     """Token and step counts of one request. ``drafted_tokens``: draft nodes verified;
-    ``accepted_tokens``: of those, committed (each step also commits one bonus token)."""
+    ``accepted_tokens``: of those, committed (each step also commits one bonus token);
+    ``cached_tokens``: prompt tokens whose KV came from the tenant's prefix cache (not prefilled)."""
 
     prompt_tokens: int
     completion_tokens: int
     steps: int
     drafted_tokens: int
     accepted_tokens: int
+    cached_tokens: int = 0
 
     @property
     def tokens_per_step(self) -> float:

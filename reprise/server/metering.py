@@ -35,12 +35,14 @@ class _Counts:
 class TenantAccounting:
     """Cumulative drafting figures per tenant since this process started (engine thread writes, others
     read). They are per process by design: each replica counts its own steps, and the admin plane and
-    the dashboard say since when (``counting_since_unix_ms``)."""
+    the dashboard say since when (``counting_since_unix_ms``). They are joined with the tenant's figures
+    in the engine's prefix cache (``verifier.prefix_cache.PrefixCache``) when there is one."""
 
-    def __init__(self) -> None:
+    def __init__(self, prefix_cache: Any = None) -> None:
         self._counts: dict[str, _Counts] = {}
         self._lock = threading.Lock()
         self.since_unix_ms = int(time.time() * 1000)
+        self._prefix_cache = prefix_cache
 
     def record_steps(self, reports: Sequence[StepReport]) -> None:
         """One engine step: each request's drafted and accepted counts (one lock for the whole step)."""
@@ -67,6 +69,10 @@ class TenantAccounting:
 
     def stats(self, tenant: str, **index_figures: int) -> TenantStats:
         """The tenant's figures; ``index_figures`` (index_tokens, ...) come from its index."""
+        if self._prefix_cache is not None:
+            cached = self._prefix_cache.scope_stats(tenant)
+            index_figures |= {"prefix_cache_bytes": cached.bytes, "prompt_tokens": cached.query_tokens,
+                              "cached_prompt_tokens": cached.hit_tokens}
         with self._lock:
             c = self._counts.get(tenant) or _Counts()
             last = max((i + 1 for i, n in enumerate(c.accepted_beyond) if n), default=0)

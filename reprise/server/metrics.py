@@ -16,10 +16,11 @@ Hot path: ``observe_step`` bumps pre-bound counter children once per verificatio
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from grpc_api.backend import FINISH_REASONS
@@ -179,6 +180,40 @@ class ServiceMetrics:
         self.http_handled.labels(route, str(status)).inc()
         self.http_seconds.labels(route).observe(seconds)
 
+    def watch_engine(self, engine: Any) -> None:
+        """Report the engine's prefix cache and fitted step cost, read when Prometheus scrapes."""
+        self.registry.register(_EngineCollector(engine))
+
     def render(self) -> tuple[bytes, str]:
         """The text exposition format and its content type."""
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class _EngineCollector:
+    """Figures read from the engine at scrape time: the prefix cache (vLLM's ``prefix_cache_queries`` and
+    ``prefix_cache_hits`` counters, in tokens, plus its bytes) and the draft budget's fitted step cost."""
+
+    def __init__(self, engine: Any) -> None:
+        self._engine = engine
+
+    def collect(self) -> Iterator[Metric]:
+        cache = self._engine.runner.prefix_cache
+        if cache is not None:
+            s = cache.stats()
+            yield GaugeMetricFamily("reprise_prefix_cache_bytes", "KV bytes held by the prefix cache", value=s.bytes)
+            yield GaugeMetricFamily("reprise_prefix_cache_capacity_bytes", "The prefix cache's memory budget",
+                                    value=s.capacity_bytes)
+            yield CounterMetricFamily("reprise_prefix_cache_queries", "Prompt tokens looked up in the prefix cache",
+                                      value=s.query_tokens)
+            yield CounterMetricFamily("reprise_prefix_cache_hits",
+                                      "Prompt tokens whose KV came from the prefix cache", value=s.hit_tokens)
+            yield CounterMetricFamily("reprise_prefix_cache_evicted_blocks",
+                                      "Blocks evicted from the prefix cache to make room", value=s.evicted_blocks)
+        fit = self._engine.step_costs
+        if fit is not None:
+            cost = GaugeMetricFamily("reprise_step_cost_seconds",
+                                     f"Fitted verification-step time ({fit.clock_name} clock) by rows beyond the "
+                                     "first: the draft budget's cost model", labels=["extra_rows"])
+            for rows, seconds, _ in fit.table():
+                cost.add_metric([str(rows)], seconds)
+            yield cost

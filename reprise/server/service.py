@@ -136,8 +136,9 @@ class Service:
                 tokenizer = getattr(loaded, "tokenizer", None)
                 name = self._model_name or Path(getattr(loaded, "source", "") or "model").name
                 runner = ModelRunner(model, num_slots=c.model.num_slots, max_len=c.model.max_len,
-                                     max_draft_nodes=c.model.max_draft_nodes)
-                accounting = TenantAccounting()
+                                     max_draft_nodes=c.model.max_draft_nodes,
+                                     prefix_cache_bytes=c.model.prefix_cache_bytes)
+                accounting = TenantAccounting(runner.prefix_cache)
                 inner = make_proposer(c.model.drafter or DEFAULT_DRAFTER, c.drafting)
                 if tokenizer is not None and hasattr(inner, "set_vocabulary"):  # numbers match by class
                     inner.set_vocabulary(lambda i: tokenizer.decode([i]), runner.vocab_size)
@@ -168,6 +169,10 @@ class Service:
                 self.history = self.cluster.writer if self.cluster is not None else HistoryWriter(self.store)
                 engine = Engine(runner, proposer, tokenizer,
                                 EngineConfig(history_sink=self.history.put, observer=StepMeter(accounting, self.metrics)))
+                self.store.add_deletion_hook(lambda tid: engine.forget_tenant(tid.value))  # its cached KV too
+                if self.cluster is not None:
+                    self.cluster.replica.on_tenant_gone(engine.forget_tenant)
+                self.metrics.watch_engine(engine)
                 decode = EngineBackend(engine, tokenizer, name, record_trajectory=self.indexes.record,
                                        on_close=self._close_history, store_before_reply=c.server.store_before_reply)
                 if self.cluster is not None:

@@ -51,6 +51,7 @@ def test_roundtrip_through_toml(tmp_path: Path) -> None:
         ({"server.tls_cert_file": "/nonexistent.pem"}, {}, "tls_cert_file and server.tls_key_file"),
         ({"server.http_port": "50051"}, {}, "both 50051"),
         ({"server.bogus": "1"}, {}, "unknown settings: server.bogus"),
+        ({"model.prefix_cache_bytes": "-1"}, {}, "must be >= 0, got -1 (settings from flag --model-prefix-cache-bytes)"),
     ],
 )
 def test_bad_values_are_named(tmp_path: Path, flags: dict, env: dict, needle: str) -> None:

@@ -19,10 +19,13 @@ import torch
 from verifier.tree import additive_mask
 
 
-def tree_attention_reference(q, k, v, prefix_lens, tree_mask, scale: float):
+def tree_attention_reference(q, k, v, prefix_lens, tree_mask, scale: float, mask=None):
     """Pure-torch reference: a float additive mask and scaled dot-product attention (GQA without
-    copying the KV heads)."""
-    mask = additive_mask(prefix_lens, tree_mask, k.shape[2], q.dtype).to(q.device)  # [B, 1, Q, L]
+    copying the KV heads). ``mask`` [B, 1, Q, L]: that mask, already built (the runner builds it once
+    per forward rather than once per layer); by default it is built from ``prefix_lens`` and
+    ``tree_mask``."""
+    if mask is None:
+        mask = additive_mask(prefix_lens, tree_mask, k.shape[2], q.dtype).to(q.device)  # [B, 1, Q, L]
     return torch.nn.functional.scaled_dot_product_attention(
         q, k, v, attn_mask=mask, scale=scale, enable_gqa=k.shape[1] != q.shape[1]
     )
@@ -156,12 +159,13 @@ def tree_attention_triton(q, k, v, prefix_lens, tree_mask, scale: float):
     return out
 
 
-def tree_attention(q, k, v, prefix_lens, tree_mask, scale: float, backend: str = "auto"):
-    """Tree attention; ``backend`` is ``auto`` (Triton on CUDA, reference on CPU), ``triton`` or ``torch``."""
+def tree_attention(q, k, v, prefix_lens, tree_mask, scale: float, backend: str = "auto", mask=None):
+    """Tree attention; ``backend`` is ``auto`` (Triton on CUDA, reference on CPU), ``triton`` or ``torch``
+    (which takes a prebuilt additive ``mask``, see :func:`tree_attention_reference`)."""
     if backend == "auto":
         backend = "triton" if q.is_cuda else "torch"
     if backend == "triton":
         return tree_attention_triton(q, k, v, prefix_lens, tree_mask, scale)
     if backend == "torch":
-        return tree_attention_reference(q, k, v, prefix_lens, tree_mask, scale)
+        return tree_attention_reference(q, k, v, prefix_lens, tree_mask, scale, mask)
     raise ValueError(f"unknown attention backend {backend!r}; use auto, triton or torch")

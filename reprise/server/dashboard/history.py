@@ -58,6 +58,8 @@ def stats_json(s: TenantStats) -> dict[str, Any]:
         "num_draft_tokens": s.num_draft_tokens, "num_accepted_tokens": s.num_accepted_tokens,
         "hit_rate": s.hit_rate, "tau": s.tau, "acceptance_by_position": list(s.acceptance_by_position),
         "drafter_steps": dict(s.drafter_steps), "counting_since_unix_ms": s.counting_since_unix_ms,
+        "prefix_cache_bytes": s.prefix_cache_bytes, "prompt_tokens": s.prompt_tokens,
+        "cached_prompt_tokens": s.cached_prompt_tokens, "prefix_cache_hit_rate": s.prefix_cache_hit_rate,
     }
 
 

@@ -8,6 +8,7 @@ import pytest
 from reprise.engine.draft_budget import AcceptanceTracker, CostModel, DraftBudget
 from reprise.engine.engine import Engine, EngineConfig
 from reprise.engine.request import GenerationRequest, StoppingParams
+from reprise.engine.step_cost import StepCostFit
 from retrieval.draft_tree import DraftTree, conditional_probs, path_probs, subtree
 from retrieval.registry import make_proposer
 from verifier.runner import ModelRunner
@@ -100,9 +101,10 @@ def test_path_and_conditional_probability_trees_are_read_alike() -> None:
     )
 
 
-def test_default_budget_uses_the_measured_cpu_table() -> None:
+def test_default_budget_before_measuring_uses_the_development_machines_table() -> None:
     budget = DraftBudget()
-    assert budget.cost_model.points and budget.cost_model.cost(np.array([0]))[0] == 1.0
+    assert isinstance(budget.cost_model, StepCostFit) and not budget.cost_model.measured
+    assert budget.cost_model.cost(np.array([0]))[0] == 1.0
     assert len(budget.choose(tree_of([0.99] * 32), 32)) >= 16
     # One or two draft rows cost about 1 % more than a plain step on this CPU, the third one 20 %: a
     # doubtful chain is cut to its first two nodes, a hopeless one to none.

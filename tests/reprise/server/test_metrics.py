@@ -74,11 +74,33 @@ def test_request_figures_and_no_tenant_labels() -> None:
     assert s[("reprise_request_time_per_output_token_seconds_sum", ())] == 0.2  # (1.0 - 0.2) / 4
     labels = {k for (_, ls) in s for k, _ in ls}
     assert labels <= {"position", "result", "finish_reason", "reason", "grpc_service", "grpc_method", "grpc_type",
-                      "grpc_code", "le", "backend", "op", "kind"}
+                      "grpc_code", "le", "backend", "op", "kind", "extra_rows"}
+
+
+def watching_an_engine() -> ServiceMetrics:
+    """Metrics of a service whose engine has a prefix cache and a fitted step cost (a tiny model)."""
+    from reprise.engine.engine import Engine
+    from retrieval.registry import make_proposer
+    from verifier.runner import ModelRunner
+    from verifier.testing import tiny_model
+
+    runner = ModelRunner(tiny_model("llama", vocab_size=64), max_len=96, max_draft_nodes=4, prefix_cache_bytes=1 << 20)
+    m = ServiceMetrics()
+    m.watch_engine(Engine(runner, make_proposer("prompt_lookup")))
+    return m
+
+
+def test_the_engines_prefix_cache_and_step_cost_are_exported() -> None:
+    m = watching_an_engine()
+    s = samples(m)
+    assert s[("reprise_prefix_cache_capacity_bytes", ())] > 0 and s[("reprise_prefix_cache_bytes", ())] == 0
+    assert s[("reprise_prefix_cache_queries_total", ())] == 0
+    costs = {dict(labels)["extra_rows"]: v for (name, labels), v in s.items() if name == "reprise_step_cost_seconds"}
+    assert set(costs) >= {"0", "1", "4"} and all(v > 0 for v in costs.values())
 
 
 def test_dashboards_use_only_exported_metrics() -> None:
-    names = exported_names(ServiceMetrics())
+    names = exported_names(watching_an_engine())
     dashboard = json.loads((ROOT / "deploy" / "grafana" / "reprise.json").read_text())
     exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
     alerts = (ROOT / "deploy" / "grafana" / "alerts.yaml").read_text()
