@@ -212,3 +212,15 @@ def test_replay_chain_sends_one_path_per_step(trace, capsys, monkeypatch):
     assert report["tau"] > 1.5 and report["draft_tokens_per_step"] <= 8
     main(["replay", str(trace), "--json", "--budget", "8"])
     assert json.loads(capsys.readouterr().out)["chain"] is False
+
+
+def test_output_into_a_closed_pipe_ends_quietly(trace) -> None:
+    import subprocess
+    import sys
+
+    reader = subprocess.Popen([sys.executable, "-m", "reprise", "replay", str(trace), "--drafter", "prompt_lookup"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert reader.stdout is not None
+    reader.stdout.close()  # like `| head -0`: nobody reads what follows
+    _, err = reader.communicate(timeout=120)
+    assert b"Traceback" not in err and reader.returncode in (0, 141)
