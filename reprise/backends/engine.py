@@ -52,7 +52,7 @@ class EngineBackend:
     def __init__(self, engine: Engine, tokenizer: Any, model_name: str,
                  record_trajectory: Callable[[str, str, Sequence[int]], None] | None = None,
                  on_close: Callable[[], None] | None = None, store_before_reply: bool = True,
-                 store_wait_s: float = STORE_WAIT_S) -> None:
+                 store_wait_s: float = STORE_WAIT_S, on_store_wait: Callable[[float], None] | None = None) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
         runner = engine.runner
@@ -70,6 +70,7 @@ class EngineBackend:
         self._record = record_trajectory
         self._store_before_reply = store_before_reply
         self._store_wait_s = store_wait_s
+        self._on_store_wait = on_store_wait
         self._on_close = on_close
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="reprise-engine", daemon=True)
@@ -163,7 +164,7 @@ class EngineBackend:
                 raise errors.Unavailable("the decoding engine stopped while the request ran")
         result = handle.wait()
         if self._store_before_reply:
-            await_stored(handle.stored, self._store_wait_s)
+            await_stored(handle.stored, self._store_wait_s, self._on_store_wait)
         return Generation(result.finish_reason, result.matched_stop, result.usage.prompt_tokens,
                           result.usage.completion_tokens, result.usage.cached_tokens)
 

@@ -78,6 +78,10 @@ class ServiceMetrics:
                               buckets=LATENCY_BUCKETS, registry=r)
         self.e2e = Histogram("reprise_e2e_request_latency_seconds", "Request latency, arrival to last token",
                              buckets=LATENCY_BUCKETS, registry=r)
+        self.store_wait = Histogram("reprise_store_wait_seconds",
+                                    "Time a recorded request's reply waited for its turn to be stored",
+                                    buckets=FAST_BUCKETS + (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+                                    registry=r)
         requests = Counter("reprise_requests", "Finished generation requests by finish reason",
                            ["finish_reason"], registry=r)
         self._requests: dict[str, Any] = {name: requests.labels(finish_reason=name) for name in FINISH_REASONS}
@@ -165,6 +169,9 @@ class ServiceMetrics:
 
     def set_requests_running(self, num: int) -> None:
         self.requests_running.set(num)
+
+    def observe_store_wait(self, seconds: float) -> None:
+        self.store_wait.observe(seconds)
 
     def observe_emission_gap(self, seconds: float) -> None:
         self.itl.observe(seconds)

@@ -174,7 +174,8 @@ class Service:
                     self.cluster.replica.on_tenant_gone(engine.forget_tenant)
                 self.metrics.watch_engine(engine)
                 decode = EngineBackend(engine, tokenizer, name, record_trajectory=self.indexes.record,
-                                       on_close=self._close_history, store_before_reply=c.server.store_before_reply)
+                                       on_close=self._close_history, store_before_reply=c.server.store_before_reply,
+                                       on_store_wait=self.metrics.observe_store_wait)
                 if self.cluster is not None:
                     decode = self.cluster.backend(decode)
             admin = ServiceAdmin(self.store, self.indexes, auth.invalidate)

@@ -86,6 +86,7 @@ def wire_vllm(engine: VllmEngine, config: Any, store: Any, accounting: Any, metr
     backend = VllmBackend(engine, tokenizer, Path(folder).name, accounting=accounting,
                           meter=StepMeter(accounting, metrics),
                           history_sink=history_sink, record_trajectory=indexes.record, on_close=on_close,
-                          owns_engine=owns_engine, store_before_reply=config.server.store_before_reply)
+                          owns_engine=owns_engine, store_before_reply=config.server.store_before_reply,
+                          on_store_wait=metrics.observe_store_wait if metrics is not None else None)
     metered.backend = backend
     return backend, indexes

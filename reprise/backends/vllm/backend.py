@@ -81,7 +81,7 @@ class VllmBackend:
                  record_trajectory: Callable[[str, str, Sequence[int]], None] | None = None,
                  on_close: Callable[[], None] | None = None, salt_key: bytes | None = None,
                  poll_s: float = 1.0, owns_engine: bool = True, store_before_reply: bool = True,
-                 store_wait_s: float = STORE_WAIT_S) -> None:
+                 store_wait_s: float = STORE_WAIT_S, on_store_wait: Callable[[float], None] | None = None) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
         self._drafting = engine.settings.speculation == "reprise"
@@ -100,6 +100,7 @@ class VllmBackend:
         self._owns_engine = owns_engine
         self._store_before_reply = store_before_reply
         self._store_wait_s = store_wait_s
+        self._on_store_wait = on_store_wait
         self._salt_key = salt_key if salt_key is not None else secrets.token_bytes(32)
         self.prefix_cached_tokens: dict[str, int] = {}  # per tenant: prompt tokens served from its prefix cache
         self._stop = threading.Event()
@@ -151,7 +152,7 @@ class VllmBackend:
                                   request_id=request_id), tuple(output), "", reason, matched,
                 Usage(len(prompt), len(output), 0, 0, 0)))
             if self._store_before_reply:
-                await_stored(ticket, self._store_wait_s)
+                await_stored(ticket, self._store_wait_s, self._on_store_wait)
         return Generation(reason, matched, len(prompt), len(output))
 
     def append_trajectory(self, tenant: str, session_id: str, token_ids: Sequence[int]) -> int:

@@ -20,3 +20,16 @@ def test_bench_serve_reports_consistent_figures(capsys, monkeypatch) -> None:
     assert e["overhead_share"] == out["wall_s"] / e["model_s"] - 1
     assert 0 < e["model_cpu_s"] <= e["service_cpu_s"] and e["overhead_cpu_share"] >= 0
     assert out["drafting"]["draft_tokens"] >= out["drafting"]["accepted_tokens"] >= 0
+
+
+def test_bench_serve_measures_what_durable_replies_cost(capsys, monkeypatch) -> None:
+    monkeypatch.delenv("REPRISE_MASTER_KEY", raising=False)
+    code = main(["bench", "serve", "--tiny", "--requests", "6", "--concurrency", "3", "--tenants", "2",
+                 "--max-new-tokens", "8", "--max-prompt-tokens", "96", "--num-slots", "2", "--durability-cost",
+                 "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and out["errors"] == 0
+    assert [r["store_before_reply"] for r in out["runs"]] == [False, True, True, False]
+    assert [r["store_wait"]["replies"] for r in out["runs"]] == [0, 6, 6, 0]  # only waiting replies are timed
+    assert 0 < out["store_wait_mean_ms"] < 30_000 and 0 < out["durability_cost"] < 1
+    assert out["throughput_tokens_per_s"]["store_before_reply"] > 0 and out["throughput_cost"] is not None
