@@ -31,6 +31,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from reprise.backends.vllm.attach import MAX_SPECULATIVE_TOKENS
+
 METHODS = ("vllm_plain", "vllm_ngram", "vllm_suffix", "vllm_reprise", "reprise_engine")
 TENANT = "bench"
 SPECULATION = {"vllm_plain": "off", "vllm_ngram": "ngram", "vllm_suffix": "suffix", "vllm_reprise": "reprise"}
@@ -46,7 +48,9 @@ def add_arguments(parser) -> None:
     a("--prompt-tokens", type=int, default=1500, help="prompts cut to their last N tokens (default 1500)")
     a("--max-new-tokens", type=int, default=128, help="greedy tokens per call (default 128)")
     a("--concurrency", type=int, default=8, help="requests in flight in the concurrent pass (default 8)")
-    a("--speculative-tokens", type=int, default=16, help="vLLM's num_speculative_tokens (default 16)")
+    a("--speculative-tokens", type=int, default=MAX_SPECULATIVE_TOKENS,
+      help=f"vLLM's num_speculative_tokens, for every drafting method (default {MAX_SPECULATIVE_TOKENS}, what "
+           "`reprise serve --engine vllm` runs with)")
     a("--dtype", default="bfloat16", help="vLLM's dtype (default bfloat16; Reprise's engine runs float32)")
     a("--methods", default=",".join(METHODS), help=f"comma-separated subset of {','.join(METHODS)}")
     a("--eager", action="store_true", help="vLLM without graph compilation (starts faster, decodes slower)")
@@ -87,6 +91,7 @@ def run(args) -> int:
     calls = {Path(t).name: [ids for _, ids in select_calls(Path(t), tokenizer, args)] for t in traces}
     report: dict[str, Any] = {"model": Path(folder).name, "vllm": vllm_version, "dtype": args.dtype,
                               "max_new_tokens": args.max_new_tokens, "concurrency": args.concurrency,
+                              "speculative_tokens": args.speculative_tokens,
                               "eager": args.eager, "load_before": os.getloadavg()[0], "outputs": {}, "traces": {}}
     levels = (1, args.concurrency)
 
@@ -297,7 +302,7 @@ def _first_difference(a: list[int], b: list[int]) -> int:
 def format_report(report: dict[str, Any]) -> str:
     eager = ", eager" if report["eager"] else ""
     head = (f"model {report['model']} ({report['dtype']} in vLLM {report['vllm']}{eager}), "
-            f"{report['max_new_tokens']} new tokens, load average {report['load_before']:.2f} -> "
+            f"{report['max_new_tokens']} new tokens, {report['speculative_tokens']} speculative tokens, load average {report['load_before']:.2f} -> "
             f"{report['load_after']:.2f}")
     lines = [head]
     for trace, by_level in report["traces"].items():
