@@ -1,9 +1,11 @@
 """Failures survived, with replica processes on a private redis-server (AOF, ``appendfsync always``):
-``kill -9`` of a replica mid-stream, and redis-server killed and restarted under load."""
+``kill -9`` of a replica mid-stream, and redis-server killed and restarted under load (recorded replies
+wait for their turns to be stored, and go out once Redis is back)."""
 
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 from testkit.cluster import start_replicas, wait_for
@@ -91,17 +93,23 @@ def test_redis_killed_and_restarted_under_load(deployment) -> None:
         threads = [threading.Thread(target=serve, args=(name,)) for name in clients]
         for t in threads:
             t.start()
-        for t in threads:
-            t.join(120)
-        assert not errors
-        assert all(outputs[(name, i)] == reference[i] for name in clients for i in range(len(PROMPTS)))
         with pytest.raises(RepriseError) as refused:  # a write cannot be acknowledged: reported
             clients["r0"].append_trajectory("tool-1", tokens=list(b"OBSERVATION: during the outage"))
         assert refused.value.code.name == "UNAVAILABLE"
+        # A request that keeps nothing is served during the outage; a recorded one's reply waits until its
+        # turn is stored (server.store_before_reply), so none of them has been answered yet.
+        assert clients["r1"].generate(tokens=PROMPTS[0], max_new_tokens=48, ignore_eos=True, speculation=False,
+                                      do_not_record=True).token_ids == reference[0]
+        time.sleep(1.0)
+        assert not outputs and not errors
 
         d.redis.start()  # same port and directory: the AOF is replayed
+        for t in threads:
+            t.join(60)
+        assert not errors
+        assert all(outputs[(name, i)] == reference[i] for name in clients for i in range(len(PROMPTS)))
         assert _stored_turns(d, acme)[:len(before)] == before
-        # The held-back turns (4 per replica) land, and both replicas catch up on all of them.
+        # Every answered turn is stored (4 per replica), and both replicas catch up on all of them.
         total = len(before) + 2 * len(PROMPTS)
         wait_for(lambda: len(_stored_turns(d, acme)) == total, timeout=30, interval=0.2)
         for r in (a, b):
