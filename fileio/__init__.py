@@ -2,8 +2,9 @@
 
 ``write_atomic(path, data)`` writes to a temporary file in the same folder, fsyncs it, renames it over
 ``path`` and fsyncs the folder, so that the rename itself survives a crash. ``atomic_writer(path)`` does
-the same around a binary file object, for writers that stream (``torch.save(state, fh)``). This package
-imports nothing of the project: every layer may use it (docs/architecture.md).
+the same around a binary file object, for writers that stream (``torch.save(state, fh)``).
+``reprise_home()`` is where Reprise keeps its local files when no folder is given. This package imports
+nothing of the project: every layer may use it (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -11,11 +12,20 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["atomic_writer", "current_umask", "fsync_dir", "write_atomic"]
+__all__ = ["HOME_ENV", "atomic_writer", "current_umask", "fsync_dir", "reprise_home", "write_atomic"]
+
+HOME_ENV = "REPRISE_HOME"
+
+
+def reprise_home(env: Mapping[str, str] | None = None) -> Path:
+    """``$REPRISE_HOME`` (of ``env``, default the process's), else ``~/.reprise``: the data directory
+    (store, keys, tenants' settings), converted models, trained drafters and caches."""
+    env = os.environ if env is None else env
+    return Path(env.get(HOME_ENV) or Path.home() / ".reprise").expanduser()
 
 
 def current_umask() -> int:

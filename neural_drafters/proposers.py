@@ -18,6 +18,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from fileio import reprise_home
 from neural_drafters.checkpoint import load_head
 from neural_drafters.drafting import DraftSettings, HeadDrafter
 from neural_drafters.heads import MTPHead, TargetParts
@@ -31,7 +32,6 @@ from neural_drafters.hybrid import (
 from neural_drafters.reuse import HiddenStateMemory
 from retrieval.draft_tree import DraftTree
 from retrieval.registry import DEFAULT_DRAFTER, make_proposer
-from verifier.models import reprise_home
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,6 @@ passed down. Every error names the offending value; passwords never appear in re
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -14,8 +13,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
+from fileio import HOME_ENV, reprise_home
+
 MASTER_KEY_ENV = "REPRISE_MASTER_KEY"
-DATA_DIR_ENV = "REPRISE_HOME"
+DATA_DIR_ENV = HOME_ENV
 # NIST SP 800-38D: at most 2^32 invocations of GCM with random 96-bit nonces under one key. Retire
 # each data key at a quarter of that.
 DEFAULT_MAX_ENCRYPTIONS = 2**30
@@ -24,7 +25,7 @@ _PREFIX_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 def default_data_dir() -> Path:
     """``$REPRISE_HOME``, else ``~/.reprise`` (the service's data directory, see reprise.config)."""
-    return Path(os.environ.get(DATA_DIR_ENV) or Path.home() / ".reprise").expanduser()
+    return reprise_home()
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fileio import HOME_ENV, reprise_home
 from privacy.config import StoreConfig
 from reprise.cluster.config import ClusterConfig
 from retrieval.config import DraftingConfig
@@ -178,8 +179,7 @@ _EXTRA_HELP = {
 
 def default_home(env: Mapping[str, str] | None = None) -> Path:
     """``$REPRISE_HOME`` or ``~/.reprise``."""
-    env = os.environ if env is None else env
-    return Path(env.get("REPRISE_HOME") or Path.home() / ".reprise").expanduser()
+    return reprise_home(env)
 
 
 @dataclass(frozen=True, slots=True)
@@ -364,7 +364,7 @@ def load_config(
         raise ValueError(f"unknown settings: {', '.join(unknown)}")
 
     values: dict[str, tuple[Any, str]] = {}
-    home_raw = flags.get("home") or env.get("REPRISE_HOME")
+    home_raw = flags.get("home") or env.get(HOME_ENV)
     home = Path(home_raw).expanduser() if home_raw else default_home({})
     path = config_file_path(config_file, env, home)
     if path is not None:

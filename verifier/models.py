@@ -24,6 +24,8 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from fileio import reprise_home
+
 log = logging.getLogger(__name__)
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -43,11 +45,6 @@ class LoadedModel:
     model: Any  # transformers PreTrainedModel, in eval mode
     tokenizer: Any  # transformers tokenizer, or None when the folder has none
     source: str
-
-
-def reprise_home() -> Path:
-    """``$REPRISE_HOME`` or ``~/.reprise``: where converted models and other local state live."""
-    return Path(os.environ.get("REPRISE_HOME") or Path.home() / ".reprise")
 
 
 def configure_threads(num_threads: int | None = 1) -> None:

@@ -171,9 +171,9 @@ def make_proposers(head: Any, drafters: list[str], threshold: float, mode: str,
 
 
 def run_trace(lm, head, calls, drafters: list[str], thresholds: list[float], args) -> dict[str, Any]:
+    from fileio import reprise_home
     from reprise.offline.hybrid_tune import estimated_speedup, label
     from reprise.offline.model_replay import decode_reference, simulate
-    from verifier.models import reprise_home
 
     def progress(i, ref):
         print(f"bench neural: reference {i + 1}/{len(calls)} ({len(ref.output_ids)} tokens, "

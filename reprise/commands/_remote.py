@@ -18,6 +18,7 @@ from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fileio import reprise_home
 from reprise.arguments import CliError
 
 if TYPE_CHECKING:
@@ -45,8 +46,7 @@ def admin_key(args: argparse.Namespace) -> str:
         return args.admin_key.strip()
     if os.environ.get("REPRISE_ADMIN_KEY"):
         return os.environ["REPRISE_ADMIN_KEY"].strip()
-    home = Path(os.environ.get("REPRISE_HOME") or Path.home() / ".reprise").expanduser()
-    path = home / "admin.key"
+    path = reprise_home() / "admin.key"
     try:
         return path.read_text().strip()
     except FileNotFoundError:

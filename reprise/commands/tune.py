@@ -172,8 +172,8 @@ def run(args: argparse.Namespace) -> int:
     chosen = best.config
     hybrid_result = None
     if hybrid is not None:
+        from fileio import reprise_home
         from reprise.offline.hybrid_tune import tune_threshold
-        from verifier.models import reprise_home
 
         lm, head, hybrid_settings = hybrid
         say = (lambda m: None) if args.json else (lambda m: print(f"tune --hybrid: {m}", file=sys.stderr))

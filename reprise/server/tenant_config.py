@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
-from fileio import write_atomic
+from fileio import reprise_home, write_atomic
 from privacy.tenants import validate_tenant_name
 from retrieval.config import DraftingConfig
 
@@ -33,7 +32,7 @@ def data_dir_path(data_dir: str | Path | None = None) -> Path:
     """``data_dir``, else ``$REPRISE_HOME``, else ``~/.reprise``."""
     if data_dir is not None:
         return Path(data_dir).expanduser()
-    return Path(os.environ.get("REPRISE_HOME") or Path.home() / ".reprise").expanduser()
+    return reprise_home()
 
 
 def drafting_config_path(tenant: str, data_dir: str | Path | None = None) -> Path:
