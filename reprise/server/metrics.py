@@ -16,7 +16,7 @@ Hot path: ``observe_step`` bumps pre-bound counter children once per verificatio
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -131,27 +131,6 @@ class ServiceMetrics:
             self.lookup_seconds.observe(lookup_seconds)
         if match_len is not None:
             self.match_length.observe(match_len)
-
-    def observe_drafts(self, num_drafts: int, num_draft_tokens: int, accepted_per_pos: Sequence[int],
-                       num_steps: int = 0) -> None:
-        """Aggregated figures of several steps (e.g. one request's), for a decode backend that reports in bulk."""
-        if num_steps:
-            self.num_steps.inc(num_steps)
-        if num_drafts:
-            self.num_drafts.inc(num_drafts)
-            self._lookups["match"].inc(num_drafts)
-        if num_steps > num_drafts:
-            self._lookups["no_match"].inc(num_steps - num_drafts)
-        if num_draft_tokens:
-            self.num_draft_tokens.inc(num_draft_tokens)
-        accepted = 0
-        for i, n in enumerate(accepted_per_pos):
-            if n:
-                accepted += n
-                if i < self.max_positions:
-                    self._per_pos[i].inc(n)
-        if accepted:
-            self.num_accepted_tokens.inc(accepted)
 
     # ---- called by the gRPC layer ------------------------------------------------------------------
 

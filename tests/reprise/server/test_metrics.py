@@ -53,16 +53,6 @@ def test_vllm_compatible_names_and_step_accounting() -> None:
     assert s[("reprise_verify_steps_total", ())] == 4
 
 
-def test_bulk_accounting_matches_per_step() -> None:
-    a, b = ServiceMetrics(), ServiceMetrics()
-    for drafted, accepted in [(8, 3), (4, 0), (0, 0), (6, 6)]:
-        a.observe_step(drafted, accepted)
-    b.observe_drafts(num_drafts=3, num_draft_tokens=18, accepted_per_pos=[2, 2, 2, 1, 1, 1], num_steps=4)
-    keep = ("reprise_spec_decode", "reprise_index_lookups_total", "reprise_verify_steps_total")
-    pick = lambda s: {k: v for k, v in s.items() if k[0].startswith(keep) and not k[0].endswith("_created")}
-    assert pick(samples(a)) == pick(samples(b))
-
-
 def test_request_figures_and_no_tenant_labels() -> None:
     m = ServiceMetrics()
     m.observe_request("stop", prompt_tokens=10, completion_tokens=5, ttft=0.2, e2e=1.0)
