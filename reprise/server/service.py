@@ -37,7 +37,7 @@ from reprise.server.metering import StepMeter, TenantAccounting
 from reprise.server.metrics import ServiceMetrics
 from reprise.server.tenant_config import apply_tenant_configs
 from reprise.server.vllm import start_vllm
-from verifier.models import configure_threads, load_default_model, load_model
+from verifier.models import configure_threads, load_default_model, load_model, served_model_name
 from verifier.runner import ModelRunner
 
 log = logging.getLogger(__name__)
@@ -134,7 +134,7 @@ class Service:
                     configure_threads(c.model.num_threads)
                 model = getattr(loaded, "model", loaded)
                 tokenizer = getattr(loaded, "tokenizer", None)
-                name = self._model_name or Path(getattr(loaded, "source", "") or "model").name
+                name = self._model_name or served_model_name(getattr(loaded, "source", "") or "model")
                 runner = ModelRunner(model, num_slots=c.model.num_slots, max_len=c.model.max_len,
                                      max_draft_nodes=c.model.max_draft_nodes,
                                      prefix_cache_bytes=c.model.prefix_cache_bytes)

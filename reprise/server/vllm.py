@@ -11,7 +11,6 @@ tuned settings, then every tenant's stored history streamed into the worker (``T
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Any
 
 from reprise.backends.vllm.attach import MAX_SPECULATIVE_TOKENS, attach_reprise, model_folder
@@ -21,6 +20,7 @@ from reprise.backends.vllm.tenants import WorkerTenants
 from reprise.server.indexes import TenantIndexes
 from reprise.server.metering import StepMeter
 from reprise.server.tenant_config import apply_tenant_configs
+from verifier.models import served_model_name
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ def wire_vllm(engine: VllmEngine, config: Any, store: Any, accounting: Any, metr
     tokenize = lambda text: list(tokenizer.encode(text, add_special_tokens=False))
     indexes = TenantIndexes(store, tenants if tenants is not None else object(), metered, metrics, tokenize)
     indexes.load_all()
-    backend = VllmBackend(engine, tokenizer, Path(folder).name, accounting=accounting,
+    backend = VllmBackend(engine, tokenizer, served_model_name(folder), accounting=accounting,
                           meter=StepMeter(accounting, metrics),
                           history_sink=history_sink, record_trajectory=indexes.record, on_close=on_close,
                           owns_engine=owns_engine, store_before_reply=config.server.store_before_reply,

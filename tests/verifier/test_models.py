@@ -70,6 +70,13 @@ def test_default_model_needs_the_wheel(monkeypatch) -> None:
         models.load_default_model()
 
 
+def test_served_model_name(tmp_path) -> None:
+    cache = tmp_path / "models" / f"{models.DEFAULT_MODEL_NAME}-{models.DEFAULT_WHEEL}-0.1.2"
+    assert models.served_model_name(cache) == "SmolLM2-135M-Instruct"
+    assert models.served_model_name(tmp_path / "Qwen2.5-0.5B") == "Qwen2.5-0.5B"
+    assert models.served_model_name(tmp_path / "SmolLM2-135M-Instruct") == "SmolLM2-135M-Instruct"
+
+
 def test_half_written_cache_is_never_loaded(monkeypatch, tmp_path) -> None:
     """A folder without the completion marker (a killed conversion) is discarded and converted again;
     the conversion renames a complete temporary folder into place."""
