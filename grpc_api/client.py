@@ -28,6 +28,7 @@ import grpc
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
+from grpc_api.backend import ToolCall  # the one record of a tool call, on both sides of the wire
 from grpc_api.v1 import admin_pb2, admin_pb2_grpc, common_pb2, decoding_pb2, decoding_pb2_grpc
 
 if TYPE_CHECKING:
@@ -79,15 +80,6 @@ def _retry_after(exc: Any) -> float | None:
 class StreamChunk:
     token_ids: list[int]
     text: str
-
-
-@dataclass(frozen=True, slots=True)
-class ToolCall:
-    """A tool call the model made: ``arguments`` is a JSON object's text."""
-
-    id: str
-    name: str
-    arguments: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -103,7 +103,7 @@ def _load(args):
     from verifier.models import load_default_model, load_model
 
     try:
-        dtype = getattr(args, "dtype", "float32")
+        dtype = args.dtype
         if args.model:
             return load_model(args.model, num_threads=args.threads, dtype=dtype)
         return load_default_model(num_threads=args.threads, dtype=dtype)
