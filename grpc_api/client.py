@@ -111,9 +111,9 @@ class ModelInfo:
 
 
 def build_request(
-    prompt: str | Sequence[int] | Sequence[Mapping[str, str]] | None = None, *,
+    prompt: str | Sequence[int] | Sequence[Mapping[str, Any]] | None = None, *,
     tokens: Sequence[int] | None = None, text: str | None = None,
-    messages: Sequence[Mapping[str, str]] | None = None, session_id: str = "", request_id: str | None = None,
+    messages: Sequence[Mapping[str, Any]] | None = None, session_id: str = "", request_id: str | None = None,
     temperature: float | None = None, top_p: float | None = None, top_k: int | None = None,
     seed: int | None = None, repetition_penalty: float | None = None, max_new_tokens: int | None = None,
     min_new_tokens: int = 0,
@@ -234,7 +234,7 @@ _TOOL_CHOICE = {"auto": decoding_pb2.TOOL_CHOICE_MODE_AUTO, "none": decoding_pb2
 
 
 def _set_content(msg: Any, tokens: Sequence[int] | None, text: str | None,
-                 messages: Sequence[Mapping[str, str]] | None) -> None:
+                 messages: Sequence[Mapping[str, Any]] | None) -> None:
     if tokens is not None:
         ids = list(tokens) if not isinstance(tokens, (str, bytes, Mapping)) and hasattr(tokens, "__iter__") else None
         if not ids:
@@ -393,7 +393,7 @@ class RepriseClient(_SyncClient):
                          r.has_chat_template, r.server_version)
 
     def append_trajectory(self, session_id: str = "", *, tokens: Sequence[int] | None = None, text: str | None = None,
-                          messages: Sequence[Mapping[str, str]] | None = None) -> int:
+                          messages: Sequence[Mapping[str, Any]] | None = None) -> int:
         """Add a turn produced elsewhere (e.g. a tool's output) to this tenant's history."""
         if sum(x is not None for x in (tokens, text, messages)) != 1:
             raise ValueError("give exactly one of tokens, text or messages")

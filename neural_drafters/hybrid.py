@@ -327,7 +327,7 @@ def _accepted_in(origin: np.ndarray, accepted: np.ndarray) -> np.ndarray:
         depth = depth_of.get(target)
         if depth is not None and depth not in at_depth:
             at_depth[depth] = node
-    path = []
+    path: list[int] = []
     while len(path) in at_depth:
         path.append(at_depth[len(path)])
     return np.asarray(path, dtype=np.int32)
