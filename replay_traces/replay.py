@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -184,8 +185,10 @@ def replay_calls(
     path: str = "",
     stats: TraceStats | None = None,
     on_call: Callable[[Call, int], None] | None = None,
+    on_step: Callable[[Any, list[int], int], None] | None = None,
 ) -> ReplayReport:
-    """Replay ``calls`` in order through ``proposer``; ``on_call(call, response_tokens)`` after each."""
+    """Replay ``calls`` in order through ``proposer``; ``on_call(call, response_tokens)`` after each call,
+    ``on_step(session, response, pos)`` after each proposal (before its tokens are committed)."""
     if budget < 0:
         raise ValueError(f"budget must be >= 0, got {budget}")
     if hasattr(proposer, "set_vocabulary"):  # canonical matching needs the tokenizer's number tokens
@@ -222,6 +225,8 @@ def replay_calls(
                     raise ValueError(f"{call.path}:{call.line_no}: drafter {drafter!r}: {exc}") from None
             else:
                 nodes = []
+            if on_step is not None:
+                on_step(session, target, pos)
             a = len(nodes)
             end = pos + a + 1 if pos + a < num_tokens else num_tokens
             session.commit(Verified(response[pos:end], np.asarray(nodes, dtype=np.int32), n > 0))

@@ -49,27 +49,56 @@ def best_path_nodes(tree: DraftTree, max_len: int) -> tuple[DraftTree, np.ndarra
     parents = tree.parents
     if n <= max_len and bool(np.all(parents == np.arange(-1, n - 1, dtype=parents.dtype))):
         return tree, np.arange(n, dtype=np.int64)  # already a chain within the limit
+    value, _ = _path_values(tree, max_len)
+    idx = _root_path(parents, int(np.argmax(value)))
+    chain_parents = np.arange(-1, len(idx) - 1, dtype=np.int32)
+    chain = DraftTree(tree.token_ids[idx], chain_parents, tree.probs[idx], float(value[idx[-1]]), tree.source,
+                      tree.match_len)
+    return chain, idx
+
+
+def best_path_per_root(tree: DraftTree, max_len: int) -> list[np.ndarray]:
+    """For each root of ``tree``, the node indices of its best path (as ``best_path`` chooses among the
+    paths under that root), best root first: what a chain verifier could be sent had the first token been
+    chosen otherwise (``reprise replay --chain --headroom`` measures what that would win)."""
+    if len(tree) == 0 or max_len <= 0:
+        return []
+    value, root = _path_values(tree, max_len)
+    best: dict[int, int] = {}  # root -> its node with the highest value
+    for i, r in enumerate(root.tolist()):
+        if value[i] >= 0 and (r not in best or value[i] > value[best[r]]):
+            best[r] = i
+    leaves = sorted(best.values(), key=lambda i: (-value[i], i))  # first: best_path's (argmax: lowest index)
+    return [_root_path(tree.parents, leaf) for leaf in leaves]
+
+
+def _path_values(tree: DraftTree, max_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each node's expected accepted tokens if the chain sent were its root path ([num_nodes] float64;
+    -1 for nodes deeper than ``max_len``), and the root each node hangs from ([num_nodes] int64)."""
+    n = len(tree)
     path_probs = _path_probs(tree)  # [num_nodes] chance the whole root path to the node is accepted
-    value = np.empty(n)  # [num_nodes] expected accepted tokens of the root path ending at the node
-    depth = np.empty(n, dtype=np.int64)  # [num_nodes]
-    for i, p in enumerate(parents.tolist()):
+    value = np.empty(n)
+    depth = np.empty(n, dtype=np.int64)
+    root = np.empty(n, dtype=np.int64)
+    for i, p in enumerate(tree.parents.tolist()):  # parents precede children
         if p < 0:
-            value[i], depth[i] = path_probs[i], 1
+            value[i], depth[i], root[i] = path_probs[i], 1, i
         else:
             value[i] = value[p] + path_probs[i]
             depth[i] = depth[p] + 1
+            root[i] = root[p]
     value[depth > max_len] = -1.0
-    node = int(np.argmax(value))
+    return value, root
+
+
+def _root_path(parents: np.ndarray, node: int) -> np.ndarray:
+    """The node indices from the root down to ``node`` ([depth] int64)."""
     path = []
     while node >= 0:
         path.append(node)
         node = int(parents[node])
     path.reverse()
-    idx = np.asarray(path, dtype=np.int64)
-    chain_parents = np.arange(-1, len(idx) - 1, dtype=np.int32)
-    chain = DraftTree(tree.token_ids[idx], chain_parents, tree.probs[idx], float(value[idx[-1]]), tree.source,
-                      tree.match_len)
-    return chain, idx
+    return np.asarray(path, dtype=np.int64)
 
 
 def _path_probs(tree: DraftTree) -> np.ndarray:
@@ -90,19 +119,22 @@ def _path_probs(tree: DraftTree) -> np.ndarray:
 class ChainSession:
     """A drafting session whose proposals are single paths (see the module docstring)."""
 
-    __slots__ = ("_factor", "_inner", "_nodes")
+    __slots__ = ("_factor", "_inner", "_nodes", "tree")
 
     def __init__(self, inner: Any, tree_factor: int) -> None:
         self._inner = inner
         self._factor = tree_factor
         self._nodes = np.zeros(0, dtype=np.int64)  # the tree node of each node of the last chain
+        self.tree = DraftTree.empty()  # the tree the last chain was taken from
 
     def propose(self, budget: int) -> DraftTree:
         """The best path, at most ``budget`` tokens, of a tree of ``tree_factor * budget`` nodes."""
         if budget <= 0:
             self._nodes = np.zeros(0, dtype=np.int64)
-            return DraftTree.empty()
-        chain, self._nodes = best_path_nodes(self._inner.propose(budget * self._factor), budget)
+            self.tree = DraftTree.empty()
+            return self.tree
+        self.tree = self._inner.propose(budget * self._factor)
+        chain, self._nodes = best_path_nodes(self.tree, budget)
         verify_only = getattr(self._inner, "verify_only", None)
         if verify_only is not None:  # its acceptance monitor must judge the chain, not the tree
             verify_only(chain)

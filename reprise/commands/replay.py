@@ -13,7 +13,9 @@ longest matching root path plus one bonus token. Printed per file:
 
 With --chain every step sends one path (the path a chain verifier such as vLLM's is sent: the best
 path of a wider tree, retrieval/chain.py) instead of a tree; the figures then say what a chain verifier
-would get.
+would get. --headroom (with --chain) adds what a better first token would win: the taus the chain
+would have had, step by step, had it started with the better of the tree's 2 or 4 best roots for the
+truth, with whichever root was right, or had the whole tree been verified (replay_traces/headroom.py).
 
 Drafter "oracle" is the copy limit: the longest continuation of the recorded response visible to any
 retrieval drafter (tenant history, prompt, output so far), the ceiling for every retrieval drafter.
@@ -27,6 +29,7 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
+from replay_traces.headroom import FIGURES, ChainHeadroom
 from replay_traces.oracle import CopyLimitOracle
 from replay_traces.replay import read_calls, replay_calls
 from replay_traces.tokenizer import CanonicalTokenizer
@@ -73,6 +76,9 @@ def add_parser(sub) -> None:
                         "(default: 'reprise', the full proposer)")
     parser.add_argument("--chain", action="store_true",
                         help="one path per step (what a chain verifier such as vLLM's is sent), not a tree")
+    parser.add_argument("--headroom", action="store_true",
+                        help="with --chain: also the taus of better first-token choices (oracles) and of "
+                        "the whole tree, per file")
     parser.set_defaults(func=run)
 
 
@@ -126,9 +132,11 @@ class Progress:
 
 
 def replay_one(path: Path, drafter: str, *, tokenizer, budget: int, max_calls: int | None,
-               skip_bad_lines: bool, progress: Progress, config=None, chain: bool = False):
+               skip_bad_lines: bool, progress: Progress, config=None, chain: bool = False,
+               headroom: ChainHeadroom | None = None):
     """Replay one file with the named proposer (or the oracle), as trees or with ``chain`` as single
-    paths (``retrieval.chain.ChainProposer``); trace errors become CliError."""
+    paths (``retrieval.chain.ChainProposer``), ``headroom`` observing each chain step; trace errors
+    become CliError."""
     from reprise.drafters import make_proposer
 
     stats = TraceStats()
@@ -147,7 +155,8 @@ def replay_one(path: Path, drafter: str, *, tokenizer, budget: int, max_calls: i
                 proposer = ChainProposer(proposer)
         progress.start(path.name, max_calls)
         return replay_calls(calls, proposer, tokenizer, budget=budget, drafter=drafter, path=str(path),
-                            stats=stats, on_call=progress.on_call)
+                            stats=stats, on_call=progress.on_call,
+                            on_step=headroom.observe if headroom is not None else None)
     except (ValueError, OSError, EOFError) as exc:
         raise CliError(str(exc)) from None
     finally:
@@ -184,6 +193,16 @@ def format_table(reports, budget: int) -> str:
     return "\n".join(lines)
 
 
+def format_headroom(reports, headrooms: list[ChainHeadroom]) -> str:
+    """The --headroom table: one row per file, tau of each first-token choice (replay_traces/headroom.py)."""
+    rows: list[tuple[str, ...]] = [("file", *FIGURES)]
+    for r, h in zip(reports, headrooms):
+        taus = h.taus()
+        rows.append((Path(r.path).name, *[f"{taus[name]:.3f}" for name in FIGURES]))
+    return ("\nheadroom: tau had each step's chain started at the better of the tree's 2 / 4 best roots, at the "
+            "right root, or had the whole tree been verified:\n" + columns(rows))
+
+
 def columns(rows) -> str:
     """Rows of cells as aligned text columns (first column left-aligned, the others right-aligned)."""
     widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
@@ -201,28 +220,46 @@ def run(args: argparse.Namespace) -> int:
     drafter = args.drafter or DEFAULT_DRAFTER
     if drafter != ORACLE and drafter not in proposer_names():
         raise CliError(f"unknown drafter {drafter!r}; known: {', '.join(proposer_names() + [ORACLE])}")
+    if args.headroom and not args.chain:
+        raise CliError("--headroom measures chains: add --chain")
+    if args.headroom and drafter == ORACLE:
+        raise CliError("--headroom needs a drafter's trees; the oracle proposes one copy, not a tree")
     tokenizer = make_tokenizer(args.tokenizer)
     # A chain is the best path of a tree of DEFAULT_TREE_FACTOR x budget nodes: the drafter's cap allows it.
     factor = DEFAULT_TREE_FACTOR if args.chain else 1
     config = DraftingConfig(max_draft_tokens=min(args.budget * factor, 1024))
     progress = Progress(enabled=not args.json)
     reports = []
+    headrooms: list[ChainHeadroom] = []
     for path in paths:
+        headroom = ChainHeadroom(args.budget) if args.headroom else None
         try:
             reports.append(replay_one(path, drafter, tokenizer=tokenizer, budget=args.budget,
                                       max_calls=args.max_calls, skip_bad_lines=args.skip_bad_lines,
-                                      progress=progress, config=config, chain=args.chain))
+                                      progress=progress, config=config, chain=args.chain, headroom=headroom))
         except CliError:
             if reports and not args.json:  # keep the files already replayed
                 print(format_table(reports, args.budget))
             raise
+        if headroom is not None:
+            headrooms.append(headroom)
     report_skipped(reports, "replay")
     if args.json:
         json.dump({"drafter": drafter, "budget": args.budget, "chain": args.chain, "tokenizer": args.tokenizer,
-                   "files": [r.to_dict() for r in reports]}, sys.stdout, indent=2)
+                   "files": [_file_dict(r, headrooms[i] if headrooms else None) for i, r in enumerate(reports)]},
+                  sys.stdout, indent=2)
         print()
     else:
         shape = "one path per step" if args.chain else "trees"
         print(f"drafter {drafter}, budget {args.budget} ({shape}), tokenizer {args.tokenizer}")
         print(format_table(reports, args.budget))
+        if headrooms:
+            print(format_headroom(reports, headrooms))
     return 0
+
+
+def _file_dict(report, headroom: ChainHeadroom | None) -> dict:
+    d = report.to_dict()
+    if headroom is not None:
+        d["headroom"] = headroom.taus()
+    return d

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from retrieval.chain import ChainProposer, best_path
+from retrieval.chain import ChainProposer, best_path, best_path_per_root
 from retrieval.draft_tree import DraftTree
 from retrieval.proposer import RepriseProposer
 from retrieval.session import Verified
@@ -111,3 +111,34 @@ def test_chain_sessions_send_paths_and_keep_drafting_from_history():
 def test_chain_proposer_rejects_a_bad_factor():
     with pytest.raises(ValueError, match="tree_factor"):
         ChainProposer(RepriseProposer(), tree_factor=0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(trees(), st.integers(1, 6))
+def test_best_path_per_root_gives_each_roots_best_path_best_first(tree, max_len):
+    parents, probs = tree
+    t = _tree(parents, probs)
+    paths = best_path_per_root(t, max_len)
+    roots = [i for i, p in enumerate(parents) if p < 0]
+    assert sorted(int(p[0]) for p in paths) == roots  # one path per root, starting at it
+    values = []
+    for path in paths:
+        assert len(path) <= max_len
+        assert all(parents[int(b)] == int(a) for a, b in itertools.pairwise(path))  # a root path
+        value = float(np.cumprod([probs[int(i)] for i in path]).sum())
+        # no path under the same root is better
+        for leaf in range(len(parents)):
+            nodes, node = [], leaf
+            while node >= 0:
+                nodes.append(node)
+                node = parents[node]
+            if nodes[-1] == int(path[0]) and len(nodes) <= max_len:
+                assert float(np.cumprod([probs[i] for i in nodes[::-1]]).sum()) <= value + 1e-6
+        values.append(value)
+    assert values == sorted(values, reverse=True)
+    assert best_path(t, max_len).token_ids.tolist() == t.token_ids[paths[0]].tolist()  # the chain sent
+
+
+def test_best_path_per_root_of_an_empty_tree_is_empty():
+    assert best_path_per_root(DraftTree.empty("t"), 4) == []
+    assert best_path_per_root(_tree([-1, 0], [0.5, 0.5]), 0) == []

@@ -76,6 +76,8 @@ def test_default_drafter_comes_from_the_registry(trace, capsys):
         (["replay", "{trace}", "--drafter", "nope"], r"unknown drafter 'nope'; known: .*prompt_lookup"),
         (["replay", "{trace}", "--tokenizer", "nope"], "unknown tokenizer 'nope'"),
         (["replay", "{bad}"], r"bad\.jsonl:2: invalid JSON"),
+        (["replay", "{trace}", "--headroom"], "--headroom measures chains: add --chain"),
+        (["replay", "{trace}", "--chain", "--headroom", "--drafter", "oracle"], "--headroom needs a drafter's trees"),
         (["tune", "{trace}", "--tenant", "../x"], "tenant name"),
         (["tune", "{trace}", "--tenant", "acme", "--grid", "bogus=1"], "unknown drafting setting 'bogus'"),
         (["tune", "{trace}", "--tenant", "acme", "--grid", "max_draft_tokens=0"], "max_draft_tokens"),
@@ -212,6 +214,18 @@ def test_replay_chain_sends_one_path_per_step(trace, capsys, monkeypatch):
     assert report["tau"] > 1.5 and report["draft_tokens_per_step"] <= 8
     main(["replay", str(trace), "--json", "--budget", "8"])
     assert json.loads(capsys.readouterr().out)["chain"] is False
+
+
+def test_replay_headroom_orders_the_first_token_oracles(trace, capsys):
+    assert main(["replay", str(trace), "--json", "--chain", "--headroom", "--budget", "8"]) == 0
+    (report,) = json.loads(capsys.readouterr().out)["files"]
+    h = report["headroom"]
+    assert list(h) == ["chain", "best_of_2", "best_of_4", "any_root", "tree"]
+    assert h["chain"] == pytest.approx(report["tau"])  # the chain sent, step by step
+    assert 1.0 <= h["chain"] <= h["best_of_2"] <= h["best_of_4"] <= h["any_root"] <= h["tree"]
+    main(["replay", str(trace), "--chain", "--headroom", "--budget", "8"])
+    out = capsys.readouterr().out
+    assert "headroom:" in out and "best_of_2" in out
 
 
 def test_output_into_a_closed_pipe_ends_quietly(trace) -> None:
