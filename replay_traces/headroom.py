@@ -47,7 +47,8 @@ class ChainHeadroom:
         got = dict.fromkeys(FIGURES, 0)  # accepted draft tokens, per figure
         if len(tree):
             ids = tree.token_ids.tolist()
-            per_root = [_prefix_match(ids, path.tolist(), target, pos) for path in best_path_per_root(tree, self.budget)]
+            per_root = [len(accepted_path([ids[i] for i in path.tolist()], list(range(-1, len(path) - 1)), target, pos))
+                        for path in best_path_per_root(tree, self.budget)]
             got["chain"] = per_root[0]  # the first is the path best_path sent
             for name, k in _TOP.items():
                 got[name] = max(per_root[:k])
@@ -62,12 +63,3 @@ class ChainHeadroom:
             return dict.fromkeys(FIGURES, 0.0)
         return {name: self.tokens[name] / self.steps for name in FIGURES}
 
-
-def _prefix_match(tokens: list[int], path: list[int], target: list[int], pos: int) -> int:
-    """How many of the path's tokens equal ``target[pos:]``, from its first."""
-    n = 0
-    for node in path:
-        if pos + n >= len(target) or tokens[node] != target[pos + n]:
-            break
-        n += 1
-    return n
