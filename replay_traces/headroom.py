@@ -21,11 +21,14 @@ its top two candidates would.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from replay_traces.replay import accepted_path
-from retrieval.chain import best_path_per_root
+import numpy as np
+
+from replay_traces.replay import StepTally, accepted_path, decode_response
+from retrieval.chain import ChainProposer, best_path_per_root
 
 FIGURES = ("chain", "best_of_2", "best_of_4", "any_root", "tree")
 _TOP = {"best_of_2": 2, "best_of_4": 4}
@@ -63,3 +66,21 @@ class ChainHeadroom:
             return dict.fromkeys(FIGURES, 0.0)
         return {name: self.tokens[name] / self.steps for name in FIGURES}
 
+
+
+def turns_headroom(proposer: Any, tenant: str, turns: Iterable[tuple[Sequence[int], Sequence[int]]],
+                   budget: int) -> ChainHeadroom:
+    """Decode one tenant's turns (prompt ids, output ids), in order, as a chain replay through
+    ``proposer`` (each turn joins the tenant's history when it ends) and return what the steps showed.
+
+    For outputs that were not recorded in a trace: ``reprise bench engine`` asks it what its history
+    could have predicted of the target model's own outputs."""
+    chains = ChainProposer(proposer)
+    headroom = ChainHeadroom(budget)
+    tally = StepTally()
+    for prompt, output in turns:
+        session = chains.begin(tenant, "", np.asarray(prompt, dtype=np.int32))
+        decode_response(session, np.asarray(output, dtype=np.int32), budget, tally, "turns_headroom",
+                        headroom.observe)
+        session.finish(record=True)
+    return headroom

@@ -91,7 +91,7 @@ def _by_position(accepted_on_hits: np.ndarray, budget: int) -> tuple[float, ...]
     return tuple(float(x) for x in at_least[1 : budget + 1] / hits)
 
 
-class _Tally:
+class StepTally:
     """Per-step counters of one replay; turned into a ``ReplayReport`` at the end."""
 
     def __init__(self) -> None:
@@ -193,55 +193,62 @@ def replay_calls(
         raise ValueError(f"budget must be >= 0, got {budget}")
     if hasattr(proposer, "set_vocabulary"):  # canonical matching needs the tokenizer's number tokens
         proposer.set_vocabulary(tokenizer.decode_token, tokenizer.vocab_size)
-    tally = _Tally()
-    drafted, accepted, spec_ns = tally.drafted, tally.accepted, tally.spec_ns
-    clock = time.perf_counter_ns
+    tally = StepTally()
     started = time.perf_counter()
     for call in calls:
         prompt = tokenizer.prompt_ids(call.messages)
         response = tokenizer.response_ids(call.response)
-        target = response.tolist()
-        num_tokens = len(target)
         session = proposer.begin(call.tenant, call.session, prompt, str(call.index))
-        pos = 0
-        while pos < num_tokens:
-            t0 = clock()
-            tree = session.propose(budget)
-            t1 = clock()
-            n = len(tree.token_ids)
-            if n:
-                if n > budget:
-                    raise ValueError(
-                        f"{call.path}:{call.line_no}: drafter {drafter or type(proposer).__name__!r} "
-                        f"proposed {n} nodes with a budget of {budget}"
-                    )
-                parents = tree.parents.tolist()
-                if len(parents) != n:
-                    raise ValueError(f"{call.path}:{call.line_no}: drafter {drafter!r}: draft tree has {n} tokens "
-                                     f"but {len(parents)} parents")
-                try:
-                    nodes = accepted_path(tree.token_ids.tolist(), parents, target, pos)
-                except ValueError as exc:
-                    raise ValueError(f"{call.path}:{call.line_no}: drafter {drafter!r}: {exc}") from None
-            else:
-                nodes = []
-            if on_step is not None:
-                on_step(session, target, pos)
-            a = len(nodes)
-            end = pos + a + 1 if pos + a < num_tokens else num_tokens
-            session.commit(Verified(response[pos:end], np.asarray(nodes, dtype=np.int32), n > 0))
-            drafted.append(n)
-            accepted.append(a)
-            spec_ns.append(t1 - t0)
-            pos = end
+        where = f"{call.path}:{call.line_no}: drafter {drafter or type(proposer).__name__!r}"
+        decode_response(session, response, budget, tally, where, on_step)
         session.finish(record=True)
         tally.calls += 1
-        tally.tokens += num_tokens
+        tally.tokens += len(response)
         tally.prompt_tokens += len(prompt)
         if on_call is not None:
-            on_call(call, num_tokens)
+            on_call(call, len(response))
     wall_s = time.perf_counter() - started
     return tally.report(path, drafter, budget, wall_s, stats if stats is not None else TraceStats())
+
+
+def decode_response(session: Any, response: np.ndarray, budget: int, tally: StepTally, where: str = "",
+                    on_step: Callable[[Any, list[int], int], None] | None = None) -> None:
+    """Decode one recorded response (token ids) through a drafting session: each step the session
+    proposes at most ``budget`` nodes, greedy verification accepts the deepest matching root path and one
+    bonus token, and the session is told what was committed. Each step's counts go to ``tally``;
+    ``on_step(session, response, pos)`` runs after each proposal; ValueError (prefixed with ``where``)
+    for a tree over the budget or with bad parents."""
+    target = response.tolist()
+    num_tokens = len(target)
+    drafted, accepted, spec_ns = tally.drafted, tally.accepted, tally.spec_ns
+    clock = time.perf_counter_ns
+    pos = 0
+    while pos < num_tokens:
+        t0 = clock()
+        tree = session.propose(budget)
+        t1 = clock()
+        n = len(tree.token_ids)
+        if n:
+            if n > budget:
+                raise ValueError(f"{where} proposed {n} nodes with a budget of {budget}")
+            parents = tree.parents.tolist()
+            if len(parents) != n:
+                raise ValueError(f"{where}: draft tree has {n} tokens but {len(parents)} parents")
+            try:
+                nodes = accepted_path(tree.token_ids.tolist(), parents, target, pos)
+            except ValueError as exc:
+                raise ValueError(f"{where}: {exc}") from None
+        else:
+            nodes = []
+        if on_step is not None:
+            on_step(session, target, pos)
+        a = len(nodes)
+        end = pos + a + 1 if pos + a < num_tokens else num_tokens
+        session.commit(Verified(response[pos:end], np.asarray(nodes, dtype=np.int32), n > 0))
+        drafted.append(n)
+        accepted.append(a)
+        spec_ns.append(t1 - t0)
+        pos = end
 
 
 def read_calls(path: str | Path, *, max_calls: int | None = None, skip_bad_lines: bool = False,

@@ -16,8 +16,13 @@ Each vLLM method runs on its own engine (the speculative method is fixed when vL
 first, then every group of calls runs through every method in turn (the order rotating), so the load of
 a shared machine falls on all methods alike. Both history-keeping methods start each pass with an empty
 history and record each call's output as the calls finish, as a service would. Printed per trace and concurrency: tokens/s of each
-method, ``reprise_vs_ngram``, ``reprise_vs_plain``, and ``outputs_identical`` (every method's greedy
-output equals vLLM plain's). The machine's load average is printed with the figures.
+method, ``reprise_vs_ngram``, ``reprise_vs_plain``, ``outputs_identical`` (every method's greedy
+output equals vLLM plain's), and for vLLM with Reprise's proposer what its decoding steps verified
+(``drafting``: tokens each step yielded, draft tokens sent per step, the share accepted; from the
+proposer's step records). Per trace, ``headroom``: vLLM plain's outputs (one at a time) replayed as
+chains through Reprise's proposer, the tokens per step it gets and what better first tokens would get
+(``reprise replay --chain --headroom``'s oracles): how much of the model's own outputs the history
+predicts at all. The machine's load average is printed with the figures.
 """
 
 from __future__ import annotations
@@ -115,6 +120,9 @@ def run(args) -> int:
                 _interleaved_pass(live, trace, prompts, level, report["outputs"])
                 report["traces"] = _summarise(report["outputs"], calls, levels, args.dtype)
                 save()
+            plain_outputs = report["outputs"]["vllm_plain"][trace]["1"]["outputs"]
+            report.setdefault("headroom", {})[trace] = _headroom(prompts, plain_outputs, tokenizer,
+                                                                 args.speculative_tokens)
     finally:
         for runner in runners.values():
             if not isinstance(runner, str):
@@ -148,10 +156,10 @@ def _interleaved_pass(runners: dict[str, Any], trace: str, prompts: list[list[in
             start = time.perf_counter()
             outs[method] += runners[method].run(group)
             seconds[method] += time.perf_counter() - start
-    for method in runners:
+    for method, runner in runners.items():
         tokens = sum(map(len, outs[method]))
         outputs.setdefault(method, {}).setdefault(trace, {})[str(level)] = {
-            "seconds": seconds[method], "tokens": tokens, "outputs": outs[method]}
+            "seconds": seconds[method], "tokens": tokens, "outputs": outs[method], "steps": runner.drain_steps()}
         print(f"bench engine: {method} {trace} x{level}: {tokens / seconds[method]:.1f} tokens/s",
               file=sys.stderr, flush=True)
 
@@ -212,6 +220,11 @@ class _Vllm:
     def reset(self) -> None:
         if self.drafting:
             self.engine.rpc("reprise_evict", TENANT)
+            self.drain_steps()  # the warm-up's
+
+    def drain_steps(self) -> list[tuple[str, int, int, str]]:
+        """The proposer's step records since the last drain (``StepRecord`` wire form; none without it)."""
+        return self.engine.rpc("reprise_drain_steps")[0] if self.drafting else []
 
     def close(self) -> None:
         self.engine.close()
@@ -250,6 +263,9 @@ class _OwnEngine:
         self.engine.run_until_idle()
         return [list(h.wait().token_ids) for h in handles]
 
+    def drain_steps(self) -> list[tuple[str, int, int, str]]:
+        return []  # its steps verify trees: `reprise bench agent` reports them
+
     def close(self) -> None:
         pass
 
@@ -275,6 +291,8 @@ def _summarise(outputs: dict[str, Any], calls: dict[str, Any], levels: tuple[int
                     continue
                 r = res[trace][level]
                 row["tokens_per_s"][method] = round(r["tokens"] / r["seconds"], 2)
+                if r.get("steps"):
+                    row.setdefault("drafting", {})[method] = _drafting(r["steps"])
                 if method == "reprise_engine" and dtype != "float32":
                     row["outputs_identical"][method] = None
                 elif trace in plain:
@@ -295,6 +313,29 @@ def _summarise(outputs: dict[str, Any], calls: dict[str, Any], levels: tuple[int
     return traces
 
 
+def _headroom(prompts: list[list[int]], outputs: list[list[int]], tokenizer: Any, budget: int) -> dict[str, float]:
+    """Tokens per step a chain replay of vLLM plain's outputs gets from Reprise's proposer (history
+    empty at first, each call recorded as it ends, as in the passes), and what better first tokens would
+    get (``replay_traces.headroom``): how much of these outputs the history can predict at all."""
+    from replay_traces.headroom import turns_headroom
+    from retrieval.registry import make_proposer
+
+    proposer: Any = make_proposer("reprise")
+    proposer.set_vocabulary(lambda i: tokenizer.decode([i]), len(tokenizer))
+    taus = turns_headroom(proposer, TENANT, zip(prompts, outputs), budget).taus()
+    return {name: round(tau, 3) for name, tau in taus.items()}
+
+
+def _drafting(steps: list[tuple[str, int, int, str]]) -> dict[str, float]:
+    """What the proposer's decoding steps verified: tokens each step yielded (its accepted draft tokens
+    and the one the target model adds), draft tokens sent per step, and the share of them accepted."""
+    drafted = sum(s[1] for s in steps)
+    accepted = sum(s[2] for s in steps)
+    return {"steps": len(steps), "tokens_per_step": round(1 + accepted / len(steps), 3),
+            "draft_tokens_per_step": round(drafted / len(steps), 2),
+            "acceptance": round(accepted / drafted, 3) if drafted else 0.0}
+
+
 def _first_difference(a: list[int], b: list[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
@@ -311,4 +352,10 @@ def format_report(report: dict[str, Any]) -> str:
             ratios = ", ".join(f"{k} {row[k]}" for k in ("reprise_vs_ngram", "reprise_vs_plain") if k in row)
             same = all(v for v in row["outputs_identical"].values() if v is not None)
             lines.append(f"{trace} x{level}: tokens/s {rates}; {ratios}; outputs_identical {same}")
+            for method, d in row.get("drafting", {}).items():
+                lines.append(f"  {method}: {d['tokens_per_step']} tokens per decoding step, "
+                             f"{d['draft_tokens_per_step']} draft tokens sent per step, {d['acceptance']} accepted")
+    for trace, taus in report.get("headroom", {}).items():
+        lines.append(f"{trace}: chain replay of vllm_plain's outputs, tokens per step: "
+                     + ", ".join(f"{name} {tau}" for name, tau in taus.items()))
     return "\n".join(lines)

@@ -43,3 +43,15 @@ def test_headroom_counts_what_each_first_token_choice_would_accept(tmp_path):
 
 def test_headroom_before_any_step_is_zero():
     assert set(ChainHeadroom(budget=4).taus().values()) == {0.0}
+
+
+def test_turns_headroom_drafts_a_repeated_turn_from_the_history():
+    from replay_traces.headroom import turns_headroom
+    from retrieval.proposer import RepriseProposer
+
+    prompt, output = list(range(100, 140)), list(range(200, 260))
+    once = turns_headroom(RepriseProposer(), "t", [(prompt, output)], budget=8).taus()
+    twice = turns_headroom(RepriseProposer(), "t", [(prompt, output), (prompt, output)], budget=8).taus()
+    assert once["chain"] == 1.0  # nothing to draft from: one token a step
+    # The second turn repeats the first: drafted from the history, 60 tokens in far fewer steps.
+    assert twice["chain"] > 1.5 and twice["chain"] <= twice["best_of_2"] <= twice["any_root"] <= twice["tree"]

@@ -63,6 +63,21 @@ def test_summary_ratios_and_identity() -> None:
     assert eight["differing_calls"] == {"vllm_ngram": {"calls": "1/2", "first_difference_at_token": [2]}}
 
 
+def test_summary_says_what_the_proposers_steps_verified() -> None:
+    plain = [[1, 2, 3, 4]]
+    reprise = _result(1.0, plain)
+    # (tenant, draft tokens sent, accepted, drafter): 3 steps, 6 tokens sent, 3 accepted
+    reprise["steps"] = [("bench", 4, 3, "reprise"), ("bench", 0, 0, ""), ("bench", 2, 0, "reprise")]
+    outputs = {"vllm_plain": {"t": {"1": _result(2.0, plain)}}, "vllm_reprise": {"t": {"1": reprise}}}
+    row = bench._summarise(outputs, {"t": []}, (1,), "bfloat16")["t"]["1"]
+    assert row["drafting"] == {"vllm_reprise": {"steps": 3, "tokens_per_step": 2.0, "draft_tokens_per_step": 2.0,
+                                                "acceptance": 0.5}}
+    report = {"eager": False, "model": "m", "dtype": "bfloat16", "vllm": "0.32.0", "max_new_tokens": 4,
+              "speculative_tokens": 32, "load_before": 0.0, "load_after": 0.0, "traces": {"t": {"1": row}}}
+    assert "vllm_reprise: 2.0 tokens per decoding step, 2.0 draft tokens sent per step, 0.5 accepted" in (
+        bench.format_report(report))
+
+
 def test_own_engine_is_compared_only_in_float32() -> None:
     plain = [[1, 2]]
     outputs = {"vllm_plain": {"t": {"1": _result(1.0, plain)}}, "reprise_engine": {"t": {"1": _result(1.0, plain)}}}
@@ -79,3 +94,17 @@ def test_report_text_names_every_figure() -> None:
     text = bench.format_report(report)
     assert "vLLM 0.32.0, eager" in text and "32 speculative tokens" in text and "load average 1.00 -> 2.00" in text
     assert "vllm_reprise 4.0" in text and "reprise_vs_plain" in text
+
+
+def test_headroom_replays_plain_outputs_through_the_proposer() -> None:
+    class Chars:  # the bench passes a transformers tokenizer: decode([id]) and len()
+        def decode(self, ids):
+            return chr(ids[0])
+
+        def __len__(self):
+            return 256
+
+    prompt, output = [ord(c) for c in "book a flight"], [ord(c) for c in "I can help you book a flight today."]
+    taus = bench._headroom([prompt, prompt], [output, output], Chars(), budget=8)
+    assert list(taus) == ["chain", "best_of_2", "best_of_4", "any_root", "tree"]
+    assert 1.5 < taus["chain"] <= taus["any_root"] <= taus["tree"]  # the second call repeats the first
