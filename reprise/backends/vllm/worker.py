@@ -29,6 +29,15 @@ def _tokens(raw: bytes) -> np.ndarray:
     return np.frombuffer(raw, dtype=np.int32).copy()
 
 
+def _chain_wide(config: Any, num_speculative_tokens: int, chain_factor: int) -> Any:
+    """``config`` (a ``DraftingConfig``) with room for the tree a chain is taken from: vLLM verifies
+    chains of up to ``num_speculative_tokens``, each the best path of a tree ``chain_factor`` times as
+    wide (``retrieval.chain``), and the draft budget cuts them to what they pay for. A tenant's
+    ``max_draft_tokens``, tuned for the own engine's tree steps, may widen that tree, never narrow it."""
+    return dataclasses.replace(config, max_draft_tokens=max(config.max_draft_tokens,
+                                                            num_speculative_tokens * chain_factor))
+
+
 class RepriseWorkerExtension:
     """Mixed into vLLM's worker class; ``self.model_runner`` is vLLM's model runner."""
 
@@ -39,9 +48,10 @@ class RepriseWorkerExtension:
 
         drafter = getattr(self.model_runner, "drafter", None)
         if not isinstance(drafter, RepriseVllmProposer):
-            raise RuntimeError(  # noqa: TRY004 - a misconfigured engine, not a bad argument"vLLM's speculative proposer is not Reprise's: start the engine with "
-                               "speculative_config method 'custom_class' and model "
-                               "'reprise.backends.vllm.proposer.RepriseVllmProposer'")
+            raise RuntimeError(  # noqa: TRY004 - a misconfigured engine, not a bad argument
+                "vLLM's speculative proposer is not Reprise's: start the engine with "
+                "speculative_config method 'custom_class' and model "
+                "'reprise.backends.vllm.proposer.RepriseVllmProposer'")
         return drafter
 
     def reprise_attach(self, drafting: dict[str, Any], vocabulary: list[str] | None, chain_factor: int,
@@ -52,9 +62,8 @@ class RepriseWorkerExtension:
         from retrieval.proposer import RepriseProposer
 
         proposer = self._reprise_proposer()
-        config = DraftingConfig.from_dict(drafting)
-        tenants = RepriseProposer(dataclasses.replace(
-            config, max_draft_tokens=max(config.max_draft_tokens, proposer.num_speculative_tokens * chain_factor)))
+        tenants = RepriseProposer(_chain_wide(DraftingConfig.from_dict(drafting), proposer.num_speculative_tokens,
+                                              chain_factor))
         if vocabulary is not None:
             words = list(vocabulary)
             tenants.set_vocabulary(lambda i: words[i] if 0 <= i < len(words) else "", len(words))
@@ -94,8 +103,12 @@ class RepriseWorkerExtension:
     def reprise_set_tenant_config(self, tenant: str, drafting: dict[str, Any] | None) -> None:
         from retrieval.config import DraftingConfig
 
-        config = DraftingConfig.from_dict(drafting) if drafting is not None else None
-        self._reprise_proposer().tenants.set_tenant_config(tenant, config)
+        proposer = self._reprise_proposer()
+        config = None
+        if drafting is not None:
+            config = _chain_wide(DraftingConfig.from_dict(drafting), proposer.num_speculative_tokens,
+                                 proposer.chain_factor)
+        proposer.tenants.set_tenant_config(tenant, config)
 
     def reprise_index_stats(self, tenant: str) -> dict[str, int]:
         return {k: int(v) for k, v in dataclasses.asdict(self._reprise_proposer().tenants.index_stats(tenant)).items()}

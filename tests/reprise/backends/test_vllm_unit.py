@@ -87,3 +87,37 @@ def test_the_engine_flag_is_short(capsys):
     args = parser.parse_args(["--engine", "vllm", "--model-tensor-parallel-size", "2"])
     config = config_from_args(args, env={})
     assert config.model.engine == "vllm" and config.model.tensor_parallel_size == 2
+
+
+def test_a_worker_without_reprises_proposer_says_how_to_start_the_engine():
+    from types import SimpleNamespace
+
+    from reprise.backends.vllm.worker import RepriseWorkerExtension
+
+    worker = RepriseWorkerExtension()
+    worker.model_runner = SimpleNamespace(drafter=None)  # an engine started with another speculative method
+    with pytest.raises(RuntimeError, match=r"^vLLM's speculative proposer is not Reprise's: start the engine with "
+                                           r"speculative_config method 'custom_class' and model 'reprise\."):
+        worker.reprise_health()
+
+
+def test_a_tenants_tuned_budget_does_not_narrow_the_tree_its_chains_come_from():
+    from types import SimpleNamespace
+
+    from reprise.backends.vllm.proposer import RepriseVllmProposer
+    from reprise.backends.vllm.worker import RepriseWorkerExtension
+    from retrieval.config import DraftingConfig
+
+    proposer = RepriseVllmProposer(SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=32)))
+    worker = RepriseWorkerExtension()
+    worker.model_runner = SimpleNamespace(drafter=proposer)
+    try:
+        assert worker.reprise_attach(DraftingConfig().to_dict(), None, 2, 1.0, True) == 32
+        assert proposer.tenants.config.max_draft_tokens == 64  # chains of 32 from trees of 64
+        worker.reprise_set_tenant_config("tuned", DraftingConfig(max_draft_tokens=8, levels=3).to_dict())
+        tuned = proposer.tenants.tenant_config("tuned")
+        assert (tuned.max_draft_tokens, tuned.levels) == (64, 3)  # its other settings kept
+        worker.reprise_set_tenant_config("tuned", None)
+        assert proposer.tenants.tenant_config("tuned") is None
+    finally:
+        proposer.close()
