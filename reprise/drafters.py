@@ -7,7 +7,10 @@ made: listing names (``--help``, config validation) stays fast.
 
 from __future__ import annotations
 
+import dataclasses
+
 from retrieval import registry
+from retrieval.chain import DEFAULT_TREE_FACTOR, ChainProposer
 from retrieval.config import DraftingConfig
 from retrieval.registry import DEFAULT_DRAFTER
 from retrieval.session import Proposer
@@ -46,3 +49,12 @@ def make_proposer(name: str, config: DraftingConfig | None = None) -> Proposer:
     if name not in registry.proposer_names():
         raise ValueError(f"unknown drafter {name!r}; known: {', '.join(proposer_names())}")
     return registry.make_proposer(name, config)
+
+
+def make_chain_proposer(name: str, config: DraftingConfig | None = None) -> ChainProposer:
+    """``make_proposer(name, config)`` sending one path per step, as a chain verifier (vLLM) is sent:
+    the best path, within ``config.max_draft_tokens``, of a tree ``DEFAULT_TREE_FACTOR`` times as wide
+    (``retrieval.chain``)."""
+    config = config if config is not None else DraftingConfig()
+    wide = dataclasses.replace(config, max_draft_tokens=min(config.max_draft_tokens * DEFAULT_TREE_FACTOR, 1024))
+    return ChainProposer(make_proposer(name, wide))

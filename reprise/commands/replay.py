@@ -35,7 +35,6 @@ from replay_traces.replay import read_calls, replay_calls
 from replay_traces.tokenizer import CanonicalTokenizer
 from replay_traces.traces import Call, TraceStats
 from reprise.arguments import CliError, positive_int
-from retrieval.chain import DEFAULT_TREE_FACTOR, ChainProposer
 from retrieval.config import DraftingConfig
 from retrieval.session import Proposer
 
@@ -137,7 +136,7 @@ def replay_one(path: Path, drafter: str, *, tokenizer, budget: int, max_calls: i
     """Replay one file with the named proposer (or the oracle), as trees or with ``chain`` as single
     paths (``retrieval.chain.ChainProposer``), ``headroom`` observing each chain step; trace errors
     become CliError."""
-    from reprise.drafters import make_proposer
+    from reprise.drafters import make_chain_proposer, make_proposer
 
     stats = TraceStats()
     calls: Iterable[Call]
@@ -150,9 +149,7 @@ def replay_one(path: Path, drafter: str, *, tokenizer, budget: int, max_calls: i
             calls = listed
         else:
             calls = read_calls(path, max_calls=max_calls, skip_bad_lines=skip_bad_lines, stats=stats)
-            proposer = make_proposer(drafter, config)
-            if chain:
-                proposer = ChainProposer(proposer)
+            proposer = (make_chain_proposer if chain else make_proposer)(drafter, config)
         progress.start(path.name, max_calls)
         return replay_calls(calls, proposer, tokenizer, budget=budget, drafter=drafter, path=str(path),
                             stats=stats, on_call=progress.on_call,
@@ -225,9 +222,7 @@ def run(args: argparse.Namespace) -> int:
     if args.headroom and drafter == ORACLE:
         raise CliError("--headroom needs a drafter's trees; the oracle proposes one copy, not a tree")
     tokenizer = make_tokenizer(args.tokenizer)
-    # A chain is the best path of a tree of DEFAULT_TREE_FACTOR x budget nodes: the drafter's cap allows it.
-    factor = DEFAULT_TREE_FACTOR if args.chain else 1
-    config = DraftingConfig(max_draft_tokens=min(args.budget * factor, 1024))
+    config = DraftingConfig(max_draft_tokens=args.budget)
     progress = Progress(enabled=not args.json)
     reports = []
     headrooms: list[ChainHeadroom] = []

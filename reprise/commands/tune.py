@@ -5,6 +5,9 @@ Every setting of the grid (DraftingConfig fields; see --grid) replays the traces
 
   cost(step) = a + b * draft_tokens        estimated speedup = tau * a / (a + b * draft_tokens_per_step)
 
+With --chain each step sends one path (what a chain verifier such as vLLM's is sent; see `reprise
+replay --chain`), for tenants served with `--engine vllm`; pass that engine's --a/--b.
+
 The table is printed; the best setting is written to the tenant's configuration
 (<data dir>/tenants/<tenant>/drafting.json, atomically; data dir = --data-dir, else $REPRISE_HOME, else
 ~/.reprise) unless --no-save; tune.json, tune.png and a self-contained tune.html go to --out. A running
@@ -81,6 +84,8 @@ def add_parser(sub) -> None:
     parser.add_argument("--data-dir", type=Path, default=None, metavar="DIR",
                         help="data directory (default: $REPRISE_HOME, else ~/.reprise)")
     parser.add_argument("--no-save", action="store_true", help="do not write the tenant's configuration")
+    parser.add_argument("--chain", action="store_true",
+                        help="rank settings by one path per step, as a chain verifier (vLLM) is sent, not trees")
     parser.add_argument("--jobs", type=positive_int, default=1, metavar="N",
                         help="replay N settings at once in worker processes (default: 1); each worker holds "
                         "its own indexes, so memory grows with N")
@@ -106,7 +111,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from reprise.drafters import DEFAULT_DRAFTER, make_proposer, proposer_names
+    from reprise.drafters import DEFAULT_DRAFTER, make_chain_proposer, make_proposer, proposer_names
 
     try:
         validate_tenant_name(args.tenant)
@@ -125,6 +130,8 @@ def run(args: argparse.Namespace) -> int:
         settings = grid_settings(grid)
     except ValueError as exc:
         raise CliError(str(exc)) from None
+    if args.chain and args.hybrid:
+        raise CliError("--hybrid tunes the own engine's neural fallback; chains (vLLM) are drafted without it")
     data_dir = data_dir_path(args.data_dir)
     hybrid = _hybrid_setup(args) if args.hybrid else None  # fail fast, before the long sweep
     tokenizer = make_tokenizer(args.tokenizer)
@@ -132,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
     details = {
         "tenant": args.tenant, "drafter": drafter, "traces": [str(p) for p in paths],
         "max_calls_per_file": args.max_calls, "trace_tenant": args.trace_tenant, "a": args.a, "b": args.b,
-        "grid": {k: list(v) for k, v in grid.items()}, "tokenizer": args.tokenizer,
+        "grid": {k: list(v) for k, v in grid.items()}, "tokenizer": args.tokenizer, "chain": args.chain,
     }
 
     progress = Progress(enabled=not args.json)
@@ -153,7 +160,8 @@ def run(args: argparse.Namespace) -> int:
     if jobs > 1:  # workers report whole settings, not calls
         progress.start(f"settings ({jobs} workers)", len(settings), unit="setting")
     try:
-        results = sweep(paths, settings, functools.partial(make_proposer, drafter), tokenizer, a=args.a, b=args.b,
+        factory = make_chain_proposer if args.chain else make_proposer
+        results = sweep(paths, settings, functools.partial(factory, drafter), tokenizer, a=args.a, b=args.b,
                         max_calls=args.max_calls, skip_bad_lines=args.skip_bad_lines,
                         trace_tenant=args.trace_tenant, drafter=drafter, jobs=jobs, on_setting=on_setting,
                         on_call=progress.on_call, on_result=on_result)
@@ -187,7 +195,7 @@ def run(args: argparse.Namespace) -> int:
     saved = None
     if not args.no_save:
         meta = {"written_by": "reprise tune", "at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-                **{k: details[k] for k in ("drafter", "traces", "a", "b")},
+                **{k: details[k] for k in ("drafter", "traces", "a", "b", "chain")},
                 "tau": best.pooled.tau, "estimated_speedup": best.estimated_speedup}
         try:
             saved = save_drafting_config(args.tenant, chosen, data_dir, meta=meta)

@@ -132,6 +132,32 @@ def test_tune_writes_config_and_report(tmp_path, trace, capsys):
         assert s["estimated_speedup"] == pytest.approx(expected)
 
 
+def test_tune_chain_ranks_settings_by_one_path_per_step(tmp_path, trace, capsys, monkeypatch):
+    import replay_traces.replay as replay_module
+
+    shapes: list[bool] = []
+    real = replay_module.accepted_path
+
+    def spy(token_ids, parents, target, pos):
+        shapes.append(list(parents) == list(range(-1, len(parents) - 1)))
+        return real(token_ids, parents, target, pos)
+
+    monkeypatch.setattr(replay_module, "accepted_path", spy)
+    data_dir, out = tmp_path / "data", tmp_path / "report"
+    argv = ["tune", str(trace), "--tenant", "acme", "--data-dir", str(data_dir), "--out", str(out), "--chain",
+            "--grid", "max_draft_tokens=4,8", "--json"]
+    assert main(argv) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["chain"] is True
+    assert shapes and all(shapes), "a step was sent a tree"
+    for s in result["settings"]:
+        assert s["tau"] > 1.0 and s["draft_tokens_per_step"] <= s["config"]["max_draft_tokens"]
+    saved = json.loads((data_dir / "tenants" / "acme" / "drafting.json").read_text())
+    assert saved["meta"]["chain"] is True
+    assert main(["tune", str(trace), "--tenant", "acme", "--chain", "--hybrid", "--no-save"]) != 0
+    assert "--hybrid tunes the own engine's neural fallback" in capsys.readouterr().err
+
+
 def test_tune_json_and_no_save(tmp_path, trace, capsys):
     data_dir = tmp_path / "data"
     argv = ["tune", str(trace), "--tenant", "acme", "--drafter", "prompt_lookup", "--data-dir", str(data_dir),
