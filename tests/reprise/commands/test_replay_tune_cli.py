@@ -69,6 +69,22 @@ def test_default_drafter_comes_from_the_registry(trace, capsys):
     assert json.loads(capsys.readouterr().out)["drafter"] == expected
 
 
+@pytest.fixture
+def chain_shapes(monkeypatch) -> list[bool]:
+    """Whether each verified draft was a chain, for every step replayed while the test runs."""
+    import replay_traces.replay as replay_module
+
+    shapes: list[bool] = []
+    real = replay_module.accepted_path
+
+    def spy(token_ids, parents, target, pos):
+        shapes.append(list(parents) == list(range(-1, len(parents) - 1)))
+        return real(token_ids, parents, target, pos)
+
+    monkeypatch.setattr(replay_module, "accepted_path", spy)
+    return shapes
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -132,24 +148,14 @@ def test_tune_writes_config_and_report(tmp_path, trace, capsys):
         assert s["estimated_speedup"] == pytest.approx(expected)
 
 
-def test_tune_chain_ranks_settings_by_one_path_per_step(tmp_path, trace, capsys, monkeypatch):
-    import replay_traces.replay as replay_module
-
-    shapes: list[bool] = []
-    real = replay_module.accepted_path
-
-    def spy(token_ids, parents, target, pos):
-        shapes.append(list(parents) == list(range(-1, len(parents) - 1)))
-        return real(token_ids, parents, target, pos)
-
-    monkeypatch.setattr(replay_module, "accepted_path", spy)
+def test_tune_chain_ranks_settings_by_one_path_per_step(tmp_path, trace, capsys, chain_shapes):
     data_dir, out = tmp_path / "data", tmp_path / "report"
     argv = ["tune", str(trace), "--tenant", "acme", "--data-dir", str(data_dir), "--out", str(out), "--chain",
             "--grid", "max_draft_tokens=4,8", "--json"]
     assert main(argv) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["chain"] is True
-    assert shapes and all(shapes), "a step was sent a tree"
+    assert chain_shapes and all(chain_shapes), "a step was sent a tree"
     for s in result["settings"]:
         assert s["tau"] > 1.0 and s["draft_tokens_per_step"] <= s["config"]["max_draft_tokens"]
     saved = json.loads((data_dir / "tenants" / "acme" / "drafting.json").read_text())
@@ -221,22 +227,12 @@ def test_progress_bar_only_on_a_terminal(trace, capsys, monkeypatch):
     assert capsys.readouterr().err == ""
 
 
-def test_replay_chain_sends_one_path_per_step(trace, capsys, monkeypatch):
-    import replay_traces.replay as replay_module
-
-    shapes: list[bool] = []
-    real = replay_module.accepted_path
-
-    def spy(token_ids, parents, target, pos):
-        shapes.append(list(parents) == list(range(-1, len(parents) - 1)))
-        return real(token_ids, parents, target, pos)
-
-    monkeypatch.setattr(replay_module, "accepted_path", spy)
+def test_replay_chain_sends_one_path_per_step(trace, capsys, chain_shapes):
     assert main(["replay", str(trace), "--json", "--chain", "--budget", "8"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["chain"] is True
     (report,) = data["files"]
-    assert shapes and all(shapes), "a step was sent a tree"
+    assert chain_shapes and all(chain_shapes), "a step was sent a tree"
     assert report["tau"] > 1.5 and report["draft_tokens_per_step"] <= 8
     main(["replay", str(trace), "--json", "--budget", "8"])
     assert json.loads(capsys.readouterr().out)["chain"] is False
