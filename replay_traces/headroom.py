@@ -67,15 +67,14 @@ class ChainHeadroom:
         return {name: self.tokens[name] / self.steps for name in FIGURES}
 
 
-
-def turns_headroom(proposer: Any, tenant: str, turns: Iterable[tuple[Sequence[int], Sequence[int]]],
+def turns_headroom(chains: ChainProposer, tenant: str, turns: Iterable[tuple[Sequence[int], Sequence[int]]],
                    budget: int) -> ChainHeadroom:
     """Decode one tenant's turns (prompt ids, output ids), in order, as a chain replay through
-    ``proposer`` (each turn joins the tenant's history when it ends) and return what the steps showed.
+    ``chains`` (chains of at most ``budget`` tokens; each turn joins the tenant's history when it ends)
+    and return what the steps showed.
 
     For outputs that were not recorded in a trace: ``reprise bench engine`` asks it what its history
     could have predicted of the target model's own outputs."""
-    chains = ChainProposer(proposer)
     headroom = ChainHeadroom(budget)
     tally = StepTally()
     for prompt, output in turns:

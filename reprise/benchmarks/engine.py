@@ -318,11 +318,12 @@ def _headroom(prompts: list[list[int]], outputs: list[list[int]], tokenizer: Any
     empty at first, each call recorded as it ends, as in the passes), and what better first tokens would
     get (``replay_traces.headroom``): how much of these outputs the history can predict at all."""
     from replay_traces.headroom import turns_headroom
-    from retrieval.registry import make_proposer
+    from reprise.drafters import make_chain_proposer
+    from retrieval.config import DraftingConfig
 
-    proposer: Any = make_proposer("reprise")
-    proposer.set_vocabulary(lambda i: tokenizer.decode([i]), len(tokenizer))
-    taus = turns_headroom(proposer, TENANT, zip(prompts, outputs), budget).taus()
+    chains = make_chain_proposer("reprise", DraftingConfig(max_draft_tokens=budget))  # trees as the worker's
+    chains.set_vocabulary(lambda i: tokenizer.decode([i]), len(tokenizer))
+    taus = turns_headroom(chains, TENANT, zip(prompts, outputs), budget).taus()
     return {name: round(tau, 3) for name, tau in taus.items()}
 
 

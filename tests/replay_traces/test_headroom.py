@@ -47,11 +47,15 @@ def test_headroom_before_any_step_is_zero():
 
 def test_turns_headroom_drafts_a_repeated_turn_from_the_history():
     from replay_traces.headroom import turns_headroom
+    from retrieval.config import DraftingConfig
     from retrieval.proposer import RepriseProposer
 
+    def chains():  # chains of 8 from trees of 16
+        return ChainProposer(RepriseProposer(DraftingConfig(max_draft_tokens=16)))
+
     prompt, output = list(range(100, 140)), list(range(200, 260))
-    once = turns_headroom(RepriseProposer(), "t", [(prompt, output)], budget=8).taus()
-    twice = turns_headroom(RepriseProposer(), "t", [(prompt, output), (prompt, output)], budget=8).taus()
+    once = turns_headroom(chains(), "t", [(prompt, output)], budget=8).taus()
+    twice = turns_headroom(chains(), "t", [(prompt, output), (prompt, output)], budget=8).taus()
     assert once["chain"] == 1.0  # nothing to draft from: one token a step
     # The second turn repeats the first: drafted from the history, 60 tokens in far fewer steps.
     assert twice["chain"] > 1.5 and twice["chain"] <= twice["best_of_2"] <= twice["any_root"] <= twice["tree"]
