@@ -103,10 +103,9 @@ def _load(args):
     from verifier.models import load_default_model, load_model
 
     try:
-        dtype = args.dtype
         if args.model:
-            return load_model(args.model, num_threads=args.threads, dtype=dtype)
-        return load_default_model(num_threads=args.threads, dtype=dtype)
+            return load_model(args.model, num_threads=args.threads, dtype=args.dtype)
+        return load_default_model(num_threads=args.threads, dtype=args.dtype)
     except (FileNotFoundError, ValueError) as exc:
         raise CliError(str(exc)) from exc
 
