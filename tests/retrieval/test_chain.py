@@ -6,7 +6,7 @@ import itertools
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from retrieval.chain import ChainProposer, best_path, best_path_per_root
@@ -115,6 +115,7 @@ def test_chain_proposer_rejects_a_bad_factor():
 
 @settings(max_examples=200, deadline=None)
 @given(trees(), st.integers(1, 6))
+@example(([-1, -1, 1], [0.9999999999999999, 0.5, 1.0]), 2)  # two roots' values equal but for rounding
 def test_best_path_per_root_gives_each_roots_best_path_best_first(tree, max_len):
     parents, probs = tree
     t = _tree(parents, probs)
@@ -135,7 +136,8 @@ def test_best_path_per_root_gives_each_roots_best_path_best_first(tree, max_len)
             if nodes[-1] == int(path[0]) and len(nodes) <= max_len:
                 assert float(np.cumprod([probs[i] for i in nodes[::-1]]).sum()) <= value + 1e-6
         values.append(value)
-    assert values == sorted(values, reverse=True)
+    # best first, to float rounding: the test sums each path's probabilities in another order
+    assert all(a >= b - 1e-9 for a, b in itertools.pairwise(values))
     assert best_path(t, max_len).token_ids.tolist() == t.token_ids[paths[0]].tolist()  # the chain sent
 
 
