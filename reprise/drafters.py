@@ -11,7 +11,7 @@ import dataclasses
 
 from retrieval import registry
 from retrieval.chain import DEFAULT_TREE_FACTOR, ChainProposer
-from retrieval.config import DraftingConfig
+from retrieval.config import MAX_DRAFT_TOKENS, DraftingConfig
 from retrieval.registry import DEFAULT_DRAFTER
 from retrieval.session import Proposer
 
@@ -56,5 +56,6 @@ def make_chain_proposer(name: str, config: DraftingConfig | None = None) -> Chai
     the best path, within ``config.max_draft_tokens``, of a tree ``DEFAULT_TREE_FACTOR`` times as wide
     (``retrieval.chain``)."""
     config = config if config is not None else DraftingConfig()
-    wide = dataclasses.replace(config, max_draft_tokens=min(config.max_draft_tokens * DEFAULT_TREE_FACTOR, 1024))
+    wide = dataclasses.replace(config, max_draft_tokens=min(config.max_draft_tokens * DEFAULT_TREE_FACTOR,
+                                                                 MAX_DRAFT_TOKENS))
     return ChainProposer(make_proposer(name, wide))

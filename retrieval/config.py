@@ -6,6 +6,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+MAX_DRAFT_TOKENS = 1024  # the most nodes one step's draft may have (max_draft_tokens, a replay's budget)
+
 
 @dataclass(frozen=True, slots=True)
 class DraftingConfig:
@@ -72,7 +74,7 @@ class DraftingConfig:
     hybrid_threshold: float = 2.0
 
     def __post_init__(self) -> None:
-        _check_range("max_draft_tokens", self.max_draft_tokens, 1, 1024)
+        _check_range("max_draft_tokens", self.max_draft_tokens, 1, MAX_DRAFT_TOKENS)
         _check_range("max_depth", self.max_depth, 2, 4096)
         if not 0.0 <= self.min_path_prob < 1.0:
             raise ValueError(f"min_path_prob must be in [0, 1), got {self.min_path_prob}")

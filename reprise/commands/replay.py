@@ -35,7 +35,7 @@ from replay_traces.replay import read_calls, replay_calls
 from replay_traces.tokenizer import CanonicalTokenizer
 from replay_traces.traces import Call, TraceStats
 from reprise.arguments import CliError, positive_int
-from retrieval.config import DraftingConfig
+from retrieval.config import MAX_DRAFT_TOKENS, DraftingConfig
 from retrieval.session import Proposer
 
 ORACLE = "oracle"
@@ -44,8 +44,8 @@ _SHOWN_POSITIONS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 
 def _budget(text: str) -> int:
     value = positive_int(text)
-    if value > 1024:
-        raise argparse.ArgumentTypeError(f"budget must be at most 1024, got {value}")
+    if value > MAX_DRAFT_TOKENS:
+        raise argparse.ArgumentTypeError(f"budget must be at most {MAX_DRAFT_TOKENS}, got {value}")
     return value
 
 
