@@ -132,14 +132,14 @@ class EngineBackend:
             out.insert(0, {"role": "system", "content": system})
         return out, None
 
-    def _grammar(self, params: GenerateParams) -> Any:
+    def _grammar(self, params: GenerateParams, tenant: str) -> Any:
         if params.constraint is None:
             return None
         with self._grammar_lock:  # built once, on the first constrained request (xgrammar loads lazily)
             if self._grammars is None:
                 self._grammars = GrammarCompiler(self.tokenizer, self.engine.runner.vocab_size,
                                                  self.engine.eos_token_ids)
-        return self._grammars.compile(params.constraint)
+        return self._grammars.compile(params.constraint, tenant=tenant, max_tokens=params.max_new_tokens)
 
     def generate(self, tenant: str, session_id: str, request_id: str, prompt_ids: Sequence[int],
                  params: GenerateParams, on_tokens: TokenCallback, cancel: threading.Event) -> Generation:
@@ -156,7 +156,7 @@ class EngineBackend:
                                     ignore_eos=params.ignore_eos,
                                     include_stop_string=params.include_stop_str_in_output),
             tenant=tenant, session_id=session_id, request_id=request_id, record_history=params.record,
-            speculate=params.speculate, grammar=self._grammar(params),
+            speculate=params.speculate, grammar=self._grammar(params, tenant),
         )
         handle = self.engine.submit(request, on_stream=lambda ids, text: on_tokens(ids, text), cancel=cancel)
         while not handle.done.wait(0.5):  # wake up now and then: the engine thread may have died

@@ -17,7 +17,9 @@
 
 The accepted count is the runner's, cut only by stop conditions; everyone downstream (sessions, the
 budget's tracker, usage, metering) reads that one value. A drafter that fails yields an empty draft
-(the step still commits one token); a failing verifier fails the step's requests with ``error``.
+(the step still commits one token). Any other failure that belongs to one request (its grammar, stop
+checks, stream callback, its part of verification) ends that request alone with ``error``; the step
+goes on for the others, and nothing a request carries can stop the engine thread.
 ``submit`` and ``cancel`` are thread-safe; ``step`` runs on one thread (the engine's owner).
 """
 
@@ -37,7 +39,7 @@ import numpy as np
 from grpc_api.backend import FinishReason
 from reprise.engine.draft_budget import AcceptanceTracker, DraftBudget
 from reprise.engine.drafting import GuardedSession
-from reprise.engine.grammar import GrammarState
+from reprise.engine.grammar import GrammarError, GrammarState
 from reprise.engine.request import GenerationRequest, GenerationResult, StoppingParams, Usage
 from reprise.engine.step_cost import StepCostFit
 from reprise.engine.stopping import StopChecker
@@ -159,6 +161,17 @@ class _Draft:
 _NO_DRAFT = _Draft(DraftTree.empty(), _NO_NODES)
 
 
+@dataclass(slots=True)
+class _NotStored:
+    """The ticket of a turn the history sink failed to take: waiting on it says it was not stored."""
+
+    error: str
+    ok: bool = False
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return True
+
+
 class Engine:
     """Steps every active request together: one packed verification pass per step."""
 
@@ -224,14 +237,18 @@ class Engine:
 
     # ---- one step (engine thread) -----------------------------------------------------------------
     def step(self) -> int:
-        """Admit, propose, verify, postprocess. Returns how many requests were stepped."""
+        """Admit, propose, verify, postprocess. Returns how many requests were stepped.
+
+        A failure that belongs to one request (its grammar, drafting, stop checks, stream callback, its
+        part of verification) ends that request alone with ``error``, caught at the request's edge in
+        each stage; the step goes on for the others."""
         batch = self._admit()
         if not batch:
             return 0
-        drafts = self._propose(batch)
-        results = self._verify(batch, drafts)
-        if results is not None:
-            self._postprocess(batch, drafts, results)
+        items, drafts = self._propose(batch)
+        items, drafts, results = self._verify(items, drafts)
+        if items:
+            self._postprocess(items, drafts, results)
         return len(batch)
 
     def _admit(self) -> list[_Active]:
@@ -246,9 +263,11 @@ class Engine:
                 continue
             try:
                 self._active.append(self._start(handle, on_stream))
-            except (ValueError, RuntimeError) as exc:
+            except Exception as exc:  # this request cannot start; the others go on
+                if not isinstance(exc, ValueError):
+                    log.exception("request %s failed to start", handle.request_id)
                 handle.error = exc
-                handle.done.set()
+                self._resolve(handle, _result(handle.request, [], "", "error", None, 0, 0, 0))
         for item in [a for a in self._active if a.handle.cancelled.is_set()]:
             self._finish(item, "aborted", None)
         return list(self._active)
@@ -256,35 +275,54 @@ class Engine:
     def _start(self, handle: RequestHandle, on_stream: StreamCallback | None) -> _Active:
         request = handle.request
         stop_ids = tuple(request.stopping.stop_token_ids) + (() if request.stopping.ignore_eos else self.eos_token_ids)
-        slot = self.runner.start(request.prompt_ids, request.sampling, min_new_tokens=request.stopping.min_new_tokens,
+        stopping, grammar = request.stopping, None
+        if request.grammar is not None:
+            # The grammar's masks hold the stop tokens back until min_new_tokens, where the grammar allows
+            # another token (GrammarState); the runner and the stop checker then need no minimum of their own.
+            grammar = GrammarState(request.grammar, self.runner.vocab_size, self.tokenizer,
+                                   min_new_tokens=stopping.min_new_tokens, suppress_ids=stop_ids)
+            stopping = replace(stopping, min_new_tokens=0)
+        slot = self.runner.start(request.prompt_ids, request.sampling, min_new_tokens=stopping.min_new_tokens,
                                  suppress_ids=stop_ids, cache_scope=request.tenant)  # fmt: skip
-        session = GuardedSession(self.proposer, request, handle.request_id)
-        prompt_hidden = self.runner.take_prompt_hidden(slot)
-        if prompt_hidden is not None:
-            session.observe_hidden(prompt_hidden)
-        stop = StopChecker(request.stopping, self.tokenizer, self.eos_token_ids,
-                           self.runner.max_len - len(request.prompt_ids))
-        grammar = None if request.grammar is None else GrammarState(request.grammar, self.runner.vocab_size,
-                                                                     self.tokenizer)
-        return _Active(handle, slot, session, stop, on_stream, grammar, cached=self.runner.num_reused(slot))
+        try:
+            session = GuardedSession(self.proposer, request, handle.request_id)
+            prompt_hidden = self.runner.take_prompt_hidden(slot)
+            if prompt_hidden is not None:
+                session.observe_hidden(prompt_hidden)
+            stop = StopChecker(stopping, self.tokenizer, self.eos_token_ids,
+                               self.runner.max_len - len(request.prompt_ids))
+            return _Active(handle, slot, session, stop, on_stream, grammar, cached=self.runner.num_reused(slot))
+        except BaseException:
+            self.runner.release(slot, keep_cache=False)
+            raise
 
-    def _propose(self, batch: list[_Active]) -> list[_Draft]:
-        """Each request's draft, cut by the budget to what is worth verifying in a batch this size."""
-        budget, drafts = self.config.budget, []
+    def _propose(self, batch: list[_Active]) -> tuple[list[_Active], list[_Draft]]:
+        """Each request's draft, cut by the budget to what is worth verifying in a batch this size; the
+        requests that still go on (one whose drafting or grammar failed has ended) and their drafts."""
+        items, drafts = [], []
         for item in batch:
-            room = min(budget.max_draft_tokens, self.runner.max_draft_nodes, self.runner.remaining(item.slot) - 1,
-                       item.stop.max_tokens - len(item.stop.token_ids) - 1)  # drafts past the last token are waste
-            if room <= 0 or not item.handle.request.speculate:
-                drafts.append(_NO_DRAFT if item.grammar is None else self._constrain(item, _NO_DRAFT, 0))
+            try:
+                draft = self._draft(item, len(batch))
+            except Exception as exc:  # noqa: BLE001 - this request's failure ends this request only
+                self._fail(item, "drafting its step", exc)
                 continue
-            t0 = time.perf_counter()
-            tree = item.session.propose(room)  # a failing drafter gives an empty draft (GuardedSession)
-            seconds = time.perf_counter() - t0
-            keep = budget.select(tree, room, item.tracker.scale, len(batch))
-            verified = tree if len(keep) == len(tree) else subtree(tree, keep)
-            draft = _Draft(verified, keep, tree.match_len, seconds)
-            drafts.append(draft if item.grammar is None else self._constrain(item, draft, room))
-        return drafts
+            items.append(item)
+            drafts.append(draft)
+        return items, drafts
+
+    def _draft(self, item: _Active, batch_size: int) -> _Draft:
+        budget = self.config.budget
+        room = min(budget.max_draft_tokens, self.runner.max_draft_nodes, self.runner.remaining(item.slot) - 1,
+                   item.stop.max_tokens - len(item.stop.token_ids) - 1)  # drafts past the last token are waste
+        if room <= 0 or not item.handle.request.speculate:
+            return _NO_DRAFT if item.grammar is None else self._constrain(item, _NO_DRAFT, 0)
+        t0 = time.perf_counter()
+        tree = item.session.propose(room)  # a failing drafter gives an empty draft (GuardedSession)
+        seconds = time.perf_counter() - t0
+        keep = budget.select(tree, room, item.tracker.scale, batch_size)
+        verified = tree if len(keep) == len(tree) else subtree(tree, keep)
+        draft = _Draft(verified, keep, tree.match_len, seconds)
+        return draft if item.grammar is None else self._constrain(item, draft, room)
 
     @staticmethod
     def _constrain(item: _Active, draft: _Draft, room: int) -> _Draft:
@@ -293,57 +331,102 @@ class Engine:
         tree, keep, mask = item.grammar.constrain(draft.tree, draft.keep, room, jump_forward=room > 0)
         return replace(draft, tree=tree, keep=keep, token_mask=mask)
 
-    def _verify(self, batch: list[_Active], drafts: list[_Draft]) -> list[VerifyResult] | None:
+    def _verify(self, batch: list[_Active], drafts: list[_Draft]
+                ) -> tuple[list[_Active], list[_Draft], list[VerifyResult]]:
         """One forward pass over every request's tree. A tree of sampled nodes carries their q
-        (neural_drafters/hybrid.py); the budget's cuts drop it. None when verification failed."""
+        (neural_drafters/hybrid.py); the budget's cuts drop it. When the pass fails before committing
+        anything, each request is verified alone, so one request's failure ends only that request; a
+        failure after tokens were committed ends the step's requests. Returns what was verified."""
+        if not batch:
+            return [], [], []
         steps = [VerifyStep(item.slot, d.tree, getattr(d.tree, "q", None), getattr(d.tree, "q_mode", "iid"),
                             d.token_mask) for item, d in zip(batch, drafts)]
         fit = self.step_costs
         started = fit.clock() if fit is not None else 0.0
+        before = [self.runner.remaining(item.slot) for item in batch]
         try:
             results = self.runner.verify(steps)
             if fit is not None:  # rows beyond the first: B requests padded to the longest tree
                 fit.observe(len(steps) * (1 + max(len(d.tree) for d in drafts)) - 1, fit.clock() - started)
-            return results
-        except Exception as exc:  # a failing verifier fails this step's requests, not the engine
-            log.exception("verification failed; failing %d requests", len(batch))
-            for item in batch:
-                self._finish(item, "error", None, error=exc)
-            return None
+            return batch, drafts, results
+        except Exception as exc:  # a failing verifier fails requests, never the engine
+            if len(batch) == 1 or before != [self.runner.remaining(item.slot) for item in batch]:
+                log.exception("verification failed; failing %d requests", len(batch))
+                for item in batch:
+                    self._finish(item, "error", None, error=exc)
+                return [], [], []
+        log.warning("verification of %d requests failed; verifying each alone", len(batch))
+        kept: tuple[list[_Active], list[_Draft], list[VerifyResult]] = ([], [], [])
+        for item, draft, step in zip(batch, drafts, steps):
+            try:
+                result = self.runner.verify([step])[0]
+            except Exception as exc:  # noqa: BLE001 - this request's verification failed: it alone ends
+                self._fail(item, "verifying its draft", exc)
+                continue
+            kept[0].append(item)
+            kept[1].append(draft)
+            kept[2].append(result)
+        return kept
 
     def _postprocess(self, batch: list[_Active], drafts: list[_Draft], results: list[VerifyResult]) -> None:
         """Stop conditions, one ``Verified`` per session, streams, reports, and finished requests."""
         reports = []
         for item, draft, result in zip(batch, drafts, results):
-            outcome = item.stop.append(result.token_ids.tolist())
-            kept = outcome.token_ids
-            accepted = result.accepted[: len(kept)]  # a stop condition may end the step inside the path
-            item.tracker.update(draft.tree, result.accepted)
-            if item.grammar is not None:
-                item.grammar.advance(kept)
-            hidden = None if result.hidden_states is None else result.hidden_states[: len(kept)]
-            item.session.commit(Verified(np.asarray(kept, dtype=np.int32), _own_nodes(draft.keep[accepted]),
-                                         len(draft.tree) > 0, hidden))  # fmt: skip
-            item.steps += 1
-            item.drafted += len(draft.tree)
-            item.accepted += len(accepted)
-            request = item.handle.request
-            reports.append(StepReport(request.tenant, len(draft.tree), len(accepted), draft.tree.source,
-                                      draft.match_len, draft.propose_seconds, request.speculate))
-            if item.on_stream is not None and (kept or outcome.text_delta):
-                try:
-                    item.on_stream(kept, outcome.text_delta)
-                except Exception as exc:  # a broken consumer ends its own request only
-                    log.exception("stream callback failed for request %s", item.handle.request_id)
-                    self._finish(item, "error", None, error=exc)
-                    continue
-            reason, matched = outcome.finish_reason, outcome.matched_stop
-            if reason is None and self.runner.remaining(item.slot) < 1:
-                reason = "length"  # the context limit
-            if reason is not None:
-                self._finish(item, reason, matched)
+            try:
+                reports.append(self._commit(item, draft, result))
+            except Exception as exc:  # noqa: BLE001 - this request's failure ends this request only
+                self._fail(item, "committing its tokens", exc)
         if self.config.observer is not None:
-            self.config.observer.on_step(reports)
+            try:
+                self.config.observer.on_step(reports)
+            except Exception:  # metering must not stop decoding
+                log.exception("the step observer failed")
+
+    def _commit(self, item: _Active, draft: _Draft, result: VerifyResult) -> StepReport:
+        """One request's part of the step's postprocessing, and its report for the observer."""
+        outcome = item.stop.append(result.token_ids.tolist())
+        kept = outcome.token_ids
+        accepted = result.accepted[: len(kept)]  # a stop condition may end the step inside the path
+        item.tracker.update(draft.tree, result.accepted)
+        if item.grammar is not None:
+            item.grammar.advance(kept)
+        hidden = None if result.hidden_states is None else result.hidden_states[: len(kept)]
+        item.session.commit(Verified(np.asarray(kept, dtype=np.int32), _own_nodes(draft.keep[accepted]),
+                                     len(draft.tree) > 0, hidden))  # fmt: skip
+        item.steps += 1
+        item.drafted += len(draft.tree)
+        item.accepted += len(accepted)
+        request = item.handle.request
+        report = StepReport(request.tenant, len(draft.tree), len(accepted), draft.tree.source, draft.match_len,
+                            draft.propose_seconds, request.speculate)
+        if item.on_stream is not None and (kept or outcome.text_delta):
+            try:
+                item.on_stream(kept, outcome.text_delta)
+            except Exception as exc:  # a broken consumer ends its own request only
+                log.exception("stream callback failed for request %s", item.handle.request_id)
+                self._finish(item, "error", None, error=exc)
+                return report
+        reason, matched = outcome.finish_reason, outcome.matched_stop
+        if reason is None and self.runner.remaining(item.slot) < 1:
+            reason = "length"  # the context limit
+        if reason is not None:
+            self._finish(item, reason, matched)
+        return report
+
+    def _fail(self, item: _Active, stage: str, exc: BaseException) -> None:
+        """End one request with ``error`` after its own failure. A ``GrammarError`` (its grammar cannot go
+        on: a ValueError) says what went wrong in the client's terms; anything else is logged and reaches
+        the client as an internal error (a RuntimeError naming the stage)."""
+        if isinstance(exc, GrammarError):
+            log.info("request %s ended while %s: %s", item.handle.request_id, stage, exc)
+        else:
+            log.error("request %s failed while %s", item.handle.request_id, stage, exc_info=exc)
+            if isinstance(exc, ValueError):  # not the client's value: do not report it as one
+                wrapped = RuntimeError(f"the engine failed this request while {stage}")
+                wrapped.__cause__ = exc
+                exc = wrapped
+        if item in self._active:
+            self._finish(item, "error", None, error=exc)
 
     def _finish(self, item: _Active, reason: FinishReason, matched: int | str | None,
                 error: BaseException | None = None) -> None:
@@ -356,9 +439,16 @@ class Engine:
                          item.drafted, item.accepted, item.cached)
         item.session.finish(record=result.recorded)
         if result.recorded and self.config.history_sink is not None:
-            item.handle.stored = self.config.history_sink(result)
+            try:
+                item.handle.stored = self.config.history_sink(result)
+            except Exception as exc:  # the turn is not stored: its reply must say so
+                log.exception("the history sink failed for request %s", item.handle.request_id)
+                item.handle.stored = _NotStored(f"the history sink failed: {exc}")
         if self.config.observer is not None:
-            self.config.observer.on_finish(result)
+            try:
+                self.config.observer.on_finish(result)
+            except Exception:  # metering must not stop decoding
+                log.exception("the step observer failed on request %s", item.handle.request_id)
         self._resolve(item.handle, result)
 
     @staticmethod

@@ -49,7 +49,7 @@ class GenerationRequest:
 
     ``speculate``: draft for this request (False decodes one token per step; the output is the same).
     ``record_history``: a finished turn joins the tenant's history (not when it was aborted or failed).
-    ``grammar``: a compiled grammar the output follows (``reprise.engine.grammar.GrammarCompiler``).
+    ``grammar``: a ``reprise.engine.grammar.CheckedGrammar`` the output follows (``GrammarCompiler.compile``).
     """
 
     prompt_ids: tuple[int, ...]

@@ -47,7 +47,7 @@ def constrained_greedy(model, compiled, prompt: list[int], max_new: int) -> list
     """The reference: one plain forward per token, the grammar's mask on the last row, argmax."""
     import xgrammar as xgr
 
-    matcher = xgr.GrammarMatcher(compiled)
+    matcher = xgr.GrammarMatcher(compiled.compiled)
     mask = xgr.allocate_token_bitmask(1, TINY_VOCAB)
     out: list[int] = []
     while len(out) < max_new:
@@ -111,7 +111,7 @@ def run_engine(model, tokenizer, proposer, compiled, prompt, max_new, speculate=
 
 @pytest.mark.parametrize("fmt,tools", [("smollm2", [WEATHER]), ("hermes", [WEATHER, NOTE])])
 def test_output_is_exactly_constrained_greedy_with_any_draft(model, tokenizer, compiler, fmt, tools) -> None:
-    compiled = compiler.compile(FORMATS[fmt].constraint(tools))
+    compiled = compiler.compile(FORMATS[fmt].constraint(tools), tenant="t", max_tokens=120)
     prompt = tokenizer.encode("<|begin|>user\nweather?<|end|>\n<|begin|>assistant\n")
     truth = constrained_greedy(model, compiled, prompt, 120)
     assert truth[-1] == TINY_EOS
@@ -138,7 +138,7 @@ def test_output_is_exactly_constrained_greedy_with_any_draft(model, tokenizer, c
 def test_json_schema_output_parses(model, tokenizer, compiler) -> None:
     schema = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "enum": [4, 5]}},
               "required": ["ok", "n"]}
-    compiled = compiler.compile(OutputConstraint(json.dumps(schema)))
+    compiled = compiler.compile(OutputConstraint(json.dumps(schema)), tenant="t", max_tokens=60)
     prompt = tokenizer.encode("give json")
     result, _ = run_engine(model, tokenizer, ListProposer("wrong", [], len(prompt)), compiled, prompt, 60)
     value = json.loads(result.text)
@@ -146,7 +146,7 @@ def test_json_schema_output_parses(model, tokenizer, compiler) -> None:
 
 
 def test_constrain_prunes_forbidden_nodes_and_masks_rows(tokenizer, compiler) -> None:
-    compiled = compiler.compile(OutputConstraint('{"type": "boolean"}'))
+    compiled = compiler.compile(OutputConstraint('{"type": "boolean"}'), tenant="t", max_tokens=8)
     state = GrammarState(compiled, TINY_VOCAB, tokenizer)
     t, f, r, x = (tokenizer.encode(c)[0] for c in "tfrx")
     # root -> t -> r (ok: "tr..."), root -> x (forbidden) -> t (below a forbidden node), root -> f
@@ -162,7 +162,7 @@ def test_constrain_prunes_forbidden_nodes_and_masks_rows(tokenizer, compiler) ->
 
 def test_forced_chain_merges_into_the_tree(tokenizer, compiler) -> None:
     compiled = compiler.compile(OutputConstraint('{"type": "object", "properties": {"abc": {"type": "boolean"}}, '
-                                                 '"required": ["abc"]}'))
+                                                 '"required": ["abc"]}'), tenant="t", max_tokens=32)
     state = GrammarState(compiled, TINY_VOCAB, tokenizer)
     forced = state.forced_tokens(32)
     assert tokenizer.decode(forced) == '{"abc": '
@@ -185,7 +185,7 @@ def test_child_links() -> None:
 
 def test_bad_schema_is_a_value_error(compiler) -> None:
     with pytest.raises(ValueError, match="json_schema schema cannot be used"):
-        compiler.compile(OutputConstraint('{"type": "nonsense"}'))
+        compiler.compile(OutputConstraint('{"type": "nonsense"}'), tenant="t", max_tokens=8)
 
 
 def test_mask_application_matches_xgrammar() -> None:
