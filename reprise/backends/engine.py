@@ -35,7 +35,7 @@ from grpc_api.backend import (
 from grpc_api.tool_calls import FORMATS, format_for
 from reprise.backends.stored import STORE_WAIT_S, await_stored
 from reprise.engine.engine import Engine
-from reprise.engine.grammar import GrammarCompiler
+from reprise.engine.grammar_compiler import GrammarCompiler
 from reprise.engine.request import GenerationRequest, StoppingParams
 from verifier.sampling import SamplingParams
 

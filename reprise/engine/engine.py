@@ -39,7 +39,8 @@ import numpy as np
 from grpc_api.backend import FinishReason
 from reprise.engine.draft_budget import AcceptanceTracker, DraftBudget
 from reprise.engine.drafting import GuardedSession
-from reprise.engine.grammar import GrammarError, GrammarState
+from reprise.engine.grammar import GrammarState
+from reprise.engine.grammar_compiler import GrammarError
 from reprise.engine.request import GenerationRequest, GenerationResult, StoppingParams, Usage
 from reprise.engine.step_cost import StepCostFit
 from reprise.engine.stopping import StopChecker

@@ -1,0 +1,385 @@
+"""Output constraints measured and compiled into grammars, on the caller's (worker) thread, before any
+decoding: ``GrammarCompiler.compile(constraint, tenant=..., max_tokens=...)`` returns the
+``CheckedGrammar`` a ``GenerationRequest`` carries, or raises ``GrammarError`` (a ValueError) saying in
+the client's terms why the constraint cannot be decoded under:
+
+* ``too_large``: the schema's text beyond ``MAX_CONSTRAINT_CHARS`` or nested beyond ``MAX_SCHEMA_DEPTH``
+  (checked before any parser sees it);
+* ``unsupported``: xgrammar cannot convert it (its message, without its timestamp and source path,
+  naming the tool whose parameters failed);
+* ``no_finite_output``: a reachable part has no finite value (a $ref cycle through required fields, a
+  pattern that matches nothing), with where in the schema (reprise/engine/grammar_bounds.py);
+* ``does_not_fit``: its shortest complete output (the tokenizer's count) is more than ``max_tokens``, or
+  one of its parts needs more characters than ``max_tokens`` tokens can hold.
+
+Compiled grammars are cached per tenant: a tenant never hits on another tenant's schema, so compile
+times reveal nothing of what others sent; xgrammar's own cache, which would be shared, is off.
+xgrammar is imported lazily (it imports torch).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from grpc_api.backend import OutputConstraint
+from reprise.engine.grammar_bounds import GrammarBounds, NoFiniteOutput, UnsupportedGrammar, measure
+
+MAX_CONSTRAINT_CHARS = 1 << 20  # a constraint's schema text (every tool's parameters together)
+MAX_SCHEMA_DEPTH = 64  # nesting of the schema's JSON (tool calls add 3 levels)
+MAX_GRAMMAR_RULES = 100_000  # rules of the converted grammar, regex expansions included
+MAX_JUMP_FORWARD_BYTES = 1 << 16  # grammars whose forced strings may be longer decode without jump-forward
+MAX_CACHED_TENANTS = 64  # tenants whose compiled grammars are kept (least recently used go first)
+MAX_CACHED_PER_TENANT = 32  # compiled grammars kept per tenant
+
+
+class GrammarError(ValueError):
+    """A constraint the engine cannot decode under, said in the client's terms. ``kind``:
+    ``too_large`` (the schema's size or nesting), ``unsupported`` (xgrammar cannot convert it),
+    ``no_finite_output`` (a part admits no finite value), ``does_not_fit`` (its shortest output, or one
+    of its parts, needs more than ``max_tokens``), ``dead_end`` (at decode time: the grammar allows no
+    next token). ``tool``: the tool whose parameters caused it (None: the response format's schema, or
+    the call object)."""
+
+    def __init__(self, message: str, *, kind: str, tool: str | None = None) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.tool = tool
+
+
+@dataclass(frozen=True, slots=True)
+class CheckedGrammar:
+    """A compiled grammar (``xgrammar.CompiledGrammar``) that passed ``GrammarCompiler``'s checks, with
+    its bounds: what ``GenerationRequest.grammar`` carries, and the only thing ``GrammarState`` takes, so
+    the engine thread never starts on a grammar nobody measured. ``jump_forward``: its forced strings
+    are bounded (``GrammarBounds.max_forced_bytes``, at most ``MAX_JUMP_FORWARD_BYTES``), so the engine
+    may ask xgrammar for them; otherwise it decodes without jump-forward."""
+
+    compiled: Any
+    bounds: GrammarBounds
+    jump_forward: bool
+
+
+@dataclass(slots=True)
+class _Entry:
+    """One tenant's measured (and, once decoded under, compiled) constraint."""
+
+    bounds: GrammarBounds  # of the whole output: prefix, schema value, suffix
+    shortest_tokens: int  # tokens of a shortest complete output (the tokenizer's count)
+    grammar: CheckedGrammar | None = None
+
+
+class GrammarCompiler:
+    """Measures and compiles ``OutputConstraint`` records for one tokenizer.
+
+    ``compile(constraint, tenant=..., max_tokens=...)`` refuses (``GrammarError``) a schema that is too
+    large, that xgrammar cannot convert, whose grammar has a part without a finite value, or whose
+    shortest complete output (or one of whose parts) needs more than ``max_tokens``; so decoding never
+    starts on a grammar that cannot end (reprise/engine/grammar_bounds.py). Compiled grammars are cached
+    per tenant (agents repeat their schemas): a tenant never gets a hit on another tenant's schema, so
+    compile times do not reveal what others sent, and xgrammar's own cache, which would be shared, is off.
+    Runs on the caller's (worker) thread; thread-safe.
+    """
+
+    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: Sequence[int]) -> None:
+        import xgrammar as xgr  # lazy: it imports torch and takes seconds
+
+        self._xgr = xgr
+        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
+                                                  stop_token_ids=list(stop_token_ids))
+        self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+        self._tokenizer = tokenizer
+        # The most bytes one token writes: a part longer than max_tokens times this can never be emitted.
+        self.max_token_bytes = max((len(piece) for piece in info.decoded_vocab), default=1) or 1
+        self._cache: OrderedDict[str, OrderedDict[OutputConstraint, _Entry]] = OrderedDict()
+        self._lock = threading.Lock()  # worker threads compile concurrently
+        self.vocab_size = vocab_size
+        self.hits = 0
+        self.misses = 0
+
+    def compile(self, constraint: OutputConstraint, *, tenant: str, max_tokens: int) -> CheckedGrammar:
+        """The compiled grammar of ``constraint`` for ``tenant``'s request of at most ``max_tokens``
+        output tokens; ``GrammarError`` (a ValueError) saying why when it cannot be decoded under."""
+        entry = self._entry(constraint, tenant, max_tokens)
+        if entry.grammar is None:
+            try:
+                compiled = self._compiler.compile_grammar(self._grammar(constraint))
+            except Exception as exc:  # noqa: BLE001 - xgrammar raises RuntimeError for what it cannot build
+                raise GrammarError(f"{_label(constraint, None)} cannot be used as a grammar: {_clean(exc)}",
+                                   kind="unsupported") from None
+            forced = entry.bounds.max_forced_bytes  # of the schema's value; the literals are forced too
+            literal = len(constraint.prefix.encode()) + len(constraint.suffix.encode())
+            entry.grammar = CheckedGrammar(compiled, entry.bounds,
+                                           forced is not None and forced + literal <= MAX_JUMP_FORWARD_BYTES)
+        return entry.grammar
+
+    def check(self, constraint: OutputConstraint, *, tenant: str, max_tokens: int) -> GrammarBounds:
+        """``compile``'s checks without compiling (for an engine that compiles the grammar itself)."""
+        return self._entry(constraint, tenant, max_tokens).bounds
+
+    def _entry(self, constraint: OutputConstraint, tenant: str, max_tokens: int) -> _Entry:
+        with self._lock:
+            cached = self._cache.get(tenant)
+            entry = None if cached is None else cached.get(constraint)
+            if entry is not None:
+                self.hits += 1
+                self._cache.move_to_end(tenant)
+                cached.move_to_end(constraint)  # type: ignore[union-attr]
+        if entry is None:
+            entry = self._measure(constraint)
+            with self._lock:
+                self.misses += 1
+                cached = self._cache.setdefault(tenant, OrderedDict())
+                entry = cached.setdefault(constraint, entry)  # a concurrent miss may have stored it first
+                self._cache.move_to_end(tenant)
+                while len(cached) > MAX_CACHED_PER_TENANT:
+                    cached.popitem(last=False)
+                while len(self._cache) > MAX_CACHED_TENANTS:
+                    self._cache.popitem(last=False)
+        self._check_fits(constraint, entry, max_tokens)
+        return entry
+
+    def _measure(self, constraint: OutputConstraint) -> _Entry:
+        text = constraint.schema
+        if len(text) > MAX_CONSTRAINT_CHARS:
+            raise GrammarError(f"{_label(constraint, None)} has {len(text)} characters; at most "
+                               f"{MAX_CONSTRAINT_CHARS} are allowed", kind="too_large")
+        depth = json_depth(text)
+        if depth > MAX_SCHEMA_DEPTH:
+            raise GrammarError(f"{_label(constraint, None)} is nested {depth} levels deep; at most "
+                               f"{MAX_SCHEMA_DEPTH} are allowed", kind="too_large")
+        try:
+            body = self._xgr.Grammar.from_json_schema(text, any_whitespace=False)
+        except Exception as exc:  # noqa: BLE001 - xgrammar's converter raises RuntimeError naming the construct
+            tool = _failing_tool(self._xgr, constraint)
+            raise GrammarError(f"{_label(constraint, tool)} cannot be used as a grammar: {_clean(exc)}",
+                               kind="unsupported", tool=tool) from None
+        literal = len(constraint.prefix.encode()) + len(constraint.suffix.encode())
+        witness_bytes = max(0, min(1 << 20, 8 * MAX_CONSTRAINT_CHARS) - literal)
+        try:
+            body_bounds = measure(body.serialize_json(), expand_regex=self._expand_regex,
+                                  witness_bytes=witness_bytes, max_nodes=MAX_GRAMMAR_RULES)
+        except NoFiniteOutput as exc:
+            raise _no_finite_output(constraint, exc) from None
+        except UnsupportedGrammar as exc:
+            raise GrammarError(f"{_label(constraint, None)} cannot be used as a grammar: {exc}",
+                               kind="unsupported") from None
+        shortest = None if body_bounds.shortest_text is None else \
+            constraint.prefix + body_bounds.shortest_text + constraint.suffix
+        bounds = GrammarBounds(body_bounds.shortest_bytes + literal, shortest, body_bounds.longest_part,
+                               body_bounds.forced_levels, body_bounds.num_rules)
+        if shortest is None:  # longer than any output: a lower bound is enough to refuse it
+            tokens = math.ceil(bounds.shortest_bytes / self.max_token_bytes)
+        else:
+            tokens = len(self._tokenizer.encode(shortest, add_special_tokens=False))
+        return _Entry(bounds, tokens)
+
+    def _check_fits(self, constraint: OutputConstraint, entry: _Entry, max_tokens: int) -> None:
+        bounds = entry.bounds
+        if entry.shortest_tokens > max_tokens:
+            example = "" if bounds.shortest_text is None else f" ({_preview(bounds.shortest_text)})"
+            raise GrammarError(f"the shortest output {_label(constraint, None)} allows is {entry.shortest_tokens} "
+                               f"tokens{example}, more than max_tokens={max_tokens}: raise max_tokens or "
+                               "shorten what the schema requires", kind="does_not_fit")
+        capacity = max_tokens * self.max_token_bytes
+        if bounds.longest_part_bytes > capacity:
+            rule, size = [(r, n) for r, n in bounds.longest_part if n > capacity][-1]  # the innermost too long
+            tool, where = _locate(constraint, rule)
+            raise GrammarError(f"{_label(constraint, tool)}: a value at {where} needs at least {size} characters, "
+                               f"more than max_tokens={max_tokens} tokens can hold (at most {capacity}): raise "
+                               "max_tokens or lower the schema's minimum sizes there", kind="does_not_fit", tool=tool)
+
+    def _grammar(self, constraint: OutputConstraint) -> Any:
+        # Compact JSON with json.dumps' separators: no free whitespace for a model to loop in, and the
+        # same text a reply sent back in a later request renders to (grpc_api/tool_calls.py).
+        xgr = self._xgr
+        body = xgr.Grammar.from_json_schema(constraint.schema, any_whitespace=False)
+        parts = [xgr.Grammar.from_ebnf(f"root ::= {_literal(constraint.prefix)}")] if constraint.prefix else []
+        parts.append(body)
+        if constraint.suffix:
+            parts.append(xgr.Grammar.from_ebnf(f"root ::= {_literal(constraint.suffix)}"))
+        return xgr.Grammar.concat(*parts) if len(parts) > 1 else body
+
+    def _expand_regex(self, pattern: str) -> str:
+        return str(self._xgr.Grammar.from_regex(pattern).serialize_json())
+
+
+def json_depth(text: str) -> int:
+    """How deeply ``text``'s JSON nests (brackets outside strings), without parsing it: a cheap bound
+    checked before any recursive parser sees the text."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    return deepest
+
+
+def _literal(text: str) -> str:
+    """``text`` as an EBNF string literal."""
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\t", "\\t")
+    return f'"{escaped}"'
+
+
+def _label(constraint: OutputConstraint, tool: str | None) -> str:
+    """What a message calls the constraint's schema."""
+    if tool is not None:
+        return f"the parameters schema of tool {tool!r}"
+    if constraint.name == "tool_calls":
+        return "the tool-call schema"
+    if constraint.name == "json_object":
+        return "the json_object response format"
+    return f"the {constraint.name} schema"
+
+
+_XGRAMMAR_PREFIX = re.compile(r"^\s*\[[\d:.]+\]\s+\S+:\d+:\s*")
+_SOURCE_PATH = re.compile(r"(?:/[\w.+-]+)+\.(?:cc|h|cpp|hpp|py):\d+:?\s*")
+
+
+def _clean(exc: BaseException) -> str:
+    """xgrammar's message without its timestamp, source path and echoed input."""
+    text = _XGRAMMAR_PREFIX.sub("", str(exc))
+    text = text.replace("Check failed: (error.empty()) is false: ", "")
+    text = text.split(" The JSON string is:")[0]
+    text = _SOURCE_PATH.sub("", text)
+    text = " ".join(text.split())
+    return text[:300] if text else type(exc).__name__
+
+
+def _tools(constraint: OutputConstraint) -> list[tuple[str, Any]]:
+    """(name, call schema) of each tool of a ``tool_calls`` constraint (grpc_api.tool_calls builds one
+    call object per tool, ``{"properties": {"name": {"const": ...}, "arguments": ...}}``, under
+    ``anyOf`` when there are several)."""
+    if constraint.name != "tool_calls":
+        return []
+    try:
+        schema = json.loads(constraint.schema)
+        calls = schema.get("anyOf", [schema])
+        return [(str(c["properties"]["name"]["const"]), c) for c in calls]
+    except (ValueError, KeyError, TypeError):
+        return []
+
+
+def _failing_tool(xgr: Any, constraint: OutputConstraint) -> str | None:
+    """The first tool whose call schema xgrammar cannot convert (error path only)."""
+    for name, call in _tools(constraint):
+        try:
+            xgr.Grammar.from_json_schema(json.dumps(call), any_whitespace=False)
+        except Exception:  # noqa: BLE001 - this is the one
+            return name
+    return None
+
+
+def _no_finite_output(constraint: OutputConstraint, exc: NoFiniteOutput) -> GrammarError:
+    located = [_locate(constraint, rule) for rule in exc.rules]
+    tool = next((t for t, _ in located if t is not None), None)
+    chain = _dedupe_where(where for _, where in located)
+    if exc.cause == "cycle":
+        needs = ", which needs ".join(f"one at {where}" for where in chain[1:]) if len(chain) > 1 else \
+            f"another one at {chain[0]}"
+        return GrammarError(f"{_label(constraint, tool)} has no finite value: a value at {chain[0]} needs {needs}, "
+                            "without end (a $ref cycle through required properties, items or allOf; give it a "
+                            "way out, e.g. an optional property or an anyOf branch)", kind="no_finite_output",
+                            tool=tool)
+    return GrammarError(f"{_label(constraint, tool)} has no valid value: {chain[-1]} matches no text (a pattern or "
+                        "character set that allows nothing)", kind="no_finite_output", tool=tool)
+
+
+def _dedupe_where(items: Any) -> list[str]:
+    out: list[str] = []
+    for item in items:
+        if not out or out[-1] != item:
+            out.append(item)
+    return out
+
+
+_PREFIXES = (("defs_", "$defs"), ("definitions_", "definitions"))
+
+
+def _locate(constraint: OutputConstraint, rule: str) -> tuple[str | None, str]:
+    """Where in the schema an xgrammar rule comes from, as (tool, JSON pointer in the tool's parameters
+    or the schema). xgrammar's converter names rules ``root``, ``defs_<name>``, then ``_prop_<i>``
+    (the i-th property), ``_case_<i>`` (anyOf/oneOf), ``_item_<i>`` (prefixItems), ``_additional``
+    (items); other suffixes are its helpers, where reading stops."""
+    try:
+        schema = json.loads(constraint.schema)
+    except ValueError:
+        return None, repr(rule)
+    pointer = _pointer(rule.split("/")[0], schema)
+    if pointer is None:
+        return None, f"its grammar rule {rule!r}"
+    for i, (name, _) in enumerate(_tools(constraint)):
+        base = f"#/anyOf/{i}/properties/arguments" if "anyOf" in schema else "#/properties/arguments"
+        if pointer == base:
+            return name, "its parameters' root"
+        if pointer.startswith(base + "/"):
+            return name, f'"#{pointer[len(base):]}" in its parameters'
+    if constraint.name == "tool_calls":
+        return None, "the tool-call object"
+    return None, f'"{pointer}"'
+
+
+def _pointer(rule: str, schema: Any) -> str | None:
+    node, path, rest = schema, "#", None
+    if rule == "root" or rule.startswith("root_"):
+        rest = rule[len("root"):]
+    else:
+        for prefix, key in _PREFIXES:
+            defs = schema.get(key) if isinstance(schema, dict) else None
+            if not rule.startswith(prefix) or not isinstance(defs, dict):
+                continue
+            names = [n for n in defs if rule == prefix + n or rule.startswith(prefix + n + "_")]
+            if names:
+                name = max(names, key=len)
+                node, path, rest = defs[name], f"#/{key}/{_escape(name)}", rule[len(prefix + name):]
+                break
+    if rest is None:
+        return None
+    tokens = rest.split("_")[1:]
+    i = 0
+    try:
+        while i < len(tokens):
+            word, index = tokens[i], tokens[i + 1] if i + 1 < len(tokens) else ""
+            if word == "prop" and index.isdigit():
+                key = list(node["properties"])[int(index)]
+                node, path = node["properties"][key], f"{path}/properties/{_escape(key)}"
+            elif word == "case" and index.isdigit():
+                key = "anyOf" if "anyOf" in node else "oneOf"
+                node, path = node[key][int(index)], f"{path}/{key}/{index}"
+            elif word == "item" and index.isdigit():
+                node, path = node["prefixItems"][int(index)], f"{path}/prefixItems/{index}"
+            elif word == "additional" and index != "properties":
+                node, path = node["items"], f"{path}/items"
+                i -= 1
+            else:
+                break
+            i += 2
+    except (KeyError, IndexError, TypeError, ValueError):
+        pass
+    return path
+
+
+def _escape(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def _preview(text: str, limit: int = 60) -> str:
+    return repr(text if len(text) <= limit else text[:limit] + "...")
