@@ -12,8 +12,9 @@ the client's terms why the constraint cannot be decoded under:
 * ``does_not_fit``: its shortest complete output (the tokenizer's count) is more than ``max_tokens``, or
   one of its parts needs more characters than ``max_tokens`` tokens can hold.
 
-Compiled grammars are cached per tenant: a tenant never hits on another tenant's schema, so compile
-times reveal nothing of what others sent; xgrammar's own cache, which would be shared, is off.
+Everything is cached per tenant, xgrammar's own compiler cache included (one xgrammar compiler per
+tenant): a tenant never hits on what another tenant compiled, so compile times reveal nothing of what
+others sent.
 xgrammar is imported lazily (it imports torch).
 """
 
@@ -25,7 +26,7 @@ import re
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from grpc_api.backend import OutputConstraint
@@ -35,8 +36,10 @@ MAX_CONSTRAINT_CHARS = 1 << 20  # a constraint's schema text (every tool's param
 MAX_SCHEMA_DEPTH = 64  # nesting of the schema's JSON (tool calls add 3 levels)
 MAX_GRAMMAR_RULES = 100_000  # rules of the converted grammar, regex expansions included
 MAX_JUMP_FORWARD_BYTES = 1 << 16  # grammars whose forced strings may be longer decode without jump-forward
-MAX_CACHED_TENANTS = 64  # tenants whose compiled grammars are kept (least recently used go first)
-MAX_CACHED_PER_TENANT = 32  # compiled grammars kept per tenant
+MAX_CACHED_TENANTS = 32  # tenants whose caches are kept (the least recently used one goes first)
+MAX_CACHED_PER_TENANT = 32  # measured constraints kept per tenant
+MAX_CACHED_BYTES_PER_TENANT = 16 << 20  # compiled grammars kept per tenant (xgrammar's memory_size_bytes)
+XGRAMMAR_CACHE_BYTES = 8 << 20  # each tenant's xgrammar compiler's own cache (shared rule masks)
 
 
 class GrammarError(ValueError):
@@ -73,6 +76,17 @@ class _Entry:
     bounds: GrammarBounds  # of the whole output: prefix, schema value, suffix
     shortest_tokens: int  # tokens of a shortest complete output (the tokenizer's count)
     grammar: CheckedGrammar | None = None
+    num_bytes: int = 0  # the compiled grammar's memory
+    body: Any = None  # the schema's converted grammar, until it is compiled
+
+
+@dataclass(slots=True)
+class _TenantCache:
+    """One tenant's xgrammar compiler (its cache of rule masks is the tenant's alone) and entries."""
+
+    compiler: Any
+    entries: OrderedDict[OutputConstraint, _Entry] = field(default_factory=OrderedDict)
+    num_bytes: int = 0
 
 
 class GrammarCompiler:
@@ -81,23 +95,24 @@ class GrammarCompiler:
     ``compile(constraint, tenant=..., max_tokens=...)`` refuses (``GrammarError``) a schema that is too
     large, that xgrammar cannot convert, whose grammar has a part without a finite value, or whose
     shortest complete output (or one of whose parts) needs more than ``max_tokens``; so decoding never
-    starts on a grammar that cannot end (reprise/engine/grammar_bounds.py). Compiled grammars are cached
-    per tenant (agents repeat their schemas): a tenant never gets a hit on another tenant's schema, so
-    compile times do not reveal what others sent, and xgrammar's own cache, which would be shared, is off.
-    Runs on the caller's (worker) thread; thread-safe.
+    starts on a grammar that cannot end (reprise/engine/grammar_bounds.py). Everything is cached per
+    tenant (agents repeat their schemas): measured constraints, compiled grammars, and an xgrammar
+    compiler of its own, whose cache shares rule masks between a tenant's schemas; a tenant never gets
+    a hit on what another tenant compiled, so compile times do not reveal what others sent. Memory: at
+    most ``MAX_CACHED_TENANTS`` tenants, each ``MAX_CACHED_BYTES_PER_TENANT`` of compiled grammars and
+    ``XGRAMMAR_CACHE_BYTES`` of xgrammar's cache. Runs on the caller's (worker) thread; thread-safe.
     """
 
     def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: Sequence[int]) -> None:
         import xgrammar as xgr  # lazy: it imports torch and takes seconds
 
         self._xgr = xgr
-        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
-                                                  stop_token_ids=list(stop_token_ids))
-        self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+        self._info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
+                                                        stop_token_ids=list(stop_token_ids))
         self._tokenizer = tokenizer
         # The most bytes one token writes: a part longer than max_tokens times this can never be emitted.
-        self.max_token_bytes = max((len(piece) for piece in info.decoded_vocab), default=1) or 1
-        self._cache: OrderedDict[str, OrderedDict[OutputConstraint, _Entry]] = OrderedDict()
+        self.max_token_bytes = max((len(piece) for piece in self._info.decoded_vocab), default=1) or 1
+        self._tenants: OrderedDict[str, _TenantCache] = OrderedDict()
         self._lock = threading.Lock()  # worker threads compile concurrently
         self.vocab_size = vocab_size
         self.hits = 0
@@ -106,44 +121,51 @@ class GrammarCompiler:
     def compile(self, constraint: OutputConstraint, *, tenant: str, max_tokens: int) -> CheckedGrammar:
         """The compiled grammar of ``constraint`` for ``tenant``'s request of at most ``max_tokens``
         output tokens; ``GrammarError`` (a ValueError) saying why when it cannot be decoded under."""
-        entry = self._entry(constraint, tenant, max_tokens)
-        if entry.grammar is None:
-            try:
-                compiled = self._compiler.compile_grammar(self._grammar(constraint))
-            except Exception as exc:  # noqa: BLE001 - xgrammar raises RuntimeError for what it cannot build
-                raise GrammarError(f"{_label(constraint, None)} cannot be used as a grammar: {_clean(exc)}",
-                                   kind="unsupported") from None
-            forced = entry.bounds.max_forced_bytes  # of the schema's value; the literals are forced too
-            literal = len(constraint.prefix.encode()) + len(constraint.suffix.encode())
-            entry.grammar = CheckedGrammar(compiled, entry.bounds,
-                                           forced is not None and forced + literal <= MAX_JUMP_FORWARD_BYTES)
-        return entry.grammar
+        cache, entry = self._entry(constraint, tenant, max_tokens)
+        if entry.grammar is not None:
+            return entry.grammar
+        try:
+            compiled = cache.compiler.compile_grammar(self._grammar(constraint, entry.body))
+        except Exception as exc:  # noqa: BLE001 - xgrammar raises RuntimeError for what it cannot build
+            raise GrammarError(f"{_label(constraint, None)} cannot be used as a grammar: {_clean(exc)}",
+                               kind="unsupported") from None
+        forced = entry.bounds.max_forced_bytes  # of the schema's value; the literals are forced too
+        literal = len(constraint.prefix.encode()) + len(constraint.suffix.encode())
+        grammar = CheckedGrammar(compiled, entry.bounds, forced is not None and forced + literal <= MAX_JUMP_FORWARD_BYTES)
+        with self._lock:
+            if entry.grammar is None and cache.entries.get(constraint) is entry:
+                entry.grammar, entry.num_bytes, entry.body = grammar, int(compiled.memory_size_bytes), None
+                cache.num_bytes += entry.num_bytes
+                while cache.num_bytes > MAX_CACHED_BYTES_PER_TENANT and len(cache.entries) > 1:
+                    cache.num_bytes -= cache.entries.popitem(last=False)[1].num_bytes
+        return grammar
 
     def check(self, constraint: OutputConstraint, *, tenant: str, max_tokens: int) -> GrammarBounds:
         """``compile``'s checks without compiling (for an engine that compiles the grammar itself)."""
-        return self._entry(constraint, tenant, max_tokens).bounds
+        return self._entry(constraint, tenant, max_tokens)[1].bounds
 
-    def _entry(self, constraint: OutputConstraint, tenant: str, max_tokens: int) -> _Entry:
+    def _entry(self, constraint: OutputConstraint, tenant: str, max_tokens: int) -> tuple[_TenantCache, _Entry]:
         with self._lock:
-            cached = self._cache.get(tenant)
-            entry = None if cached is None else cached.get(constraint)
+            cache = self._tenants.get(tenant)
+            if cache is None:
+                cache = self._tenants[tenant] = _TenantCache(self._xgr.GrammarCompiler(
+                    self._info, max_threads=1, cache_enabled=True, cache_limit_bytes=XGRAMMAR_CACHE_BYTES))
+                while len(self._tenants) > MAX_CACHED_TENANTS:
+                    self._tenants.popitem(last=False)
+            self._tenants.move_to_end(tenant)
+            entry = cache.entries.get(constraint)
             if entry is not None:
                 self.hits += 1
-                self._cache.move_to_end(tenant)
-                cached.move_to_end(constraint)  # type: ignore[union-attr]
+                cache.entries.move_to_end(constraint)
         if entry is None:
             entry = self._measure(constraint)
             with self._lock:
                 self.misses += 1
-                cached = self._cache.setdefault(tenant, OrderedDict())
-                entry = cached.setdefault(constraint, entry)  # a concurrent miss may have stored it first
-                self._cache.move_to_end(tenant)
-                while len(cached) > MAX_CACHED_PER_TENANT:
-                    cached.popitem(last=False)
-                while len(self._cache) > MAX_CACHED_TENANTS:
-                    self._cache.popitem(last=False)
+                entry = cache.entries.setdefault(constraint, entry)  # a concurrent miss may have stored it first
+                while len(cache.entries) > MAX_CACHED_PER_TENANT:
+                    cache.num_bytes -= cache.entries.popitem(last=False)[1].num_bytes
         self._check_fits(constraint, entry, max_tokens)
-        return entry
+        return cache, entry
 
     def _measure(self, constraint: OutputConstraint) -> _Entry:
         text = constraint.schema
@@ -178,7 +200,7 @@ class GrammarCompiler:
             tokens = math.ceil(bounds.shortest_bytes / self.max_token_bytes)
         else:
             tokens = len(self._tokenizer.encode(shortest, add_special_tokens=False))
-        return _Entry(bounds, tokens)
+        return _Entry(bounds, tokens, body=body)
 
     def _check_fits(self, constraint: OutputConstraint, entry: _Entry, max_tokens: int) -> None:
         bounds = entry.bounds
@@ -195,11 +217,13 @@ class GrammarCompiler:
                                f"more than max_tokens={max_tokens} tokens can hold (at most {capacity}): raise "
                                "max_tokens or lower the schema's minimum sizes there", kind="does_not_fit", tool=tool)
 
-    def _grammar(self, constraint: OutputConstraint) -> Any:
-        # Compact JSON with json.dumps' separators: no free whitespace for a model to loop in, and the
-        # same text a reply sent back in a later request renders to (grpc_api/tool_calls.py).
+    def _grammar(self, constraint: OutputConstraint, body: Any) -> Any:
+        """The literal prefix, the schema's value (``body``, converted with any_whitespace=False: compact
+        JSON with json.dumps' separators, no free whitespace for a model to loop in, and the same text a
+        reply sent back in a later request renders to, grpc_api/tool_calls.py), the literal suffix."""
         xgr = self._xgr
-        body = xgr.Grammar.from_json_schema(constraint.schema, any_whitespace=False)
+        if body is None:
+            body = xgr.Grammar.from_json_schema(constraint.schema, any_whitespace=False)
         parts = [xgr.Grammar.from_ebnf(f"root ::= {_literal(constraint.prefix)}")] if constraint.prefix else []
         parts.append(body)
         if constraint.suffix:
@@ -311,12 +335,10 @@ def _dedupe_where(items: Any) -> list[str]:
     return out
 
 
-_PREFIXES = (("defs_", "$defs"), ("definitions_", "definitions"))
-
-
 def _locate(constraint: OutputConstraint, rule: str) -> tuple[str | None, str]:
     """Where in the schema an xgrammar rule comes from, as (tool, JSON pointer in the tool's parameters
-    or the schema). xgrammar's converter names rules ``root``, ``defs_<name>``, then ``_prop_<i>``
+    or the schema). xgrammar's converter names a rule after the reference it was made for (``root``,
+    ``defs_<name>`` for ``#/$defs/<name>``: the pointer's segments joined by ``_``), then ``_prop_<i>``
     (the i-th property), ``_case_<i>`` (anyOf/oneOf), ``_item_<i>`` (prefixItems), ``_additional``
     (items); other suffixes are its helpers, where reading stops."""
     try:
@@ -338,21 +360,22 @@ def _locate(constraint: OutputConstraint, rule: str) -> tuple[str | None, str]:
 
 
 def _pointer(rule: str, schema: Any) -> str | None:
-    node, path, rest = schema, "#", None
+    node, path = schema, "#"
     if rule == "root" or rule.startswith("root_"):
         rest = rule[len("root"):]
-    else:
-        for prefix, key in _PREFIXES:
-            defs = schema.get(key) if isinstance(schema, dict) else None
-            if not rule.startswith(prefix) or not isinstance(defs, dict):
-                continue
-            names = [n for n in defs if rule == prefix + n or rule.startswith(prefix + n + "_")]
-            if names:
-                name = max(names, key=len)
-                node, path, rest = defs[name], f"#/{key}/{_escape(name)}", rule[len(prefix + name):]
+    else:  # a reference's target: walk its segments (longest key first; "$defs" is written "defs")
+        rest = "_" + rule
+        while rest:
+            keys = list(node) if isinstance(node, dict) else [str(i) for i in range(len(node))] \
+                if isinstance(node, list) else []
+            fits = [k for k in keys if rest == "_" + k.lstrip("$") or rest.startswith("_" + k.lstrip("$") + "_")]
+            if not fits:
                 break
-    if rest is None:
-        return None
+            key = max(fits, key=len)
+            node = node[key] if isinstance(node, dict) else node[int(key)]
+            path, rest = f"{path}/{_escape(key)}", rest[len(key.lstrip("$")) + 1:]
+        if path == "#":
+            return None
     tokens = rest.split("_")[1:]
     i = 0
     try:
