@@ -87,7 +87,10 @@ class GrammarState:
             # xgrammar 0.2.8 (what vLLM 0.32.0 pins) has no token-level jump forward: none without a tokenizer.
             tokens = getattr(self.matcher, "find_jump_forward_tokens", None)
             return list(tokens())[:limit] if tokens is not None else []
-        text = self.matcher.find_jump_forward_string()
+        try:
+            text = self.matcher.find_jump_forward_string()
+        except UnicodeDecodeError:  # the committed tokens end inside a character: nothing to draft this step
+            return []
         if len(text) > MAX_FORCED_CHARS:
             self.jump_forward = False
         text = text[: limit * MAX_FORCED_CHARS_PER_TOKEN]

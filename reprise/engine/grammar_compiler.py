@@ -12,9 +12,9 @@ the client's terms why the constraint cannot be decoded under:
 * ``does_not_fit``: its shortest complete output (the tokenizer's count) is more than ``max_tokens``, or
   one of its parts needs more characters than ``max_tokens`` tokens can hold.
 
-Everything is cached per tenant, xgrammar's own compiler cache included (one xgrammar compiler per
-tenant): a tenant never hits on what another tenant compiled, so compile times reveal nothing of what
-others sent.
+Measured and compiled constraints are cached per tenant: a tenant never hits on what another tenant
+compiled, so compile times reveal nothing of what others sent. xgrammar's own compiler cache, which
+would be shared (and which garbles some non-ASCII literals, see ``GrammarCompiler``), is off.
 xgrammar is imported lazily (it imports torch).
 """
 
@@ -39,7 +39,6 @@ MAX_JUMP_FORWARD_BYTES = 1 << 16  # grammars whose forced strings may be longer 
 MAX_CACHED_TENANTS = 32  # tenants whose caches are kept (the least recently used one goes first)
 MAX_CACHED_PER_TENANT = 32  # measured constraints kept per tenant
 MAX_CACHED_BYTES_PER_TENANT = 16 << 20  # compiled grammars kept per tenant (xgrammar's memory_size_bytes)
-XGRAMMAR_CACHE_BYTES = 8 << 20  # each tenant's xgrammar compiler's own cache (shared rule masks)
 
 
 class GrammarError(ValueError):
@@ -82,9 +81,8 @@ class _Entry:
 
 @dataclass(slots=True)
 class _TenantCache:
-    """One tenant's xgrammar compiler (its cache of rule masks is the tenant's alone) and entries."""
+    """One tenant's measured constraints and compiled grammars."""
 
-    compiler: Any
     entries: OrderedDict[OutputConstraint, _Entry] = field(default_factory=OrderedDict)
     num_bytes: int = 0
 
@@ -95,12 +93,14 @@ class GrammarCompiler:
     ``compile(constraint, tenant=..., max_tokens=...)`` refuses (``GrammarError``) a schema that is too
     large, that xgrammar cannot convert, whose grammar has a part without a finite value, or whose
     shortest complete output (or one of whose parts) needs more than ``max_tokens``; so decoding never
-    starts on a grammar that cannot end (reprise/engine/grammar_bounds.py). Everything is cached per
-    tenant (agents repeat their schemas): measured constraints, compiled grammars, and an xgrammar
-    compiler of its own, whose cache shares rule masks between a tenant's schemas; a tenant never gets
-    a hit on what another tenant compiled, so compile times do not reveal what others sent. Memory: at
-    most ``MAX_CACHED_TENANTS`` tenants, each ``MAX_CACHED_BYTES_PER_TENANT`` of compiled grammars and
-    ``XGRAMMAR_CACHE_BYTES`` of xgrammar's cache. Runs on the caller's (worker) thread; thread-safe.
+    starts on a grammar that cannot end (reprise/engine/grammar_bounds.py). Measured constraints and
+    compiled grammars are cached per tenant (agents repeat their schemas): a tenant never gets a hit on
+    what another tenant compiled, so compile times do not reveal what others sent. xgrammar's own
+    compiler cache stays off: it would be shared across tenants, and xgrammar 0.2.8 rebuilds a cached
+    grammar from its printed EBNF, where a literal's ``\\xe9`` before a hex digit reads back as another
+    character (``"Décembre"`` would become unwritable). Memory: at most ``MAX_CACHED_TENANTS`` tenants,
+    each ``MAX_CACHED_BYTES_PER_TENANT`` of compiled grammars. Runs on the caller's (worker) thread;
+    thread-safe.
     """
 
     def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: Sequence[int]) -> None:
@@ -109,6 +109,7 @@ class GrammarCompiler:
         self._xgr = xgr
         self._info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
                                                         stop_token_ids=list(stop_token_ids))
+        self._compiler = xgr.GrammarCompiler(self._info, max_threads=1, cache_enabled=False)
         self._tokenizer = tokenizer
         # The most bytes one token writes: a part longer than max_tokens times this can never be emitted.
         self.max_token_bytes = max((len(piece) for piece in self._info.decoded_vocab), default=1) or 1
@@ -125,7 +126,7 @@ class GrammarCompiler:
         if entry.grammar is not None:
             return entry.grammar
         try:
-            compiled = cache.compiler.compile_grammar(self._grammar(constraint, entry.body))
+            compiled = self._compiler.compile_grammar(self._grammar(constraint, entry.body))
         except Exception as exc:  # noqa: BLE001 - xgrammar raises RuntimeError for what it cannot build
             raise GrammarError(f"{_label(constraint, None)} cannot be used as a grammar: {_clean(exc)}",
                                kind="unsupported") from None
@@ -148,8 +149,7 @@ class GrammarCompiler:
         with self._lock:
             cache = self._tenants.get(tenant)
             if cache is None:
-                cache = self._tenants[tenant] = _TenantCache(self._xgr.GrammarCompiler(
-                    self._info, max_threads=1, cache_enabled=True, cache_limit_bytes=XGRAMMAR_CACHE_BYTES))
+                cache = self._tenants[tenant] = _TenantCache()
                 while len(self._tenants) > MAX_CACHED_TENANTS:
                     self._tenants.popitem(last=False)
             self._tenants.move_to_end(tenant)

@@ -64,7 +64,7 @@ def unchecked(compiler, schema: str) -> CheckedGrammar:
     """A grammar the compiler would refuse, compiled behind its back: what the engine must survive."""
     grammar = xgr.Grammar.from_json_schema(schema, any_whitespace=False)
     healthy = compiler.compile(BOOLEAN, tenant="t", max_tokens=8)
-    return CheckedGrammar(compiler._tenants["t"].compiler.compile_grammar(grammar), healthy.bounds, jump_forward=False)
+    return CheckedGrammar(compiler._compiler.compile_grammar(grammar), healthy.bounds, jump_forward=False)
 
 
 # ---- issue 22's reproductions -------------------------------------------------------------------
