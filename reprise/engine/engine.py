@@ -312,6 +312,7 @@ class Engine:
         return items, drafts
 
     def _draft(self, item: _Active, batch_size: int) -> _Draft:
+        """One request's draft: proposed, cut by the budget, then put under its grammar."""
         budget = self.config.budget
         room = min(budget.max_draft_tokens, self.runner.max_draft_nodes, self.runner.remaining(item.slot) - 1,
                    item.stop.max_tokens - len(item.stop.token_ids) - 1)  # drafts past the last token are waste
