@@ -29,6 +29,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from grpc_api.backend import OutputConstraint
 from reprise.engine.grammar_bounds import GrammarBounds, NoFiniteOutput, UnsupportedGrammar, measure
 
@@ -36,6 +38,7 @@ MAX_CONSTRAINT_CHARS = 1 << 20  # a constraint's schema text (every tool's param
 MAX_SCHEMA_DEPTH = 64  # nesting of the schema's JSON (tool calls add 3 levels)
 MAX_GRAMMAR_RULES = 100_000  # rules of the converted grammar, regex expansions included
 MAX_JUMP_FORWARD_BYTES = 1 << 16  # grammars whose forced strings may be longer decode without jump-forward
+MAX_WITNESS_BYTES = 1 << 18  # a longer shortest output is counted in tokens by a lower bound, not tokenized
 MAX_CACHED_TENANTS = 32  # tenants whose caches are kept (the least recently used one goes first)
 MAX_CACHED_PER_TENANT = 32  # measured constraints kept per tenant
 MAX_CACHED_BYTES_PER_TENANT = 16 << 20  # compiled grammars kept per tenant (xgrammar's memory_size_bytes)
@@ -183,10 +186,9 @@ class GrammarCompiler:
             raise GrammarError(f"{_label(constraint, tool)} cannot be used as a grammar: {_clean(exc)}",
                                kind="unsupported", tool=tool) from None
         literal = len(constraint.prefix.encode()) + len(constraint.suffix.encode())
-        witness_bytes = max(0, min(1 << 20, 8 * MAX_CONSTRAINT_CHARS) - literal)
         try:
             body_bounds = measure(body.serialize_json(), expand_regex=self._expand_regex,
-                                  witness_bytes=witness_bytes, max_nodes=MAX_GRAMMAR_RULES)
+                                  witness_bytes=MAX_WITNESS_BYTES, max_nodes=MAX_GRAMMAR_RULES)
         except NoFiniteOutput as exc:
             raise _no_finite_output(constraint, exc) from None
         except UnsupportedGrammar as exc:
@@ -234,27 +236,15 @@ class GrammarCompiler:
         return str(self._xgr.Grammar.from_regex(pattern).serialize_json())
 
 
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+
+
 def json_depth(text: str) -> int:
     """How deeply ``text``'s JSON nests (brackets outside strings), without parsing it: a cheap bound
-    checked before any recursive parser sees the text."""
-    depth = deepest = 0
-    in_string = escaped = False
-    for ch in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif ch in "]}":
-            depth -= 1
-    return deepest
+    checked before any recursive parser sees the text (a regular expression and a cumulative sum)."""
+    data = np.frombuffer(_JSON_STRING.sub("", text).encode(), dtype=np.uint8)
+    steps = ((data == ord("[")) | (data == ord("{"))).astype(np.int64) - ((data == ord("]")) | (data == ord("}")))
+    return int(np.cumsum(steps).max()) if len(steps) else 0
 
 
 def _literal(text: str) -> str:
