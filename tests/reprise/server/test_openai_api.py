@@ -229,9 +229,9 @@ def test_speculation_keeps_the_output_and_tool_calls_draft_across_calls(service,
     with openai.OpenAI(api_key=key, base_url=service.http + "/v1", max_retries=0) as c:
         for kwargs in ({}, {"tools": [WEATHER], "tool_choice": "required"}):
             messages = ask("Plan the trip to Lima, then check the weather there for three days.")
-            outs = [c.chat.completions.create(model=MODEL, messages=messages, max_tokens=60, **kwargs,
+            outs = [c.chat.completions.create(model=MODEL, messages=messages, max_tokens=120, **kwargs,
                                               extra_headers={"X-Session-Id": "task-1"}) for _ in range(2)]
-            off = c.chat.completions.create(model=MODEL, messages=messages, max_tokens=60, **kwargs,
+            off = c.chat.completions.create(model=MODEL, messages=messages, max_tokens=120, **kwargs,
                                             extra_body={"speculation": "off"}, prompt_cache_key="task-2")
             dump = [o.choices[0].message.model_dump(exclude={"tool_calls": {"__all__": {"id"}}}) for o in
                     (*outs, off)]
