@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _serve(config) -> int:
-    from reprise.server.service import Service
+    from reprise.service import Service
 
     service = Service(config)
     print(f"reprise: starting (data in {config.home}; loading the model can take ~30 s on first start)",

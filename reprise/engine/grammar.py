@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from grpc_api.backend import OutputConstraint
 from retrieval.draft_tree import DraftTree, conditional_probs, path_probs, subtree
+from serving.records import OutputConstraint
 
 MAX_CACHED_GRAMMARS = 256
 
@@ -60,7 +60,7 @@ class GrammarCompiler:
         xgr = self._xgr
         try:
             # Compact JSON with json.dumps' separators: no free whitespace for a model to loop in, and the
-            # same text a reply sent back in a later request renders to (grpc_api/tool_calls.py).
+            # same text a reply sent back in a later request renders to (serving/tool_calls.py).
             body = xgr.Grammar.from_json_schema(constraint.schema, any_whitespace=False)
             parts = [xgr.Grammar.from_ebnf(f"root ::= {_literal(constraint.prefix)}")] if constraint.prefix else []
             parts.append(body)

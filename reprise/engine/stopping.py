@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from grpc_api.backend import FinishReason
 from reprise.engine.request import StoppingParams
+from serving.records import FinishReason
 
 
 @dataclass(frozen=True, slots=True)
