@@ -8,10 +8,12 @@ never steps.
 
 A token's text comes from incremental detokenization (``TokenTexts``: each token's piece is the text
 the decoded output grew by when it was added, with the usual window of a few tokens so multi-byte
-characters and merges decode right). The engine's own text stays the source of truth (it is held back
-at a possible stop string and cut at a match): a token's event carries the part of the engine's text
-that the pieces up to that token cover and that the engine has released, and a step's last token
-everything the engine released with the step.
+characters and merges decode right). The engine's own text stays the source of truth (it is cut at a
+stop string's match): a token's event carries the part of the engine's text that the pieces up to that
+token cover, less the few characters a stop string could begin with (the engine holds back as many at
+the end of each step), so which event carries which text depends on the tokens only, never on where
+steps ended. What the engine releases only at the end (a character cut off by the length limit, the
+held-back tail) leaves with the last event.
 
 When the reply ends it is parsed for tool calls (``Request.tool_format``); the calls leave as
 ``ToolCallDelta`` events before ``Finished``, whose ``content`` is the reply's text without them. A
@@ -68,6 +70,9 @@ class ReplyStream:
         self.size = max(1, request.chunk_tokens)
         self._texts = TokenTexts(tokenizer)
         self._held = StreamingToolText() if hold_tool_text and request.tool_format is not None else None
+        # The engine holds back this many characters at the end of each step (a stop string may begin
+        # there); each token's event holds back as many, so event texts do not depend on step boundaries.
+        self._stop_hold = max((len(s) for s in request.params.stop), default=1) - 1
         self._engine_text = ""  # the engine's text, as released
         self._covered = 0  # characters the tokens so far decode to
         self._sent = 0  # characters handed to events (or to the tool-call holdback)
@@ -79,14 +84,10 @@ class ReplyStream:
         """A step's committed tokens and the text the engine released with them."""
         self._engine_text += text
         out: list[TextDelta] = []
-        last = len(token_ids) - 1
-        for i, t in enumerate(token_ids):
+        for t in token_ids:
             self._covered += self._texts.add(t)
             self._pending_ids.append(int(t))
-            # Within a step each token takes the text it decodes to; the step's last token takes all the
-            # engine released with the step (a character completed only by the final decode included).
-            upto = len(self._engine_text) if i == last else min(self._covered, len(self._engine_text))
-            self._pending_text.append(self._take(upto))
+            self._pending_text.append(self._take(min(self._covered - self._stop_hold, len(self._engine_text))))
             if len(self._pending_ids) == self.size:
                 out.append(self._chunk())
         return out

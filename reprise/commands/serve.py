@@ -74,5 +74,9 @@ async def _serve(config) -> int:
                      "move it to a secret store")
     print("\n".join(lines), file=sys.stderr, flush=True)
     await service.wait()
-    print("reprise: stopped", file=sys.stderr)
-    return 0
+    if service.exit_code:
+        print(f"reprise: stopped: the decoding engine failed (exit code {service.exit_code}); see the log above",
+              file=sys.stderr)
+    else:
+        print("reprise: stopped", file=sys.stderr)
+    return service.exit_code
