@@ -63,4 +63,4 @@ test-gpu: install
 
 lint: install
 	$(BIN)/ruff check .
-	$(BIN)/mypy fileio grpc_api neural_drafters privacy replay_traces reprise retrieval suffix_index tools verifier
+	$(BIN)/mypy fileio grpc_api http_api neural_drafters privacy replay_traces reprise retrieval serving suffix_index tools verifier

@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import queue
 import re
 import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from grpc_api import errors
-from grpc_api.admission import Admission, ThreadPump
-from grpc_api.backend import AdminBackend, CorpusDocument, Progress, TenantStats
 from grpc_api.v1 import admin_pb2, admin_pb2_grpc, common_pb2
+from serving import errors
+from serving.admin import AdminBackend, CorpusDocument, Progress, TenantStats
+from serving.admission import Admission
 
 _TENANT_ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 KEY_KINDS = {
@@ -66,12 +67,27 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
     async def _stream(self, fn: Callable[..., Any], *args: Any):
-        """Run ``fn(*args, progress)``; yield Progress records, then ("result", value)."""
-        pump = ThreadPump()
-        pump.start(self._executor, lambda: fn(*args, pump.put))
-        async for item in pump.items():
-            yield item
-        yield ("result", pump.result)
+        """Run ``fn(*args, progress)`` on a worker thread (the operation's own work); yield what it
+        reports as it reports it (Progress records, export bytes), then ("result", value)."""
+        loop = asyncio.get_running_loop()
+        reports: asyncio.Queue[Any] = asyncio.Queue()
+
+        def report(item: Any) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is listening
+                loop.call_soon_threadsafe(reports.put_nowait, item)
+
+        done = loop.run_in_executor(self._executor, lambda: fn(*args, report))
+        while True:
+            getter = asyncio.ensure_future(reports.get())
+            await asyncio.wait({getter, done}, return_when=asyncio.FIRST_COMPLETED)
+            if getter.done():
+                yield getter.result()
+                continue
+            getter.cancel()
+            while not reports.empty():  # reported before it returned
+                yield reports.get_nowait()
+            yield ("result", done.result())
+            return
 
     async def CreateTenant(self, request, context):
         info, key = await self._call(self._backend.create_tenant, request.name)

@@ -28,8 +28,8 @@ import grpc
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
-from grpc_api.backend import ToolCall  # the one record of a tool call, on both sides of the wire
 from grpc_api.v1 import admin_pb2, admin_pb2_grpc, common_pb2, decoding_pb2, decoding_pb2_grpc
+from serving.records import ToolCall  # the one record of a tool call, on both sides of the wire
 
 if TYPE_CHECKING:
     from typing_extensions import Self

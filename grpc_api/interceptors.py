@@ -6,11 +6,14 @@ wrapper always matches the RPC's shape). The wrapper
 1. authenticates ``authorization: Bearer <key>`` and checks the role the service needs: DecodingService
    wants a tenant key, AdminService an admin key; health checking and reflection need none;
 2. exposes the principal to the servicer through ``current_principal()``;
-3. turns exceptions into statuses in one place: ``errors.ServiceError`` -> its code (RESOURCE_EXHAUSTED
+3. turns exceptions into statuses in one place: ``serving.errors`` -> its code (``grpc_api.status``; RESOURCE_EXHAUSTED
    with google.rpc.RetryInfo), ``ValueError`` -> INVALID_ARGUMENT, anything else -> INTERNAL with a
    generic message (the traceback goes to the server log only);
 4. counts ``grpc_server_started_total``, ``grpc_server_handled_total{grpc_code}`` and
-   ``grpc_server_handling_seconds``.
+   ``grpc_server_handling_seconds``;
+5. holds each anonymous stream (``Health.Watch``, reflection) to ``PublicStreams``' caps, per connection
+   and in total: beyond them the stream is refused with RESOURCE_EXHAUSTED and a retry delay, and the
+   capacity authenticated calls need is never theirs to take.
 """
 
 from __future__ import annotations
@@ -29,8 +32,9 @@ from google.protobuf import any_pb2, duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from grpc_api import errors
-from grpc_api.backend import Authenticator, Principal
+from grpc_api.status import status_code
+from serving import errors
+from serving.records import Authenticator, Principal
 
 log = logging.getLogger(__name__)
 
@@ -85,12 +89,50 @@ def _status_trailers(exc: errors.ServiceError) -> tuple[tuple[str, Any], ...]:
     return tuple(rpc_status.to_status(status).trailing_metadata)
 
 
-class ServerInterceptor(grpc.aio.ServerInterceptor):
-    """Authentication, error mapping and metrics for every RPC (see the module docstring)."""
+class PublicStreams:
+    """Caps on the streams anyone may open without a key, in total and per connection (the peer
+    address with its port: one HTTP/2 connection). Runs on the event loop."""
 
-    def __init__(self, authenticator: Authenticator, metrics: Any = None) -> None:
+    def __init__(self, max_total: int, max_per_connection: int) -> None:
+        self.max_total = max_total
+        self.max_per_connection = max_per_connection
+        self._by_peer: dict[str, int] = {}
+        self._total = 0
+        self.refused = 0
+
+    @property
+    def num_open(self) -> int:
+        return self._total
+
+    def acquire(self, peer: str) -> None:
+        mine = self._by_peer.get(peer, 0)
+        if mine >= self.max_per_connection or self._total >= self.max_total:
+            self.refused += 1
+            limit = (f"{self.max_per_connection} per connection" if mine >= self.max_per_connection
+                     else f"{self.max_total} in all")
+            raise errors.ResourceExhausted(f"too many open health-watch or reflection streams ({limit})",
+                                           retry_after_s=5.0)
+        self._by_peer[peer] = mine + 1
+        self._total += 1
+
+    def release(self, peer: str) -> None:
+        mine = self._by_peer.get(peer, 0) - 1
+        if mine > 0:
+            self._by_peer[peer] = mine
+        else:
+            self._by_peer.pop(peer, None)
+        self._total -= 1
+
+
+class ServerInterceptor(grpc.aio.ServerInterceptor):
+    """Authentication, error mapping, metrics and the anonymous streams' caps for every RPC (see the
+    module docstring)."""
+
+    def __init__(self, authenticator: Authenticator, metrics: Any = None,
+                 public_streams: PublicStreams | None = None) -> None:
         self._auth = authenticator
         self._metrics = metrics if metrics is not None else NullMetrics()
+        self._public = public_streams if public_streams is not None else PublicStreams(64, 4)
 
     async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
@@ -135,11 +177,17 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         if handler.response_streaming:
             inner = handler.unary_stream or handler.stream_stream
 
+            public = self._public if role is None else None
+
             async def streaming(request_or_iterator, context):
                 start = time.perf_counter()
                 metrics.observe_rpc_started(*labels)
+                peer = None
                 try:
                     check(context)
+                    if public is not None:
+                        public.acquire(context.peer())
+                        peer = context.peer()
                     result = inner(prepare(request_or_iterator), context)
                     if inspect.isasyncgen(result):
                         async with contextlib.aclosing(result):
@@ -157,6 +205,9 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
                     await fail(context, exc, start)
                 else:
                     await finish(context, grpc.StatusCode.OK, start)
+                finally:
+                    if peer is not None and public is not None:
+                        public.release(peer)
 
             behavior = streaming
         else:
@@ -236,7 +287,7 @@ def _is_cancel(exc: BaseException) -> bool:
 
 def _classify(exc: BaseException, method: str) -> tuple[grpc.StatusCode, str, tuple]:
     if isinstance(exc, errors.ServiceError):
-        return exc.code, exc.message, _status_trailers(exc)
+        return status_code(exc), exc.message, _status_trailers(exc)
     if isinstance(exc, ValueError):
         return grpc.StatusCode.INVALID_ARGUMENT, str(exc), ()
     log.exception("internal error in %s", method, exc_info=exc)

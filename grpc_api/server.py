@@ -1,17 +1,23 @@
 """The gRPC server: both planes, health checking, reflection, limits, keepalive, graceful shutdown.
 
-    server = GrpcServer(decode_backend, admin_backend, authenticator, settings, metrics)
+    server = GrpcServer(core, admin_backend, authenticator, settings, metrics)
     port = await server.start()
     await server.wait()            # until SIGTERM/SIGINT (install_signal_handlers) or stop()
 
-``settings`` is any object with the attributes of ``reprise.config.ServerConfig`` (host, grpc_port,
-max_message_bytes, max_concurrent_requests, max_requests_per_tenant, default_max_new_tokens,
-stream_chunk_tokens, grace_seconds, keepalive_time_s, keepalive_timeout_s, num_worker_threads,
-tls_cert_file, tls_key_file, tls_client_ca_file).
+``core`` is the serving core (``serving.core.ServingCore``) the data plane adapts; ``settings`` is any
+object with the attributes of ``reprise.config.ServerConfig`` (host, grpc_port, max_message_bytes,
+max_concurrent_requests, grace_seconds, keepalive_time_s, keepalive_timeout_s, public_streams_total,
+public_streams_per_connection, tls_cert_file, tls_key_file, tls_client_ca_file).
+
+Capacity: authenticated generation is admitted by the core (per tenant and in total). Health checking
+and reflection need no key, so their long-lived streams (``Health.Watch``, reflection) get their own
+small caps, per connection and in total (``grpc_api.interceptors.PublicStreams``); grpc's own cap on
+concurrent RPCs is set above everything those limits allow, so anonymous streams can never fill the
+room tenants' calls need.
 
 Shutdown (``stop``): health turns NOT_SERVING for every service, new generation requests get
-UNAVAILABLE, in-flight streams have ``grace_seconds`` to finish and are then cancelled, the worker
-threads are joined, and the decode backend is closed (history flushed).
+UNAVAILABLE, in-flight streams have ``grace_seconds`` to finish and are then cancelled. The caller
+then closes the core (the engine stops, history is flushed).
 """
 
 from __future__ import annotations
@@ -30,12 +36,12 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2
 from grpc_reflection.v1alpha._async import ReflectionServicer
 
 from grpc_api.admin import AdminServicer
-from grpc_api.admission import Admission
-from grpc_api.backend import AdminBackend, Authenticator, DecodeBackend
 from grpc_api.decoding import DecodingServicer
-from grpc_api.front import DecodeFront
-from grpc_api.interceptors import ADMIN_PLANE, DATA_PLANE, NullMetrics, ServerInterceptor
+from grpc_api.interceptors import ADMIN_PLANE, DATA_PLANE, NullMetrics, PublicStreams, ServerInterceptor
 from grpc_api.v1 import admin_pb2, admin_pb2_grpc, decoding_pb2, decoding_pb2_grpc
+from serving.admin import AdminBackend
+from serving.core import ServingCore
+from serving.records import Authenticator
 
 log = logging.getLogger(__name__)
 SERVICE_NAMES = (DATA_PLANE, ADMIN_PLANE)
@@ -78,11 +84,12 @@ def _address(host: str, port: int) -> str:
 class GrpcServer:
     """Both planes on one port, with health checking and reflection."""
 
-    def __init__(self, decode: DecodeBackend, admin: AdminBackend, authenticator: Authenticator, settings: Any,
+    def __init__(self, core: ServingCore, admin: AdminBackend, authenticator: Authenticator, settings: Any,
                  metrics: Any = None, version: str = "") -> None:
         self.settings = settings
         self.metrics = metrics if metrics is not None else NullMetrics()
-        self._decode = decode
+        self.core = core
+        self.admission = core.admission
         self._admin = admin
         self._auth = authenticator
         self._version = version
@@ -91,24 +98,20 @@ class GrpcServer:
         self._health: HealthServicer | None = None
         self._stopped = asyncio.Event()
         self._stopping: asyncio.Task | None = None
-        self.admission = Admission(settings.max_concurrent_requests, settings.max_requests_per_tenant,
-                                   on_change=self.metrics.set_requests_running)
-        self._executor = concurrent.futures.ThreadPoolExecutor(settings.num_worker_threads,
-                                                               thread_name_prefix="reprise-decode")
         self._admin_executor = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="reprise-admin")
-        # The front both APIs decode through: one admission (limits count gRPC and HTTP requests together).
-        self.front = DecodeFront(decode, self.admission, self._executor, settings, self.metrics)
+        self.public_streams = PublicStreams(settings.public_streams_total, settings.public_streams_per_connection)
 
     async def start(self) -> int:
         """Bind and start serving; return the bound port (useful with grpc_port 0)."""
         s = self.settings
         server = grpc.aio.server(
-            interceptors=[ServerInterceptor(self._auth, self.metrics)],
+            interceptors=[ServerInterceptor(self._auth, self.metrics, self.public_streams)],
             options=server_options(s),
-            # Beyond this grpc itself answers RESOURCE_EXHAUSTED (admin and health calls need room too).
-            maximum_concurrent_rpcs=s.max_concurrent_requests * 2 + 64,
+            # A last guard only: generation is admitted by the core, anonymous streams by PublicStreams,
+            # and this lies above both (plus room for short calls), so neither can fill it for the other.
+            maximum_concurrent_rpcs=s.max_concurrent_requests * 2 + s.public_streams_total + 256,
         )
-        decoding_pb2_grpc.add_DecodingServiceServicer_to_server(DecodingServicer(self.front, self._version), server)
+        decoding_pb2_grpc.add_DecodingServiceServicer_to_server(DecodingServicer(self.core, self._version), server)
         admin_pb2_grpc.add_AdminServiceServicer_to_server(
             AdminServicer(self._admin, self.admission, self._admin_executor, s.max_message_bytes), server)
         self._health = HealthServicer()
@@ -143,6 +146,13 @@ class GrpcServer:
         log.info("gRPC serving on %s", _address(s.host, self.port))
         return self.port
 
+    async def set_serving(self, serving: bool) -> None:
+        """What health checking answers for every service (NOT_SERVING at once when the engine died)."""
+        if self._health is not None:
+            status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+            for name in ("", *SERVICE_NAMES):
+                await self._health.set(name, status)
+
     def install_signal_handlers(self) -> None:
         """SIGTERM and SIGINT start a graceful stop (once)."""
         loop = asyncio.get_running_loop()
@@ -176,10 +186,6 @@ class GrpcServer:
         await self._server.stop(grace)
         await self.admission.wait_idle(max(0.0, deadline - loop.time()))
         self.admission.cancel_all()
-        await loop.run_in_executor(None, self._executor.shutdown, True)
         await loop.run_in_executor(None, self._admin_executor.shutdown, True)
-        try:
-            await loop.run_in_executor(None, self._decode.close)
-        finally:
-            self._stopped.set()
-            log.info("gRPC server stopped")
+        self._stopped.set()
+        log.info("gRPC server stopped")

@@ -1,5 +1,6 @@
-"""Sealed blobs of a tenant: index snapshots, corpora (named token sequences, added in parts) and
-hidden-state vectors. ``HistoryStore`` inherits these methods.
+"""Sealed blobs of a tenant: index snapshots, corpora (named token sequences, added in parts),
+hidden-state vectors and stored responses (the OpenAI Responses API's, with an expiry). ``HistoryStore``
+inherits these methods.
 
 A blob is a sealed head (JSON: name, sizes, chunk count) and its body sealed in chunks of
 ``chunk_bytes``. Each chunk's record id binds the blob's tag, its random blob id, the chunk's index and
@@ -38,7 +39,8 @@ if TYPE_CHECKING:
 KIND_SNAPSHOT = "snapshot"
 KIND_CORPUS = "corpus"
 KIND_HIDDEN = "hidden"
-BLOB_KINDS = (KIND_SNAPSHOT, KIND_CORPUS, KIND_HIDDEN)
+KIND_RESPONSE = "response"
+BLOB_KINDS = (KIND_SNAPSHOT, KIND_CORPUS, KIND_HIDDEN, KIND_RESPONSE)
 
 
 def _check_name(value: object, what: str) -> str:
@@ -192,6 +194,46 @@ class BlobRecords:
         _check_name(key, "hidden-state key")
         tk = self.keychain.tenant_keys(tenant)
         return self.storage.blob_delete(tenant.value, KIND_HIDDEN, tk.tag(KIND_HIDDEN, key))
+
+    def put_response(self, tenant: TenantId, response_id: str, body: bytes, expires_at: float) -> None:
+        """Store a response (opaque bytes: the API's JSON) under its id until ``expires_at`` (unix time)."""
+        if not isinstance(body, (bytes, bytearray)):
+            raise TypeError(f"response body must be bytes, got {type(body).__name__}")
+        _check_name(response_id, "response id")
+        tk = self.keychain.tenant_keys(tenant)
+        head = {"key": response_id, "created_at": time.time(), "expires_at": float(expires_at)}
+        self._put_blob(tk, KIND_RESPONSE, tk.tag(KIND_RESPONSE, response_id), head, bytes(body))
+
+    def get_response(self, tenant: TenantId, response_id: str, now: float | None = None) -> bytes | None:
+        """The response stored under ``response_id``; None when there is none or it has expired (an
+        expired one is deleted here)."""
+        _check_name(response_id, "response id")
+        tk = self.keychain.tenant_keys(tenant)
+        tag = tk.tag(KIND_RESPONSE, response_id)
+        got = self._get_blob(tk, KIND_RESPONSE, tag)
+        if got is None:
+            return None
+        head, body = got
+        if head["expires_at"] <= (time.time() if now is None else now):
+            self.storage.blob_delete(tenant.value, KIND_RESPONSE, tag)
+            return None
+        return body
+
+    def delete_response(self, tenant: TenantId, response_id: str) -> bool:
+        """Delete the response stored under ``response_id``; True if it existed."""
+        _check_name(response_id, "response id")
+        tk = self.keychain.tenant_keys(tenant)
+        return self.storage.blob_delete(tenant.value, KIND_RESPONSE, tk.tag(KIND_RESPONSE, response_id))
+
+    def purge_responses(self, tenant: TenantId, now: float | None = None) -> int:
+        """Delete the tenant's expired responses; returns how many."""
+        tk = self.keychain.tenant_keys(tenant)
+        now = time.time() if now is None else now
+        gone = 0
+        for blob in self.storage.blob_list(tenant.value, KIND_RESPONSE):
+            if self._blob_head(tk, KIND_RESPONSE, blob)["expires_at"] <= now:
+                gone += bool(self.storage.blob_delete(tenant.value, KIND_RESPONSE, blob.tag))
+        return gone
 
 
 def blob_record_id(tag: bytes, blob_id: bytes, index: int, num_chunks: int) -> bytes:

@@ -278,5 +278,7 @@ def _import_blob(store: HistoryStore, tenant: TenantId, kind: str, head: dict[st
     elif kind == "hidden":
         positions, states = decode_hidden_states(body)
         store.put_hidden_states(tenant, head["key"], positions, states)
+    elif kind == "response":
+        store.put_response(tenant, head["key"], body, head["expires_at"])
     else:
         raise IntegrityError(f"export file has an unknown blob kind {kind!r}")

@@ -21,6 +21,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import re
+import socket
 import types
 import typing
 from collections.abc import Mapping
@@ -30,13 +32,13 @@ from typing import Any
 
 from fileio import HOME_ENV, reprise_home
 from privacy.config import StoreConfig
-from reprise.cluster.config import ClusterConfig
 from retrieval.config import DraftingConfig
 
 ENV_PREFIX = "REPRISE_"
 ENGINES = ("transformers", "vllm")
 _SHORT_FLAGS = {"model.engine": "engine"}  # settings whose flag drops the section name
 MiB = 1024 * 1024
+_REPLICA_RE = re.compile(r"^[A-Za-z0-9_.:-]{0,64}$")
 
 
 def _help(text: str) -> dict[str, str]:
@@ -68,7 +70,7 @@ class ServerConfig:
     keepalive_timeout_s: float = field(default=10.0, metadata=_help(
         "how long to wait for a keepalive ping's answer before closing the connection"))
     worker_threads: int = field(default=0, metadata=_help(
-        "threads that run model work off the event loop; 0 = max_concurrent_requests + 4"))
+        "threads that render chat prompts off the event loop; 0 = 4"))
     tls_cert_file: str = field(default="", metadata=_help("PEM certificate chain; with tls_key_file serves TLS"))
     tls_key_file: str = field(default="", metadata=_help("PEM private key of tls_cert_file"))
     tls_client_ca_file: str = field(default="", metadata=_help(
@@ -78,6 +80,23 @@ class ServerConfig:
     store_before_reply: bool = field(default=True, metadata=_help(
         "answer a recorded request only once its turn is in the history store (a crash loses nothing "
         "acknowledged); false answers at once and stores a moment later"))
+    response_retention_days: float = field(default=30.0, metadata=_help(
+        "how long the Responses API keeps a stored response (sealed in the tenant's history store) for "
+        "GET /v1/responses/{id} and previous_response_id; 0 keeps none (store=true is then refused)"))
+    public_streams_total: int = field(default=64, metadata=_help(
+        "gRPC streams anyone may hold open without a key (health Watch, reflection), over all clients"))
+    public_streams_per_connection: int = field(default=4, metadata=_help(
+        "of those, per client connection"))
+    http_header_timeout_s: float = field(default=10.0, metadata=_help(
+        "an HTTP request's headers must arrive within this many seconds, else the connection is closed"))
+    http_body_timeout_s: float = field(default=60.0, metadata=_help(
+        "an HTTP request's body must arrive within this many seconds of its headers"))
+    http_keepalive_timeout_s: float = field(default=5.0, metadata=_help(
+        "an idle HTTP keep-alive connection is closed after this many seconds"))
+    http_max_connections: int = field(default=1024, metadata=_help(
+        "open HTTP connections at most (at most half the process's file descriptors); more are closed at once"))
+    http_max_connections_per_client: int = field(default=256, metadata=_help(
+        "open HTTP connections at most per client address"))
 
     def __post_init__(self) -> None:
         for name in ("grpc_port", "http_port"):
@@ -95,8 +114,14 @@ class ServerConfig:
         _positive("server.keepalive_time_s", self.keepalive_time_s)
         _positive("server.keepalive_timeout_s", self.keepalive_timeout_s)
         _positive("server.stats_interval_s", self.stats_interval_s)
+        for name in ("public_streams_total", "public_streams_per_connection", "http_header_timeout_s",
+                     "http_body_timeout_s", "http_keepalive_timeout_s", "http_max_connections",
+                     "http_max_connections_per_client"):
+            _positive(f"server.{name}", getattr(self, name))
         if self.grace_seconds < 0:
             raise ValueError(f"server.grace_seconds must be >= 0, got {self.grace_seconds}")
+        if not 0 <= self.response_retention_days <= 3650:
+            raise ValueError(f"server.response_retention_days must be in [0, 3650], got {self.response_retention_days}")
         if self.worker_threads < 0:
             raise ValueError(f"server.worker_threads must be >= 0, got {self.worker_threads}")
         if bool(self.tls_cert_file) != bool(self.tls_key_file):
@@ -110,7 +135,7 @@ class ServerConfig:
 
     @property
     def num_worker_threads(self) -> int:
-        return self.worker_threads or self.max_concurrent_requests + 4
+        return self.worker_threads or 4
 
 
 def _positive(name: str, value: float) -> None:
@@ -180,6 +205,57 @@ _EXTRA_HELP = {
 def default_home(env: Mapping[str, str] | None = None) -> Path:
     """``$REPRISE_HOME`` or ``~/.reprise``."""
     return reprise_home(env)
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterConfig:
+    """Replication of tenants' indexes between replicas through Redis Streams (docs/cluster.md)."""
+
+    enabled: bool = field(default=False, metadata=_help(
+        "share tenants' history with the other replicas on this Redis (needs store.backend = redis): "
+        "indexes load lazily (snapshot + stream tail) and follow every replica's writes"))
+    replica_id: str = field(default="", metadata=_help(
+        "this replica's name in the change feed and leases (default <hostname>-<pid>)"))
+    index_memory_bytes: int = field(default=0, metadata=_help(
+        "memory for in-memory tenant indexes on this replica; beyond it the least recently used tenants "
+        "are evicted whole and reloaded from Redis on demand (0 = no limit)"))
+    snapshot_every: int = field(default=256, metadata=_help(
+        "re-seal a tenant's index snapshot once this many trajectories were applied after it"))
+    snapshot_check_s: float = field(default=2.0, metadata=_help(
+        "how often the background compactor looks for tenants whose snapshot is due"))
+    resync_interval_s: float = field(default=10.0, metadata=_help(
+        "how often every held tenant's stream is read directly (catches events the feed lost, deletions "
+        "made outside the service)"))
+    load_wait_s: float = field(default=2.0, metadata=_help(
+        "how long a request waits for its tenant's index to load; past it the request runs without "
+        "history drafts while the load finishes in the background"))
+    feed_max_len: int = field(default=100_000, metadata=_help("events kept in the change feed (approximate)"))
+    max_pending_writes: int = field(default=10_000, metadata=_help(
+        "finished requests' trajectories held for writing while Redis is unreachable; more are dropped "
+        "and counted"))
+
+    def __post_init__(self) -> None:
+        if not _REPLICA_RE.match(self.replica_id):
+            raise ValueError(f"cluster.replica_id must be at most 64 letters, digits or '_.:-', "
+                             f"got {self.replica_id!r}")
+        if self.index_memory_bytes < 0:
+            raise ValueError(f"cluster.index_memory_bytes must be >= 0, got {self.index_memory_bytes}")
+        if self.snapshot_every < 1:
+            raise ValueError(f"cluster.snapshot_every must be >= 1, got {self.snapshot_every}")
+        for name in ("snapshot_check_s", "resync_interval_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"cluster.{name} must be > 0, got {getattr(self, name)}")
+        if self.load_wait_s < 0:
+            raise ValueError(f"cluster.load_wait_s must be >= 0, got {self.load_wait_s}")
+        if self.feed_max_len < 100:
+            raise ValueError(f"cluster.feed_max_len must be >= 100, got {self.feed_max_len}")
+        if self.max_pending_writes < 1:
+            raise ValueError(f"cluster.max_pending_writes must be >= 1, got {self.max_pending_writes}")
+
+    @property
+    def name(self) -> str:
+        """``replica_id``, or ``<hostname>-<pid>``."""
+        return self.replica_id or f"{socket.gethostname()[:40]}-{os.getpid()}"
 
 
 @dataclass(frozen=True, slots=True)

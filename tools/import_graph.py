@@ -20,8 +20,9 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("fileio", "suffix_index", "retrieval", "privacy", "grpc_api", "verifier", "neural_drafters",
-            "replay_traces", "reprise")
+PACKAGES = ("fileio", "suffix_index", "retrieval", "privacy", "serving", "grpc_api", "http_api", "verifier",
+            "neural_drafters", "replay_traces", "reprise")
+FRONTS = ("grpc_api", "http_api")
 
 # Top-level package -> the project packages it may import (docs/architecture.md, "Layers").
 MAY_IMPORT: dict[str, frozenset[str]] = {
@@ -29,7 +30,9 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "suffix_index": frozenset(),
     "retrieval": frozenset({"suffix_index", "fileio"}),
     "privacy": frozenset({"fileio"}),
-    "grpc_api": frozenset({"fileio"}),
+    "serving": frozenset(),
+    "grpc_api": frozenset({"serving", "fileio"}),
+    "http_api": frozenset({"serving"}),
     "verifier": frozenset({"retrieval", "fileio"}),
     "neural_drafters": frozenset({"retrieval", "verifier", "fileio"}),
     "replay_traces": frozenset({"retrieval", "suffix_index", "fileio"}),
@@ -37,19 +40,25 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
 }
 
 # Inside reprise, no part imports the parts above it. The most specific prefix that names a module
-# decides (reprise.server.service, the wiring, plugs the cluster in; the rest of reprise.server does not).
+# decides. reprise.service, the wiring, sits above server and cluster; the engine, the backends, the
+# server's parts and the cluster import neither front (grpc_api, http_api): only the wiring and the
+# command line reach them.
 _FRONT = ("reprise.cli", "reprise.commands", "reprise.benchmarks")
 MUST_NOT_IMPORT: dict[str, tuple[str, ...]] = {
-    "reprise.engine": ("reprise.backends", "reprise.server", "reprise.cluster", "reprise.offline", *_FRONT),
-    "reprise.backends": ("reprise.server", "reprise.cluster", "reprise.offline", *_FRONT),
-    "reprise.server": ("reprise.cluster", "reprise.offline", *_FRONT),
-    "reprise.server.service": ("reprise.offline", *_FRONT),
-    "reprise.cluster": ("reprise.server.service", *_FRONT),
+    "reprise.engine": ("reprise.backends", "reprise.server", "reprise.cluster", "reprise.offline",
+                       "reprise.service", *FRONTS, *_FRONT),
+    "reprise.backends": ("reprise.server", "reprise.cluster", "reprise.offline", "reprise.service", *FRONTS,
+                         *_FRONT),
+    "reprise.server": ("reprise.cluster", "reprise.offline", "reprise.service", *FRONTS, *_FRONT),
+    "reprise.server.dashboard.http": ("reprise.cluster", "reprise.offline", "reprise.service", "grpc_api", *_FRONT),
+    "reprise.service": ("reprise.offline", *_FRONT),
+    "reprise.cluster": ("reprise.service", *FRONTS, *_FRONT),
     "reprise.cluster.launch": _FRONT,  # a replica process: it runs the service
     "reprise.offline": ("reprise.server", "reprise.cluster", *_FRONT),
     "reprise.drafters": ("reprise.engine", "reprise.backends", "reprise.server", "reprise.cluster",
-                         "reprise.offline", *_FRONT),
-    "reprise.config": ("reprise.engine", "reprise.backends", "reprise.server", "reprise.offline", *_FRONT),
+                         "reprise.offline", "reprise.service", *FRONTS, *_FRONT),
+    "reprise.config": ("reprise.engine", "reprise.backends", "reprise.server", "reprise.cluster", "reprise.offline",
+                       "reprise.service", *FRONTS, *_FRONT),
     "reprise.arguments": ("reprise",),
     "reprise.benchmarks": ("reprise.cli", "reprise.commands"),
     "reprise.commands": ("reprise.cli",),

@@ -1,70 +1,91 @@
 """The decode backend over Reprise's own engine: ``reprise.engine.Engine`` stepping on its own thread.
 
-Implements ``grpc_api.backend.DecodeBackend``, the seam both fronts (gRPC, HTTP) talk to. The engine
-thread runs ``Engine.serve``: every step packs all active requests into one verification pass. A front's
-worker thread submits its request and waits on the handle; committed tokens reach the caller through
-the engine's stream callback as they are committed; the request returns once its turn is in the
-history store (``reprise.backends.stored``). Cancelling (client gone, deadline, Abort) sets the request's event;
-the engine drops it at its next step and frees its KV slot at once.
+Implements ``serving.backend.DecodeBackend``, the seam the serving core talks to. The engine thread runs
+``Engine.serve``: every step packs all active requests into one verification pass. ``generate`` submits
+its request with two callbacks that hand the engine's events to the caller's event loop
+(``call_soon_threadsafe``): committed tokens as they commit, the finished turn once it is resolved. No
+thread waits on the request; the reply then waits, on the loop, for its turn to be in the history
+store (``reprise.backends.stored``). Cancelling (client gone, deadline, Abort) sets the request's
+event; the engine drops it at its next step and frees its KV slot at once.
 
-Chat prompts go through the model's chat template. Tools and an assistant's earlier tool calls are
-handed to the template when it renders them (it mentions ``tools`` / ``tool_calls``); otherwise the
-model's tool-call format (``grpc_api.tool_calls``) renders them: the tools as a system prompt, the calls
-as the text the model writes for them. An ``OutputConstraint`` is compiled into a grammar the engine
-decodes under (reprise/engine/grammar.py).
+An ``OutputConstraint`` is compiled into a grammar the engine decodes under (reprise/engine/grammar_compiler.py)
+in ``check``, on a worker thread, before the request starts, per tenant (one tenant's compilations never
+warm another's cache). If the engine thread ever dies, every request it held fails with UNAVAILABLE,
+``alive`` turns False (health says NOT_SERVING) and ``on_fatal`` tells the service, which exits non-zero
+so an orchestrator replaces the process.
 """
 
 from __future__ import annotations
 
-import json
+import asyncio
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any
 
-from grpc_api import errors
-from grpc_api.backend import (
-    ChatMessage,
-    GenerateParams,
-    Generation,
-    ModelInfo,
-    PromptInput,
-    TokenCallback,
-    Tool,
-)
-from grpc_api.tool_calls import FORMATS, format_for
-from reprise.backends.stored import STORE_WAIT_S, await_stored
-from reprise.engine.engine import Engine
+from reprise.backends.stored import STORE_WAIT_S, wait_stored
+from reprise.engine.engine import Engine, RequestHandle
 from reprise.engine.grammar_compiler import GrammarCompiler
 from reprise.engine.request import GenerationRequest, StoppingParams
+from serving import errors
+from serving.admission import CancelEvent
+from serving.records import BackendEvent, Finished, ModelInfo, Request, Tokens
+from serving.render import model_info
 from verifier.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 
 
+def engine_request(request: Request, grammar: Any = None) -> GenerationRequest:
+    """The engine's view of a serving request."""
+    p = request.params
+    return GenerationRequest(
+        prompt_ids=request.prompt_ids,
+        sampling=SamplingParams(temperature=p.temperature, top_k=p.top_k, top_p=p.top_p,
+                                repetition_penalty=p.repetition_penalty, seed=p.seed),
+        stopping=StoppingParams(max_new_tokens=p.max_new_tokens, min_new_tokens=p.min_new_tokens,
+                                stop_token_ids=p.stop_token_ids, stop_strings=p.stop, ignore_eos=p.ignore_eos,
+                                include_stop_string=p.include_stop_str_in_output),
+        tenant=request.tenant, session_id=request.session_id, request_id=request.request_id,
+        record_history=p.record, speculate=p.speculate, grammar=grammar)
+
+
+def request_error(exc: BaseException) -> BaseException:
+    """A request's failure as the caller should see it: the service's own errors as they are, bad input
+    as InvalidArgument, anything else as an internal error whose details stay in the log."""
+    if isinstance(exc, errors.ServiceError):
+        return exc
+    if isinstance(exc, ValueError):
+        return errors.InvalidArgument(str(exc))
+    log.error("the engine failed a request", exc_info=exc)
+    return errors.Internal("the engine failed this request; see the server log")
+
+
+def call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: Any) -> None:
+    """``fn(*args)`` on ``loop`` from another thread; nothing when the loop is closed (nobody listens)."""
+    try:
+        loop.call_soon_threadsafe(fn, *args)
+    except RuntimeError:
+        pass
+
+
 class EngineBackend:
-    """``DecodeBackend`` over ``reprise.engine.engine.Engine``.
+    """``DecodeBackend`` over ``reprise.engine.engine.Engine`` (module docstring).
 
     ``record_trajectory(tenant, session_id, token_ids)`` stores a turn that did not go through the
-    engine (``AppendTrajectory``) durably and adds it to the tenant's drafting history.
+    engine (``AppendTrajectory``) durably and adds it to the tenant's drafting history (blocking: it
+    runs on a worker thread).
     """
 
     def __init__(self, engine: Engine, tokenizer: Any, model_name: str,
                  record_trajectory: Callable[[str, str, Sequence[int]], None] | None = None,
                  on_close: Callable[[], None] | None = None, store_before_reply: bool = True,
-                 store_wait_s: float = STORE_WAIT_S, on_store_wait: Callable[[float], None] | None = None) -> None:
+                 store_wait_s: float = STORE_WAIT_S, on_store_wait: Callable[[float], None] | None = None,
+                 on_fatal: Callable[[BaseException], None] | None = None) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
         runner = engine.runner
-        template = getattr(tokenizer, "chat_template", None) if tokenizer is not None else None
-        template = template if isinstance(template, str) else ""
-        self._info = ModelInfo(
-            model_name=model_name, max_context_tokens=runner.max_len, eos_token_ids=tuple(engine.eos_token_ids),
-            vocab_size=runner.vocab_size, has_chat_template=bool(template),
-            tool_call_format=format_for(model_name, template),
-        )
-        self._template_tools = "tools" in template  # the template renders the tool list itself
-        self._template_calls = "tool_calls" in template  # ... and an assistant's tool calls
+        self._info = model_info(tokenizer, model_name, runner.max_len, engine.eos_token_ids, runner.vocab_size)
         self._grammars: GrammarCompiler | None = None
         self._grammar_lock = threading.Lock()
         self._record = record_trajectory
@@ -72,6 +93,8 @@ class EngineBackend:
         self._store_wait_s = store_wait_s
         self._on_store_wait = on_store_wait
         self._on_close = on_close
+        self._on_fatal = on_fatal
+        self._failure: BaseException | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="reprise-engine", daemon=True)
         self._thread.start()
@@ -79,111 +102,87 @@ class EngineBackend:
     def _serve(self) -> None:
         try:
             self.engine.serve(self._stop)
-        except BaseException:  # the engine thread must not die silently: requests would hang
-            log.exception("the engine thread failed; the service cannot decode")
-            raise
+        except BaseException as exc:  # the engine thread must not die silently: requests would hang
+            log.critical("the engine thread failed; the service cannot decode", exc_info=exc)
+            self._failure = exc
+            self.engine.fail_all(errors.Unavailable("the decoding engine stopped; retry on another replica"))
+            if self._on_fatal is not None:
+                self._on_fatal(exc)
+
+    # ---- DecodeBackend -------------------------------------------------------------------------------
 
     def model_info(self) -> ModelInfo:
         return self._info
 
-    def tokenize(self, prompt: PromptInput, add_generation_prompt: bool = True) -> list[int]:
-        tok = self.tokenizer
-        if tok is None:
-            raise errors.FailedPrecondition("the served model has no tokenizer: send token ids")
-        if prompt.text is not None:
-            return list(tok.encode(prompt.text, add_special_tokens=False))
-        messages, tools = self._chat(prompt.messages or (), prompt.tools)
-        try:
-            ids = tok.apply_chat_template(messages, tools=tools, add_generation_prompt=add_generation_prompt,
-                                          tokenize=True)
-        except Exception as exc:  # noqa: BLE001 - template errors (e.g. role order) are the caller's
-            raise errors.InvalidArgument(f"the chat template rejected these messages: {exc}") from None
-        if hasattr(ids, "keys"):  # transformers 5 returns a BatchEncoding
-            ids = ids["input_ids"]
-        return [int(t) for t in ids]
+    @property
+    def alive(self) -> bool:
+        return self._failure is None and self._thread.is_alive()
 
-    def _chat(self, messages: tuple[ChatMessage, ...], tools: tuple[Tool, ...]) -> tuple[list[dict], list | None]:
-        """Messages (and tools) as the chat template takes them; see the module docstring."""
-        fmt = FORMATS[self._info.tool_call_format]
-        out: list[dict] = []
-        for m in messages:
-            d: dict = {"role": m.role, "content": m.content}
-            if m.tool_calls and self._template_calls:
-                d["tool_calls"] = [{"id": c.id, "type": "function",
-                                    "function": {"name": c.name, "arguments": _json_or_text(c.arguments)}}
-                                   for c in m.tool_calls]
-            elif m.tool_calls:
-                d["content"] = (m.content + "\n" if m.content else "") + fmt.render_calls(m.tool_calls)
-            if m.role == "tool":
-                d["tool_call_id"] = m.tool_call_id
-                if m.name:
-                    d["name"] = m.name
-            out.append(d)
-        if not tools:
-            return out, None
-        if self._template_tools:
-            return out, [{"type": "function", "function": {"name": t.name, "description": t.description,
-                                                           "parameters": json.loads(t.parameters or "{}")}}
-                         for t in tools]
-        system = fmt.system_prompt(tools)
-        if out and out[0]["role"] == "system":
-            out[0] = {**out[0], "content": system + "\n\n" + out[0]["content"]}
-        else:
-            out.insert(0, {"role": "system", "content": system})
-        return out, None
+    async def check(self, request: Request) -> None:
+        constraint = request.params.constraint
+        if constraint is None:
+            return
+        if self.tokenizer is None:
+            raise errors.FailedPrecondition("structured output needs the model's tokenizer; this server has none",
+                                            constraint.param)
+        await asyncio.get_running_loop().run_in_executor(None, self._grammar, request)
 
-    def _grammar(self, params: GenerateParams, tenant: str) -> Any:
-        if params.constraint is None:
+    def _grammar(self, request: Request) -> Any:
+        """*Blocking.* The request's compiled grammar (cached per tenant), or a ValueError naming the field."""
+        constraint = request.params.constraint
+        if constraint is None:
             return None
         with self._grammar_lock:  # built once, on the first constrained request (xgrammar loads lazily)
             if self._grammars is None:
                 self._grammars = GrammarCompiler(self.tokenizer, self.engine.runner.vocab_size,
                                                  self.engine.eos_token_ids)
-        return self._grammars.compile(params.constraint, tenant=tenant, max_tokens=params.max_new_tokens)
+        try:
+            return self._grammars.compile(constraint, tenant=request.tenant, max_tokens=request.params.max_new_tokens)
+        except ValueError as exc:
+            raise errors.InvalidArgument(str(exc), constraint.param) from None
 
-    def generate(self, tenant: str, session_id: str, request_id: str, prompt_ids: Sequence[int],
-                 params: GenerateParams, on_tokens: TokenCallback, cancel: threading.Event) -> Generation:
-        if not self._thread.is_alive():
-            raise errors.Unavailable("the decoding engine has stopped")
-        if params.constraint is not None and self.tokenizer is None:
-            raise errors.FailedPrecondition("structured output needs the model's tokenizer; this server has none")
-        request = GenerationRequest(
-            prompt_ids=tuple(int(t) for t in prompt_ids),
-            sampling=SamplingParams(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
-                                    repetition_penalty=params.repetition_penalty, seed=params.seed),
-            stopping=StoppingParams(max_new_tokens=params.max_new_tokens, min_new_tokens=params.min_new_tokens,
-                                    stop_token_ids=params.stop_token_ids, stop_strings=params.stop,
-                                    ignore_eos=params.ignore_eos,
-                                    include_stop_string=params.include_stop_str_in_output),
-            tenant=tenant, session_id=session_id, request_id=request_id, record_history=params.record,
-            speculate=params.speculate, grammar=self._grammar(params, tenant),
-        )
-        handle = self.engine.submit(request, on_stream=lambda ids, text: on_tokens(ids, text), cancel=cancel)
-        while not handle.done.wait(0.5):  # wake up now and then: the engine thread may have died
-            if not self._thread.is_alive():
-                raise errors.Unavailable("the decoding engine stopped while the request ran")
-        result = handle.wait()
-        if self._store_before_reply:
-            await_stored(handle.stored, self._store_wait_s, self._on_store_wait)
-        return Generation(result.finish_reason, result.matched_stop, result.usage.prompt_tokens,
-                          result.usage.completion_tokens, result.usage.cached_tokens)
+    async def generate(self, request: Request, cancel: CancelEvent) -> AsyncGenerator[BackendEvent, None]:
+        if not self.alive:
+            raise errors.Unavailable("the decoding engine has stopped; retry on another replica")
+        loop = asyncio.get_running_loop()
+        grammar = None
+        if request.params.constraint is not None:  # compiled by check(): a cache hit
+            grammar = await loop.run_in_executor(None, self._grammar, request)
+        events: asyncio.Queue[Tokens | RequestHandle] = asyncio.Queue()
+        handle = self.engine.submit(
+            engine_request(request, grammar), cancel=cancel,
+            on_stream=lambda ids, text: call_soon(loop, events.put_nowait, Tokens(tuple(ids), text)),
+            on_done=lambda h: call_soon(loop, events.put_nowait, h))
+        try:
+            while True:
+                item = await events.get()
+                if isinstance(item, Tokens):
+                    yield item
+                    continue
+                break
+            if handle.error is not None:
+                raise request_error(handle.error)
+            result = handle.result
+            assert result is not None
+            if self._store_before_reply:
+                await wait_stored(handle.stored, self._store_wait_s, self._on_store_wait)
+            yield Finished(result.finish_reason, result.usage, result.matched_stop, token_ids=result.token_ids)
+        finally:
+            cancel.set()  # a caller that left early: the engine drops the request at its next step
 
-    def append_trajectory(self, tenant: str, session_id: str, token_ids: Sequence[int]) -> int:
+    async def append_trajectory(self, tenant: str, session_id: str, token_ids: Sequence[int]) -> int:
         if self._record is None:
             raise errors.FailedPrecondition("this server keeps no history")
-        self._record(tenant, session_id, token_ids)
+        record = self._record
+        await asyncio.get_running_loop().run_in_executor(None, record, tenant, session_id, list(token_ids))
         return len(token_ids)
 
-    def close(self) -> None:
+    async def close(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self.close_now)
+
+    def close_now(self) -> None:
+        """*Blocking.* Stop the engine thread and flush history (also where no event loop runs)."""
         self._stop.set()
         self._thread.join(30)
         if self._on_close is not None:
             self._on_close()
-
-
-def _json_or_text(text: str) -> Any:
-    """Tool-call arguments as the chat templates expect them: the parsed JSON object (text if it is not)."""
-    try:
-        return json.loads(text) if text else {}
-    except ValueError:
-        return text

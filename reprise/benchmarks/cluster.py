@@ -39,7 +39,7 @@ import numpy as np
 from privacy import StoreConfig, TenantId, Trajectory, open_store
 from reprise.arguments import CliError, require_at_least
 from reprise.benchmarks.serve import SYSTEM, synthetic_conversations, tally_records
-from reprise.cluster.config import ClusterConfig
+from reprise.config import ClusterConfig
 from retrieval.config import DraftingConfig
 
 TARGET_PROPAGATION_P99_S = 1.0

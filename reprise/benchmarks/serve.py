@@ -264,7 +264,7 @@ def _durability_cost(args: argparse.Namespace) -> int:
 
 async def _bench(args: argparse.Namespace, home: Path, store_before_reply: bool = True) -> dict[str, Any]:
     from grpc_api.client import AdminClient
-    from reprise.server.service import Service
+    from reprise.service import Service
 
     flags = {"home": str(home), "server.grpc_port": "0",
              "server.http_port": str(_free_port()) if args.api == "openai" else "0",  # 0 turns HTTP off
@@ -284,9 +284,10 @@ async def _bench(args: argparse.Namespace, home: Path, store_before_reply: bool 
     await service.start()
     passes: dict[str, dict[str, Any]] = {}
     try:
-        engine = service.grpc._decode.engine
+        assert service.decoding is not None and service.decoding.engine is not None and service.core is not None
+        engine = service.decoding.engine
         totals = {f"{name}{suffix}": 0.0 for name in ("forward", "prefill") for suffix in ("", "_cpu", "_calls")}
-        runner = engine.runner
+        runner: Any = engine.runner  # its methods are wrapped with timers below
         runner.verify = _Timed(runner.verify, totals, "forward")
         runner.start = _Timed(runner.start, totals, "prefill")
         target = f"127.0.0.1:{service.grpc_port}"
@@ -304,7 +305,7 @@ async def _bench(args: argparse.Namespace, home: Path, store_before_reply: bool 
 
         max_prompt = max(16, min(config.model.max_len - args.max_new_tokens - 1, args.max_prompt_tokens))
         prompts = prompts_for(args, engine.tokenizer, max_prompt)
-        model_name = service.grpc.front.info.model_name
+        model_name = service.core.info.model_name
         base_url = f"http://127.0.0.1:{service.http_port}/v1"
         waited = (0.0, 0.0, 0.0)  # the store-wait and request-latency sums so far (the metrics are cumulative)
         for api in ("grpc", "openai") if args.api == "openai" else ("grpc",):

@@ -3,13 +3,13 @@ Redis Streams, lazy index loading from sealed snapshots, deletion and key rotati
 budget with LRU eviction of whole tenants. See docs/cluster.md.
 
 Modules: ``config`` (``ClusterConfig``, the ``[cluster]`` settings), ``node`` (``ClusterNode``: what
-``reprise.server.service`` wires in), ``replica`` (held tenants, catching up, eviction, deletion), ``loading`` (snapshot, rebuild, stream
+``reprise.service`` wires in), ``replica`` (held tenants, catching up, eviction, deletion), ``loading`` (snapshot, rebuild, stream
 application), ``upkeep``
 (feed listener, snapshots, resync), ``writer`` (retried, announced appends), ``indexes`` and
 ``backend`` (the service's index and data-plane backends on a replica), ``auth`` (credentials through a
 store outage), ``launch`` (a replica process with a tiny model, for tests and ``reprise bench cluster``).
 """
 
-from reprise.cluster.config import ClusterConfig
+from reprise.config import ClusterConfig
 
 __all__ = ["ClusterConfig"]

@@ -15,8 +15,8 @@ import logging
 import threading
 from typing import Any
 
-from grpc_api import errors
 from reprise.server.auth import StoreAuthenticator
+from serving import errors
 
 log = logging.getLogger(__name__)
 

@@ -11,12 +11,13 @@ refused, and the engine's sessions leave recording to the stream.
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Sequence
+import asyncio
+from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
-from grpc_api import errors
-from grpc_api.backend import GenerateParams, Generation, ModelInfo, PromptInput, TokenCallback
+from serving import errors
+from serving.admission import CancelEvent
+from serving.records import BackendEvent, ModelInfo, Request
 
 
 class _StreamFedSession:
@@ -48,40 +49,48 @@ class StreamFedProposer:
 
 
 class ReplicaBackend:
-    """``grpc_api.backend.DecodeBackend`` over the engine's backend and the ``Replica``."""
+    """``serving.backend.DecodeBackend`` over the engine's backend and the ``Replica``."""
 
     def __init__(self, inner: Any, replica: Any, load_wait_s: float) -> None:
         self.inner = inner
         self.replica = replica
         self.load_wait_s = load_wait_s
-        self._lock = threading.Lock()
+        self.tokenizer = inner.tokenizer
 
     @property
     def engine(self) -> Any:
         return self.inner.engine
 
+    @property
+    def alive(self) -> bool:
+        return bool(self.inner.alive)
+
     def model_info(self) -> ModelInfo:
         return self.inner.model_info()
-
-    def tokenize(self, prompt: PromptInput, add_generation_prompt: bool = True) -> list[int]:
-        return self.inner.tokenize(prompt, add_generation_prompt)
 
     def _refuse_deleted(self, tenant: str) -> None:
         if tenant in self.replica.deleted:  # the key check caught up already, unless it ran just before
             raise errors.Unauthenticated("unknown or revoked API key")
 
-    def generate(self, tenant: str, session_id: str, request_id: str, prompt_ids: Sequence[int],
-                 params: GenerateParams, on_tokens: TokenCallback, cancel: threading.Event) -> Generation:
+    async def check(self, request: Request) -> None:
+        await self.inner.check(request)
+
+    async def generate(self, request: Request, cancel: CancelEvent) -> AsyncGenerator[BackendEvent, None]:
+        tenant = request.tenant
         self._refuse_deleted(tenant)
-        if params.speculate:
-            self.replica.ensure(tenant, self.load_wait_s)
+        if request.params.speculate:  # loading the tenant's index is real work (snapshot + stream tail)
+            await asyncio.get_running_loop().run_in_executor(None, self.replica.ensure, tenant, self.load_wait_s)
         with self.replica.pinned(tenant):
             self._refuse_deleted(tenant)
-            return self.inner.generate(tenant, session_id, request_id, prompt_ids, params, on_tokens, cancel)
+            async for event in self.inner.generate(request, cancel):
+                yield event
 
-    def append_trajectory(self, tenant: str, session_id: str, token_ids: Sequence[int]) -> int:
+    async def append_trajectory(self, tenant: str, session_id: str, token_ids: Sequence[int]) -> int:
         self._refuse_deleted(tenant)
-        return self.inner.append_trajectory(tenant, session_id, token_ids)
+        return await self.inner.append_trajectory(tenant, session_id, token_ids)
 
-    def close(self) -> None:
-        self.inner.close()
+    async def close(self) -> None:
+        await self.inner.close()
+
+    def close_now(self) -> None:
+        self.inner.close_now()

@@ -14,13 +14,13 @@ import logging
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from grpc_api import errors
-from grpc_api.backend import CorpusDocument, CorpusImport, Progress, ProgressCallback, TenantStats
 from privacy.changefeed import KIND_RELOAD, tenant_state
 from privacy.errors import StorageError
 from privacy.tenants import TenantId
 from reprise.server.admin import privacy_errors
 from reprise.server.indexes import TenantIndexes
+from serving import errors
+from serving.admin import CorpusDocument, CorpusImport, Progress, ProgressCallback, TenantStats
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ from typing import Any
 
 from reprise.config import add_config_arguments, config_from_args
 from reprise.offline.tiny import tiny_loaded_model
-from reprise.server.service import Service
+from reprise.service import Service
 
 ROOT = Path(__file__).resolve().parents[2]
 

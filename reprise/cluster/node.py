@@ -1,5 +1,5 @@
 """Everything a replica adds to ``reprise serve``, built from ``[cluster]`` and wired by
-``reprise.server.service.Service`` when ``cluster.enabled`` is set:
+``reprise.service.Service`` when ``cluster.enabled`` is set:
 
     node = ClusterNode(config.cluster, store, proposer, metrics)
     auth = node.authenticator()                    # verdicts survive a store outage
@@ -21,11 +21,11 @@ from privacy.changefeed import KIND_DELETE, KIND_KEYS, open_feed
 from privacy.errors import StorageError
 from reprise.cluster.auth import ResilientAuthenticator
 from reprise.cluster.backend import ReplicaBackend, StreamFedProposer
-from reprise.cluster.config import ClusterConfig
 from reprise.cluster.indexes import ReplicatedIndexes
 from reprise.cluster.replica import Replica
 from reprise.cluster.upkeep import FeedListener, Upkeep
 from reprise.cluster.writer import ReplicaWriter
+from reprise.config import ClusterConfig
 
 log = logging.getLogger(__name__)
 

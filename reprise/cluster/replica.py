@@ -32,8 +32,8 @@ from privacy import changefeed
 from privacy.changefeed import KIND_APPEND, KIND_SNAPSHOT, tenant_state
 from privacy.errors import StorageError
 from privacy.tenants import TenantId
-from reprise.cluster.config import ClusterConfig
 from reprise.cluster.loading import SNAPSHOT_NAME, Held, apply_stream, restore_snapshot, start_rebuild
+from reprise.config import ClusterConfig
 
 log = logging.getLogger(__name__)
 _LEFTOVER_WINDOW_S = 120.0  # a write this recent may have landed after another replica's purge

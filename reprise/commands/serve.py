@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _serve(config) -> int:
-    from reprise.server.service import Service
+    from reprise.service import Service
 
     service = Service(config)
     print(f"reprise: starting (data in {config.home}; loading the model can take ~30 s on first start)",
@@ -74,5 +74,9 @@ async def _serve(config) -> int:
                      "move it to a secret store")
     print("\n".join(lines), file=sys.stderr, flush=True)
     await service.wait()
-    print("reprise: stopped", file=sys.stderr)
-    return 0
+    if service.exit_code:
+        print(f"reprise: stopped: the decoding engine failed (exit code {service.exit_code}); see the log above",
+              file=sys.stderr)
+    else:
+        print("reprise: stopped", file=sys.stderr)
+    return service.exit_code

@@ -36,7 +36,6 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from grpc_api.backend import FinishReason
 from reprise.engine.draft_budget import AcceptanceTracker, DraftBudget
 from reprise.engine.drafting import GuardedSession
 from reprise.engine.grammar import GrammarState
@@ -46,6 +45,7 @@ from reprise.engine.step_cost import StepCostFit
 from reprise.engine.stopping import StopChecker
 from retrieval.draft_tree import DraftTree, subtree
 from retrieval.session import Proposer, Verified
+from serving.records import FinishReason
 from verifier.runner import ModelRunner, VerifyResult, VerifyStep
 from verifier.sampling import SamplingParams
 
@@ -108,7 +108,8 @@ class RequestHandle:
     history sink's ticket for a recorded turn (None when nothing is stored), for callers that answer
     only once the turn is durable."""
 
-    def __init__(self, request: GenerationRequest, cancel: threading.Event | None) -> None:
+    def __init__(self, request: GenerationRequest, cancel: threading.Event | None,
+                 on_done: Callable[[RequestHandle], None] | None = None) -> None:
         self.request = request
         self.request_id = request.request_id
         self.cancelled = cancel if cancel is not None else threading.Event()
@@ -116,9 +117,23 @@ class RequestHandle:
         self.result: GenerationResult | None = None
         self.error: BaseException | None = None
         self.stored: StoreTicket | None = None
+        self._on_done = on_done
 
     def cancel(self) -> None:
         self.cancelled.set()
+
+    def resolve(self, result: GenerationResult | None = None, error: BaseException | None = None) -> None:
+        """Finish the handle (engine thread) and tell ``on_done``, the submitter's callback."""
+        if result is not None:
+            self.result = result
+        if error is not None:
+            self.error = error
+        self.done.set()
+        if self._on_done is not None:
+            try:
+                self._on_done(self)
+            except Exception:  # a submitter that went away must not stop the engine
+                log.exception("the completion callback of request %s failed", self.request_id)
 
     def wait(self, timeout: float | None = None) -> GenerationResult:
         if not self.done.wait(timeout):
@@ -201,12 +216,14 @@ class Engine:
 
     # ---- submission (any thread) ------------------------------------------------------------------
     def submit(self, request: GenerationRequest, *, on_stream: StreamCallback | None = None,
-               cancel: threading.Event | None = None) -> RequestHandle:
-        """Queue a request; it is admitted at the next step with a free slot."""
+               cancel: threading.Event | None = None,
+               on_done: Callable[[RequestHandle], None] | None = None) -> RequestHandle:
+        """Queue a request; it is admitted at the next step with a free slot. ``on_done(handle)`` is
+        called (on the engine thread) once it has its result or its error."""
         StopChecker(request.stopping, self.tokenizer, (), 1)  # reject unusable stop settings now
         if not request.request_id:
             request = replace(request, request_id=uuid.uuid4().hex)
-        handle = RequestHandle(request, cancel)
+        handle = RequestHandle(request, cancel, on_done)
         with self._lock:
             self._waiting.append((handle, on_stream))
         return handle
@@ -267,8 +284,7 @@ class Engine:
             except Exception as exc:  # this request cannot start; the others go on
                 if not isinstance(exc, ValueError):
                     log.exception("request %s failed to start", handle.request_id)
-                handle.error = exc
-                self._resolve(handle, _result(handle.request, [], "", "error", None, 0, 0, 0))
+                handle.resolve(_result(handle.request, [], "", "error", None, 0, 0, 0), error=exc)
         for item in [a for a in self._active if a.handle.cancelled.is_set()]:
             self._finish(item, "aborted", None)
         return list(self._active)
@@ -455,8 +471,25 @@ class Engine:
 
     @staticmethod
     def _resolve(handle: RequestHandle, result: GenerationResult) -> None:
-        handle.result = result
-        handle.done.set()
+        handle.resolve(result)
+
+    def fail_all(self, error: BaseException) -> int:
+        """The engine cannot go on (its thread is ending): every waiting and active request fails with
+        ``error`` and gets its slot back. Returns how many failed."""
+        with self._lock:
+            waiting = [handle for handle, _ in self._waiting]
+            self._waiting.clear()
+        for item in list(self._active):
+            self._active.remove(item)
+            try:
+                self.runner.release(item.slot, keep_cache=False)
+            except Exception:
+                log.debug("releasing slot %d failed", item.slot, exc_info=True)
+            waiting.append(item.handle)
+        for handle in waiting:
+            if not handle.done.is_set():
+                handle.resolve(error=error)
+        return len(waiting)
 
 
 def _own_nodes(nodes: np.ndarray) -> np.ndarray:
@@ -467,7 +500,8 @@ def _own_nodes(nodes: np.ndarray) -> np.ndarray:
 
 def _result(request: GenerationRequest, output: Sequence[int], text: str, reason: FinishReason,
             matched: int | str | None, steps: int, drafted: int, accepted: int, cached: int = 0) -> GenerationResult:
-    usage = Usage(len(request.prompt_ids), len(output), steps, drafted, accepted, cached)
+    usage = Usage(prompt_tokens=len(request.prompt_ids), completion_tokens=len(output), cached_tokens=cached,
+                  steps=steps, drafted_tokens=drafted, accepted_tokens=accepted)
     return GenerationResult(request, tuple(output), text, reason, matched, usage)
 
 

@@ -31,8 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from grpc_api.backend import OutputConstraint
 from reprise.engine.grammar_bounds import GrammarBounds, NoFiniteOutput, UnsupportedGrammar, measure
+from serving.records import OutputConstraint
 
 MAX_CONSTRAINT_CHARS = 1 << 20  # a constraint's schema text (every tool's parameters together)
 MAX_SCHEMA_DEPTH = 64  # nesting of the schema's JSON (tool calls add 3 levels)
@@ -222,7 +222,7 @@ class GrammarCompiler:
     def _grammar(self, constraint: OutputConstraint, body: Any) -> Any:
         """The literal prefix, the schema's value (``body``, converted with any_whitespace=False: compact
         JSON with json.dumps' separators, no free whitespace for a model to loop in, and the same text a
-        reply sent back in a later request renders to, grpc_api/tool_calls.py), the literal suffix."""
+        reply sent back in a later request renders to, serving/tool_calls.py), the literal suffix."""
         xgr = self._xgr
         if body is None:
             body = xgr.Grammar.from_json_schema(constraint.schema, any_whitespace=False)
@@ -234,6 +234,18 @@ class GrammarCompiler:
 
     def _expand_regex(self, pattern: str) -> str:
         return str(self._xgr.Grammar.from_regex(pattern).serialize_json())
+
+
+_EBNF_ESCAPE = re.compile(r"\\(x[0-9a-fA-F]{2}|.)", re.DOTALL)
+
+
+def ebnf_text(grammar: CheckedGrammar) -> str:
+    """The grammar as EBNF text that reads back as itself (for an engine that takes grammar text, such
+    as vLLM): xgrammar 0.2.8 prints U+0080..U+00FF as ``\\xHH``, which its parser reads on into a
+    following hex digit (``\\xe9c`` is U+0E9C, so ``"Décembre"`` becomes unwritable); printed here as
+    ``\\u00HH`` (four digits, unambiguous)."""
+    return _EBNF_ESCAPE.sub(lambda m: "\\u00" + m.group(1)[1:] if len(m.group(1)) == 3 else m.group(0),
+                            str(grammar.compiled.grammar))
 
 
 _JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
@@ -279,7 +291,7 @@ def _clean(exc: BaseException) -> str:
 
 
 def _tools(constraint: OutputConstraint) -> list[tuple[str, Any]]:
-    """(name, call schema) of each tool of a ``tool_calls`` constraint (grpc_api.tool_calls builds one
+    """(name, call schema) of each tool of a ``tool_calls`` constraint (serving.tool_calls builds one
     call object per tool, ``{"properties": {"name": {"const": ...}, "arguments": ...}}``, under
     ``anyOf`` when there are several)."""
     if constraint.name != "tool_calls":

@@ -1,13 +1,13 @@
 """Records of one generation request: what was asked (``GenerationRequest``) and the finished turn
 (``GenerationResult``: the request with what came out), which the backends answer from and the history
-sink stores. Finish reasons are the serving seam's vocabulary (``grpc_api.backend.FinishReason``)."""
+sink stores. Finish reasons and usage are the serving core's records (``serving.records``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
-from grpc_api.backend import FinishReason
+from serving.records import FinishReason, Usage
 from verifier.sampling import SamplingParams
 
 
@@ -70,24 +70,6 @@ class GenerationRequest:
             raise ValueError(f"prompt_ids must be non-negative ints, got {bad!r}")
         if not self.tenant:
             raise ValueError("tenant must be a non-empty string")
-
-
-@dataclass(frozen=True, slots=True)
-class Usage:
-    """Token and step counts of one request. ``drafted_tokens``: draft nodes verified;
-    ``accepted_tokens``: of those, committed (each step also commits one bonus token);
-    ``cached_tokens``: prompt tokens whose KV came from the tenant's prefix cache (not prefilled)."""
-
-    prompt_tokens: int
-    completion_tokens: int
-    steps: int
-    drafted_tokens: int
-    accepted_tokens: int
-    cached_tokens: int = 0
-
-    @property
-    def tokens_per_step(self) -> float:
-        return self.completion_tokens / self.steps if self.steps else 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from grpc_api.backend import FinishReason
 from reprise.engine.request import StoppingParams
+from serving.records import FinishReason
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +87,10 @@ class StopChecker:
     def _decode(self, final: bool = False) -> None:
         segment = self.tokenizer.decode(self.token_ids[self._line_start :], skip_special_tokens=True)
         if segment.endswith("\ufffd") and not final:
-            return  # an incomplete multi-byte character: wait for the next token
+            # An incomplete multi-byte character: the text before it is released now, the character
+            # with the token that completes it (the segment is decoded again then).
+            self.text = self.text[: self._line_text_len] + segment.rstrip("\ufffd")
+            return
         self.text = self.text[: self._line_text_len] + segment
         if segment.endswith("\n"):
             self._line_start = len(self.token_ids)

@@ -11,17 +11,6 @@ import logging
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, BinaryIO
 
-from grpc_api import errors
-from grpc_api.backend import (
-    CorpusDocument,
-    CorpusImport,
-    HistoryImport,
-    KeyRotation,
-    Progress,
-    ProgressCallback,
-    TenantInfo,
-    TenantStats,
-)
 from privacy.errors import (
     AuthenticationError,
     IntegrityError,
@@ -31,6 +20,17 @@ from privacy.errors import (
     UnknownTenantError,
 )
 from privacy.tenants import TenantId
+from serving import errors
+from serving.admin import (
+    CorpusDocument,
+    CorpusImport,
+    HistoryImport,
+    KeyRotation,
+    Progress,
+    ProgressCallback,
+    TenantInfo,
+    TenantStats,
+)
 
 log = logging.getLogger(__name__)
 

@@ -12,9 +12,9 @@ import threading
 import time
 from typing import Any
 
-from grpc_api import errors
-from grpc_api.backend import Principal
 from privacy.errors import AuthenticationError, StorageError
+from serving import errors
+from serving.records import Principal
 
 ADMIN_PREFIX = "rpa_"
 TENANT_PREFIX = "rpk_"

@@ -17,6 +17,7 @@ import queue
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -33,16 +34,30 @@ STOP = object()  # queued by close(): the writer thread ends after what came bef
 class WriteTicket:
     """Resolved once its turn is stored (``ok``) or given up (``ok`` False, ``error`` says why)."""
 
-    __slots__ = ("_done", "error", "ok")
+    __slots__ = ("_callbacks", "_done", "_lock", "error", "ok")
 
     def __init__(self) -> None:
         self._done = threading.Event()
+        self._lock = threading.Lock()
+        self._callbacks: list[Callable[[], None]] = []
         self.ok = False
         self.error = ""
 
     def resolve(self, ok: bool, error: str = "") -> None:
         self.ok, self.error = ok, error
-        self._done.set()
+        with self._lock:
+            self._done.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
+
+    def add_done_callback(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` (from the writer's thread) once resolved; at once if it already is."""
+        with self._lock:
+            if not self._done.is_set():
+                self._callbacks.append(callback)
+                return
+        callback()
 
     def wait(self, timeout: float | None = None) -> bool:
         """Whether it was resolved within ``timeout`` seconds."""

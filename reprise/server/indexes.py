@@ -17,12 +17,12 @@ from typing import Any
 
 import numpy as np
 
-from grpc_api import errors
-from grpc_api.backend import CorpusDocument, CorpusImport, Progress, ProgressCallback, TenantStats
 from privacy.errors import IntegrityError
 from privacy.tenants import TenantId
 from reprise.server.admin import privacy_errors
 from retrieval.tenant_history import Trajectory
+from serving import errors
+from serving.admin import CorpusDocument, CorpusImport, Progress, ProgressCallback, TenantStats
 
 log = logging.getLogger(__name__)
 _CORPUS_BATCH = 256  # documents per sealed corpus part

@@ -14,9 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from grpc_api.backend import TenantStats
 from reprise.engine.engine import StepReport
 from reprise.engine.request import GenerationResult
+from serving.admin import TenantStats
 
 MAX_POSITIONS = 64
 

@@ -46,7 +46,7 @@ class DrainingAccounting:
 
 
 def start_vllm(config: Any, store: Any, accounting: Any, metrics: Any, history_sink: Any,
-               on_close: Any = None) -> tuple[VllmBackend, Any]:
+               on_close: Any = None, on_fatal: Any = None) -> tuple[VllmBackend, Any]:
     """The started vLLM backend and the ``TenantIndexes`` over the worker's drafting state."""
     m = config.model
     folder = model_folder(m.path)
@@ -59,14 +59,14 @@ def start_vllm(config: Any, store: Any, accounting: Any, metrics: Any, history_s
         num_speculative_tokens=min(config.drafting.max_draft_tokens, MAX_SPECULATIVE_TOKENS),
         speculation="reprise" if drafting else "off", tensor_parallel_size=m.tensor_parallel_size))
     try:
-        return wire_vllm(engine, config, store, accounting, metrics, history_sink, on_close)
+        return wire_vllm(engine, config, store, accounting, metrics, history_sink, on_close, on_fatal=on_fatal)
     except BaseException:
         engine.close()
         raise
 
 
 def wire_vllm(engine: VllmEngine, config: Any, store: Any, accounting: Any, metrics: Any, history_sink: Any,
-              on_close: Any = None, owns_engine: bool = True) -> tuple[VllmBackend, Any]:
+              on_close: Any = None, owns_engine: bool = True, on_fatal: Any = None) -> tuple[VllmBackend, Any]:
     """Over a started engine: attach the proposer, load every tenant's history into the worker, and
     build the backend (``start_vllm`` without the engine start; tests share one engine)."""
     from transformers import AutoTokenizer  # lazily: the CLI and the transformers engine never need it here
@@ -87,6 +87,7 @@ def wire_vllm(engine: VllmEngine, config: Any, store: Any, accounting: Any, metr
                           meter=StepMeter(accounting, metrics),
                           history_sink=history_sink, record_trajectory=indexes.record, on_close=on_close,
                           owns_engine=owns_engine, store_before_reply=config.server.store_before_reply,
+                          on_fatal=on_fatal,
                           on_store_wait=metrics.observe_store_wait if metrics is not None else None)
     metered.backend = backend
     return backend, indexes

@@ -15,10 +15,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from testkit.grpc_fakes import FakeDecode, ServerThread, Settings, fake_text
 
-from grpc_api import errors
-from grpc_api.backend import Principal, PromptInput
 from grpc_api.client import AsyncRepriseClient, RepriseClient, RepriseError, build_request
 from grpc_api.v1 import decoding_pb2, decoding_pb2_grpc
+from serving import errors
+from serving.records import Principal, PromptInput
 
 TENANT_KEY = "rpk_tenant_a"
 
@@ -117,11 +117,11 @@ def test_model_info(server, tenant) -> None:
         ({'tokens': [1, 64]}, "INVALID_ARGUMENT", "input.tokens.ids[1] = 64 is outside the vocabulary [0, 64)"),
         ({'tokens': [-3]}, "INVALID_ARGUMENT", "= -3 is outside"),
         ({'tokens': [1], 'top_p': 0.0}, "INVALID_ARGUMENT", "top_p must be in (0, 1], got 0.0"),
-        ({'tokens': [1], 'temperature': -1.0}, "INVALID_ARGUMENT", "temperature must be a finite number >= 0"),
+        ({'tokens': [1], 'temperature': -1.0}, "INVALID_ARGUMENT", "temperature must be in [0, 2], got -1.0"),
         ({'tokens': [1], 'temperature': float('nan')}, "INVALID_ARGUMENT", "temperature"),
-        ({'tokens': [1], 'top_k': -1}, "INVALID_ARGUMENT", "top_k must be >= 0"),
-        ({'tokens': [1], 'seed': 2**63}, "INVALID_ARGUMENT", "seed must be below 2^63"),
-        ({'tokens': [1], 'repetition_penalty': 0.0}, "INVALID_ARGUMENT", "repetition_penalty must be a finite"),
+        ({'tokens': [1], 'top_k': -1}, "INVALID_ARGUMENT", "top_k must be in [0, 64]"),
+        ({'tokens': [1], 'seed': 2**63}, "INVALID_ARGUMENT", "seed must be in [0, 2^63)"),
+        ({'tokens': [1], 'repetition_penalty': 0.0}, "INVALID_ARGUMENT", "repetition_penalty must be in [0.1, 10]"),
         ({'tokens': [1], 'max_new_tokens': 0}, "INVALID_ARGUMENT", "max_new_tokens must be in [1, 511]"),
         ({'tokens': [1], 'max_new_tokens': 4, 'min_new_tokens': 5}, "INVALID_ARGUMENT", "min_new_tokens (5) exceeds"),
         ({'tokens': [1], 'stop': ['x'] * 17}, "INVALID_ARGUMENT", "at most 16"),
@@ -129,7 +129,7 @@ def test_model_info(server, tenant) -> None:
         ({'tokens': [1], 'stop_token_ids': [99]}, "INVALID_ARGUMENT", "stopping.stop_token_ids[0] = 99"),
         ({'tokens': [1], 'request_id': 'x' * 129}, "INVALID_ARGUMENT", "request_id has 129 characters"),
         ({'tokens': [1], 'session_id': 'a\x00b'}, "INVALID_ARGUMENT", "control characters"),
-        ({'tokens': [1], 'stream_chunk_tokens': 5000}, "INVALID_ARGUMENT", "stream_chunk_tokens must be <= 4096"),
+        ({'tokens': [1], 'stream_chunk_tokens': 5000}, "INVALID_ARGUMENT", "stream_chunk_tokens must be in [1, 4096]"),
         ({'messages': [{'role': 'wizard', 'content': 'x'}]}, "INVALID_ARGUMENT", "role is 'wizard'"),
         ({'tokens': [1] * 600}, "OUT_OF_RANGE", "the prompt has 600 tokens; the model's context holds 512"),
         ({'tokens': [1] * 500, 'max_new_tokens': 100}, "OUT_OF_RANGE", "= 600 exceeds the model's context of 512"),
@@ -325,7 +325,7 @@ def test_graceful_shutdown_finishes_streams_then_closes(fakes, tenant) -> None:
     stream = client.generate_stream(tokens=[1], max_new_tokens=30)
     it = iter(stream)
     next(it)
-    stopper = threading.Thread(target=lambda: st.call(st.server.stop()))
+    stopper = threading.Thread(target=lambda: st.call(st.shutdown()))
     stopper.start()
     assert wait_until(lambda: st.on_loop(lambda: st.server.admission.draining))
     rest = list(it)  # the in-flight stream runs to its end within the grace period
@@ -348,7 +348,7 @@ def test_grace_period_cancels_stragglers(fakes, tenant) -> None:
         it = iter(stream)
         next(it)
         t0 = time.monotonic()
-        st.call(st.server.stop())
+        st.call(st.shutdown())
         assert time.monotonic() - t0 < 3.0
         assert decode.active == 0 and decode.closed
         with pytest.raises(RepriseError) as exc:

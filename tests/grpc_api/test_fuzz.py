@@ -12,8 +12,8 @@ import grpc
 import pytest
 from testkit.grpc_fakes import ServerThread, Settings
 
-from grpc_api.backend import Principal
 from grpc_api.v1 import decoding_pb2
+from serving.records import Principal
 
 METHODS = [
     ("/reprise.v1.DecodingService/Generate", False),

@@ -15,7 +15,7 @@ def test_defaults_are_valid_and_home_follows_env(tmp_path: Path) -> None:
     assert c.home == tmp_path
     assert c.server == cfg.ServerConfig()
     assert c.drafting.max_draft_tokens == 32
-    assert c.server.num_worker_threads == c.server.max_concurrent_requests + 4
+    assert c.server.num_worker_threads == 4
 
 
 def test_precedence_flag_over_env_over_file(tmp_path: Path) -> None:

@@ -5,27 +5,25 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from grpc_api import errors
-from grpc_api.backend import (
+from grpc_api.server import GrpcServer
+from serving import errors
+from serving.admin import (
     CorpusDocument,
     CorpusImport,
-    GenerateParams,
-    Generation,
     HistoryImport,
     KeyRotation,
-    ModelInfo,
-    Principal,
     Progress,
-    PromptInput,
     TenantInfo,
     TenantStats,
 )
-from grpc_api.server import GrpcServer
+from serving.core import ServingCore
+from serving.prepare import ServingSettings
+from serving.records import BackendEvent, Finished, ModelInfo, Principal, PromptInput, Request, Tokens, Usage
+from serving.render import PromptRenderer, model_info
 
 VOCAB = 64
 EOS = 0
@@ -42,8 +40,35 @@ def fake_text(token: int) -> str:
     return chr(ord("a") + token % 26)
 
 
+class FakeTokenizer:
+    """One token per character (``1 + ord(c) % 63``); chat renders ``<role>content`` and a generation
+    prompt token 2; a token decodes to one letter (``fake_text``)."""
+
+    chat_template = "<{{ role }}>{{ content }}"
+
+    def __len__(self) -> int:
+        return VOCAB
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return [1 + ord(c) % (VOCAB - 1) for c in text]
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return "".join(fake_text(int(t)) for t in ids)
+
+    def convert_ids_to_tokens(self, ids: Sequence[int]) -> list[str]:
+        return [fake_text(int(t)) for t in ids]
+
+    def apply_chat_template(self, messages: list[dict], tools: Any = None, add_generation_prompt: bool = True,
+                            tokenize: bool = True) -> list[int]:
+        text = "".join(f"<{m['role']}>{m['content']}" for m in messages)
+        return self.encode(text) + ([2] if add_generation_prompt else [])
+
+
 @dataclass
 class FakeDecode:
+    """A ``serving.backend.DecodeBackend`` whose 'model' is ``fake_next_token``, ``tokens_per_step``
+    tokens a step, ``step_seconds`` apart."""
+
     step_seconds: float = 0.0
     tokens_per_step: int = 3
     max_context: int = 512
@@ -55,15 +80,15 @@ class FakeDecode:
     closed: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
     fail_with: BaseException | None = None
+    tokenizer: Any = field(default_factory=FakeTokenizer)
+    alive: bool = True
 
     def model_info(self) -> ModelInfo:
-        return ModelInfo("fake", self.max_context, (EOS,), VOCAB, True)
+        return model_info(self.tokenizer, "fake", self.max_context, (EOS,), VOCAB)
 
     def tokenize(self, prompt: PromptInput, add_generation_prompt: bool = True) -> list[int]:
-        if prompt.text is not None:
-            return [1 + ord(c) % (VOCAB - 1) for c in prompt.text]
-        text = "".join(f"<{m.role}>{m.content}" for m in prompt.messages or ())
-        return [1 + ord(c) % (VOCAB - 1) for c in text] + ([2] if add_generation_prompt else [])
+        """What the serving core renders ``prompt`` to for this backend."""
+        return PromptRenderer(self.tokenizer, self.model_info()).render(prompt, add_generation_prompt)
 
     def expected(self, prompt_ids: Sequence[int], max_new: int) -> list[int]:
         ctx = list(prompt_ids)
@@ -77,44 +102,53 @@ class FakeDecode:
             out.append(t)
         return out
 
-    def generate(self, tenant: str, session_id: str, request_id: str, prompt_ids: Sequence[int],
-                 params: GenerateParams, on_tokens, cancel: threading.Event) -> Generation:
+    async def check(self, request: Request) -> None:
+        pass
+
+    async def generate(self, request: Request, cancel: threading.Event) -> AsyncIterator[BackendEvent]:
         if self.fail_with is not None:
             raise self.fail_with
+        params, prompt_ids = request.params, request.prompt_ids
         with self.lock:
             self.active += 1
             self.max_active = max(self.max_active, self.active)
-            self.calls.append((tenant, session_id, request_id, list(prompt_ids), params))
+            self.calls.append((request.tenant, request.session_id, request.request_id, list(prompt_ids), params))
+
+        def end(reason: str, out: list[int], matched: int | None = None) -> Finished:
+            return Finished(reason, Usage(len(prompt_ids), len(out)), matched, token_ids=tuple(out))  # type: ignore[arg-type]
+
         try:
             full = self.expected(prompt_ids, params.max_new_tokens)
             out: list[int] = []
             while len(out) < len(full):
                 if cancel.is_set():
-                    return Generation("aborted", None, len(prompt_ids), len(out))
+                    yield end("aborted", out)
+                    return
                 if self.step_seconds:
-                    time.sleep(self.step_seconds)
+                    await asyncio.sleep(self.step_seconds)
                 step = full[len(out): len(out) + self.tokens_per_step]
                 for i, t in enumerate(step):
                     if t in params.stop_token_ids and len(out) + i + 1 > params.min_new_tokens:
                         step = step[: i + 1]
                         out += step
-                        on_tokens(step, "".join(fake_text(x) for x in step))
-                        return Generation("stop", t, len(prompt_ids), len(out))
+                        yield Tokens(tuple(step), "".join(fake_text(x) for x in step))
+                        yield end("stop", out, t)
+                        return
                 out += step
-                on_tokens(step, "".join(fake_text(x) for x in step))
+                yield Tokens(tuple(step), "".join(fake_text(x) for x in step))
             reason = "eos" if out and out[-1] == EOS and not params.ignore_eos else "length"
             if params.record:
-                self.history.setdefault(tenant, []).append(list(prompt_ids) + out)
-            return Generation(reason, None, len(prompt_ids), len(out))
+                self.history.setdefault(request.tenant, []).append(list(prompt_ids) + out)
+            yield end(reason, out)
         finally:
             with self.lock:
                 self.active -= 1
 
-    def append_trajectory(self, tenant: str, session_id: str, token_ids: Sequence[int]) -> int:
+    async def append_trajectory(self, tenant: str, session_id: str, token_ids: Sequence[int]) -> int:
         self.history.setdefault(tenant, []).append(list(token_ids))
         return len(token_ids)
 
-    def close(self) -> None:
+    async def close(self) -> None:
         self.closed = True
 
 
@@ -231,7 +265,8 @@ class Settings:
     grace_seconds: float = 2.0
     keepalive_time_s: float = 30.0
     keepalive_timeout_s: float = 10.0
-    num_worker_threads: int = 12
+    public_streams_total: int = 64
+    public_streams_per_connection: int = 4
     tls_cert_file: str = ""
     tls_key_file: str = ""
     tls_client_ca_file: str = ""
@@ -249,8 +284,11 @@ class ServerThread:
         self.target = f"127.0.0.1:{self.port}"
 
     @staticmethod
-    async def _make(*args: Any) -> GrpcServer:
-        return GrpcServer(*args, version="test")
+    async def _make(decode: Any, admin: Any, auth: Any, settings: Any, metrics: Any) -> GrpcServer:
+        core = ServingCore(decode, ServingSettings(settings.default_max_new_tokens, settings.stream_chunk_tokens,
+                                                   settings.max_concurrent_requests,
+                                                   settings.max_requests_per_tenant), metrics)
+        return GrpcServer(core, admin, auth, settings, metrics, version="test")
 
     def call(self, coro: Any, timeout: float = 30) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
@@ -261,7 +299,12 @@ class ServerThread:
 
         return self.call(run())
 
+    async def shutdown(self, grace: float | None = None) -> None:
+        """What the service does on stop: the server drains, then the core closes (the backend with it)."""
+        await self.server.stop(grace)
+        await self.server.core.close()
+
     def stop(self, grace: float | None = None) -> None:
-        self.call(self.server.stop(grace))
+        self.call(self.shutdown(grace))
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(5)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ from typing import Any
 from reprise.config import load_config
 from reprise.engine.request import GenerationRequest, GenerationResult, Usage
 from reprise.offline.tiny import TINY_EOS, byte_level_tokenizer, tiny_llama  # noqa: F401 - re-exported
-from reprise.server.service import Service
+from reprise.service import Service
 from verifier.models import LoadedModel
 
 
@@ -56,6 +57,12 @@ class Running:
     admin_key: str
     home: Path
 
+    def metrics(self) -> str:
+        """The Prometheus text of /metrics, read with the admin key (no key: 401)."""
+        request = urllib.request.Request(self.http + "/metrics", headers={"Authorization": f"Bearer {self.admin_key}"})
+        with urllib.request.urlopen(request, timeout=10) as r:
+            return r.read().decode()
+
     def stop(self, grace: float | None = 0) -> None:
         self.loop.call(self.service.stop(grace))
         self.loop.close()
@@ -83,4 +90,4 @@ def finished_turn(tenant: str, session_id: str, request_id: str, prompt_ids, out
     request = GenerationRequest(tuple(int(t) for t in prompt_ids), tenant=tenant, session_id=session_id,
                                 request_id=request_id)
     output = tuple(int(t) for t in output_ids)
-    return GenerationResult(request, output, "", "length", None, Usage(len(request.prompt_ids), len(output), 1, 0, 0))
+    return GenerationResult(request, output, "", "length", None, Usage(len(request.prompt_ids), len(output), steps=1))

@@ -1,44 +1,63 @@
-"""The data plane's backend when vLLM decodes: ``grpc_api.backend.DecodeBackend`` over ``VllmEngine``.
+"""The decode backend when vLLM decodes: ``serving.backend.DecodeBackend`` over ``VllmEngine``.
 
-A gRPC worker thread calls ``generate``; the request runs on vLLM's engine (continuous batching with
-every other request) and its tokens reach ``on_tokens`` as vLLM streams them. What Reprise adds, all
-decided here in the service after authentication, never taken from the client:
+The serving core renders the prompt (the same renderer as for the own engine: tools, tool calls and
+tool results through the chat template) and calls ``generate``; the request runs on vLLM's engine
+(continuous batching with every other request, on vLLM's own event loop) and its tokens reach the
+core's loop as vLLM streams them (``call_soon_threadsafe``): no thread waits and nothing polls. What
+Reprise adds, all decided here in the service after authentication, never taken from the client:
 
 - the request's ``RequestTag`` (tenant, session, speculation on or off) in ``SamplingParams.extra_args``:
   the worker's proposer drafts for that tenant only (``proposer.RepriseVllmProposer``);
+- structured output: a request's ``OutputConstraint`` (``response_format``, a forced tool call) is
+  compiled and checked like the own engine's (reprise/engine/grammar_compiler.py: no complete output, or none
+  that fits max_new_tokens, is refused before decoding) and handed to vLLM's structured-output support
+  as the grammar's EBNF, which masks every token the grammar forbids and checks the drafts;
 - the prefix cache's ``cache_salt``: a keyed hash of the tenant, so one tenant's requests never reuse
   (or time) another's cached blocks (CVE-2025-46570), while a tenant's own repeated prefixes still hit;
 - the finished turn: sealed into the encrypted store through the same history sink as the own engine
   (``reprise.server.history_writer.HistoryWriter``) before the reply goes out (``store_before_reply``,
   as the own engine does: ``reprise.backends.stored``), and added to the worker's index of that tenant;
-- the per-step figures: the worker's step records (draft length, accepted, drafter) are drained every
-  ``poll_s`` into the same step observer (``reprise.server.metering.StepMeter``: per-tenant accounting
-  and Prometheus metrics) the own engine feeds.
+- the per-step figures: after each request the worker's step records (draft length, accepted,
+  drafter) are drained into the same step observer (``reprise.server.metering.StepMeter``: per-tenant
+  accounting and Prometheus metrics) the own engine feeds; reading a tenant's figures drains too.
 
-Cancelling (client gone, deadline, Abort) cancels the request's task; vLLM's ``generate`` then aborts
-the request in the engine core, which frees its KV blocks.
+Cancelling (client gone, deadline, Abort) cancels the request's task on vLLM's loop at once (the cancel
+event's callback); vLLM's ``generate`` then aborts the request in the engine core, which frees its KV
+blocks.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import hashlib
 import hmac
 import logging
 import secrets
 import threading
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any
 
-from grpc_api import errors
-from grpc_api.backend import FinishReason, GenerateParams, Generation, ModelInfo, PromptInput, TokenCallback
-from reprise.backends.stored import STORE_WAIT_S, await_stored
+from reprise.backends.engine import call_soon
+from reprise.backends.stored import STORE_WAIT_S, wait_stored
 from reprise.backends.vllm.tags import RequestTag, StepRecord
 from reprise.backends.vllm.tenants import token_bytes
 from reprise.engine.engine import StepReport
-from reprise.engine.request import GenerationRequest, GenerationResult, Usage
+from reprise.engine.grammar_compiler import GrammarCompiler, ebnf_text
+from reprise.engine.request import GenerationRequest, GenerationResult
+from serving import errors
+from serving.admission import CancelEvent
+from serving.records import (
+    BackendEvent,
+    Finished,
+    FinishReason,
+    GenerateParams,
+    ModelInfo,
+    Request,
+    Tokens,
+    Usage,
+)
+from serving.render import model_info
 
 log = logging.getLogger(__name__)
 
@@ -47,22 +66,6 @@ def cache_salt(key: bytes, tenant: str) -> str:
     """The prefix-cache salt of ``tenant``: HMAC-SHA256 under the service's key (the tenant id itself
     never reaches vLLM's cache keys, and nobody without the key can compute another tenant's salt)."""
     return hmac.new(key, tenant.encode(), hashlib.sha256).hexdigest()
-
-
-def tokenize_prompt(tokenizer: Any, prompt: PromptInput, add_generation_prompt: bool = True) -> list[int]:
-    """Token ids of a text or chat prompt (the chat template applied to messages)."""
-    if tokenizer is None:
-        raise errors.FailedPrecondition("the served model has no tokenizer: send token ids")
-    if prompt.text is not None:
-        return list(tokenizer.encode(prompt.text, add_special_tokens=False))
-    messages = [{"role": m.role, "content": m.content} for m in prompt.messages or ()]
-    try:
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True)
-    except Exception as exc:  # noqa: BLE001 - template errors (e.g. role order) are the caller's
-        raise errors.InvalidArgument(f"the chat template rejected these messages: {exc}") from None
-    if hasattr(ids, "keys"):  # transformers 5 returns a BatchEncoding
-        ids = ids["input_ids"]
-    return [int(t) for t in ids]
 
 
 class VllmBackend:
@@ -80,18 +83,16 @@ class VllmBackend:
                  history_sink: Callable[[Any], Any] | None = None,
                  record_trajectory: Callable[[str, str, Sequence[int]], None] | None = None,
                  on_close: Callable[[], None] | None = None, salt_key: bytes | None = None,
-                 poll_s: float = 1.0, owns_engine: bool = True, store_before_reply: bool = True,
-                 store_wait_s: float = STORE_WAIT_S, on_store_wait: Callable[[float], None] | None = None) -> None:
+                 owns_engine: bool = True, store_before_reply: bool = True,
+                 store_wait_s: float = STORE_WAIT_S, on_store_wait: Callable[[float], None] | None = None,
+                 on_fatal: Callable[[BaseException], None] | None = None) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
         self._drafting = engine.settings.speculation == "reprise"
         eos = getattr(tokenizer, "eos_token_id", None)
-        self._info = ModelInfo(
-            model_name=model_name, max_context_tokens=engine.settings.max_model_len,
-            eos_token_ids=(int(eos),) if eos is not None else (),
-            vocab_size=len(tokenizer) if tokenizer is not None else 0,
-            has_chat_template=bool(tokenizer is not None and getattr(tokenizer, "chat_template", None)),
-        )
+        self._info = model_info(tokenizer, model_name, engine.settings.max_model_len,
+                                (int(eos),) if eos is not None else (),
+                                len(tokenizer) if tokenizer is not None else 0)
         self._accounting = accounting
         self._meter = meter
         self._sink = history_sink
@@ -102,74 +103,122 @@ class VllmBackend:
         self._store_wait_s = store_wait_s
         self._on_store_wait = on_store_wait
         self._salt_key = salt_key if salt_key is not None else secrets.token_bytes(32)
+        self._grammars: GrammarCompiler | None = None
+        self._grammar_lock = threading.Lock()
         self.prefix_cached_tokens: dict[str, int] = {}  # per tenant: prompt tokens served from its prefix cache
-        self._stop = threading.Event()
         self._drain_lock = threading.Lock()
-        self._poller = threading.Thread(target=self._poll, args=(poll_s,), name="reprise-vllm-steps", daemon=True)
-        if self._drafting:
-            self._poller.start()
+        self._drain_pending = False
+        self._on_fatal = on_fatal
+        self._fatal_reported = False
 
     # ---- DecodeBackend -------------------------------------------------------------------------------
 
     def model_info(self) -> ModelInfo:
         return self._info
 
-    def tokenize(self, prompt: PromptInput, add_generation_prompt: bool = True) -> list[int]:
-        return tokenize_prompt(self.tokenizer, prompt, add_generation_prompt)
+    @property
+    def alive(self) -> bool:
+        return bool(self.engine.alive)
 
     def cache_salt(self, tenant: str) -> str:
         return cache_salt(self._salt_key, tenant)
 
-    def generate(self, tenant: str, session_id: str, request_id: str, prompt_ids: Sequence[int],
-                 params: GenerateParams, on_tokens: TokenCallback, cancel: threading.Event) -> Generation:
-        if not self.engine.alive:
-            raise errors.Unavailable("the vLLM engine has stopped")
-        prompt = [int(t) for t in prompt_ids]
-        tag = RequestTag(tenant, session_id, params.speculate and self._drafting)
-        engine_id = f"{request_id or 'req'}-{uuid.uuid4().hex[:12]}"
-        future = asyncio.run_coroutine_threadsafe(
-            self._run(engine_id, prompt, self._sampling(params, tag), self.cache_salt(tenant), on_tokens),
-            self.engine.loop)
-        while True:
-            try:
-                reason, matched, output, cached = future.result(timeout=0.2)
-                break
-            except concurrent.futures.TimeoutError:
-                if cancel.is_set():
-                    future.cancel()  # the task's CancelledError makes vLLM abort the request
-                    self._accounting.record_request(tenant)
-                    return Generation("aborted", None, len(prompt), 0)
-                if not self.engine.alive:
-                    raise errors.Unavailable("the vLLM engine stopped while the request ran") from None
-            except concurrent.futures.CancelledError:
-                self._accounting.record_request(tenant)
-                return Generation("aborted", None, len(prompt), 0)
-        self._accounting.record_request(tenant)
-        self.prefix_cached_tokens[tenant] = self.prefix_cached_tokens.get(tenant, 0) + cached
-        if reason != "aborted" and params.record:
-            ticket = self._remember(GenerationResult(
-                GenerationRequest(prompt_ids=tuple(prompt), tenant=tenant, session_id=session_id,
-                                  request_id=request_id), tuple(output), "", reason, matched,
-                Usage(len(prompt), len(output), 0, 0, 0)))
-            if self._store_before_reply:
-                await_stored(ticket, self._store_wait_s, self._on_store_wait)
-        return Generation(reason, matched, len(prompt), len(output))
+    async def check(self, request: Request) -> None:
+        if request.params.constraint is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self._grammar_text, request)
 
-    def append_trajectory(self, tenant: str, session_id: str, token_ids: Sequence[int]) -> int:
+    def _grammar_text(self, request: Request) -> str | None:
+        """*Blocking.* The request's grammar as EBNF for vLLM, checked as the own engine checks it."""
+        constraint = request.params.constraint
+        if constraint is None:
+            return None
+        with self._grammar_lock:
+            if self._grammars is None:
+                self._grammars = GrammarCompiler(self.tokenizer, self._info.vocab_size, self._info.eos_token_ids)
+        try:
+            compiled = self._grammars.compile(constraint, tenant=request.tenant, max_tokens=request.params.max_new_tokens)
+        except ValueError as exc:
+            raise errors.InvalidArgument(str(exc), constraint.param) from None
+        return ebnf_text(compiled)
+
+    async def generate(self, request: Request, cancel: CancelEvent) -> AsyncGenerator[BackendEvent, None]:
+        if not self.engine.alive:
+            raise errors.Unavailable("the vLLM engine has stopped; retry on another replica")
+        loop = asyncio.get_running_loop()
+        grammar = None
+        if request.params.constraint is not None:  # checked and compiled by check(): a cache hit
+            grammar = await loop.run_in_executor(None, self._grammar_text, request)
+        tenant, prompt = request.tenant, list(request.prompt_ids)
+        tag = RequestTag(tenant, request.session_id, request.params.speculate and self._drafting)
+        engine_id = f"{request.request_id or 'req'}-{uuid.uuid4().hex[:12]}"
+        tokens: asyncio.Queue[Tokens] = asyncio.Queue()
+        task = asyncio.run_coroutine_threadsafe(
+            self._run(engine_id, prompt, self._sampling(request.params, tag, grammar), self.cache_salt(tenant),
+                      lambda ids, text: call_soon(loop, tokens.put_nowait, Tokens(tuple(ids), text))),
+            self.engine.loop)
+
+        def stop() -> None:  # from the cancelling thread; the task's CancelledError makes vLLM abort the request
+            task.cancel()
+
+        cancel.add_callback(stop)
+        done = asyncio.wrap_future(task)
+        try:
+            while True:
+                getter = asyncio.ensure_future(tokens.get())
+                waiters: set[asyncio.Future[Any]] = {getter, done}
+                await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+                if getter.done():
+                    yield getter.result()
+                    continue
+                getter.cancel()
+                while not tokens.empty():  # streamed before the end
+                    yield tokens.get_nowait()
+                break
+            try:
+                reason, matched, output, cached = done.result()
+            except asyncio.CancelledError:
+                reason, matched, output, cached = "aborted", None, [], 0
+            if not self.engine.alive and reason == "aborted" and not cancel.is_set():
+                self._engine_died(RuntimeError("vLLM's engine stopped"))
+                raise errors.Unavailable("the vLLM engine stopped while the request ran; retry")
+            self._accounting.record_request(tenant)
+            self.prefix_cached_tokens[tenant] = self.prefix_cached_tokens.get(tenant, 0) + cached
+            usage = Usage(prompt_tokens=len(prompt), completion_tokens=len(output), cached_tokens=cached)
+            if reason != "aborted" and request.params.record:
+                ticket = await loop.run_in_executor(None, self._remember, GenerationResult(
+                    GenerationRequest(prompt_ids=tuple(prompt), tenant=tenant, session_id=request.session_id,
+                                      request_id=request.request_id), tuple(output), "", reason, matched, usage))
+                if self._store_before_reply:
+                    await wait_stored(ticket, self._store_wait_s, self._on_store_wait)
+            self._drain_soon(loop)
+            yield Finished(reason, usage, matched, token_ids=tuple(output))
+        finally:
+            cancel.set()  # a caller that left early: the task is cancelled (a no-op once it is done)
+
+    def _engine_died(self, error: BaseException) -> None:
+        """vLLM's engine stopped (a request noticed): tell the service once (health, exit code)."""
+        if not self._fatal_reported and self._on_fatal is not None:
+            self._fatal_reported = True
+            log.critical("vLLM's engine has stopped; the service cannot decode")
+            self._on_fatal(error)
+
+    async def append_trajectory(self, tenant: str, session_id: str, token_ids: Sequence[int]) -> int:
         if self._record is None:
             raise errors.FailedPrecondition("this server keeps no history")
-        self._record(tenant, session_id, token_ids)
+        record = self._record
+        await asyncio.get_running_loop().run_in_executor(None, record, tenant, session_id, list(token_ids))
         return len(token_ids)
 
-    def close(self) -> None:
-        self._stop.set()
-        if self._poller.is_alive():
-            self._poller.join(5)
-            if self.engine.alive:  # the last steps' figures; a stopped engine has none to give
-                try:
-                    self.drain_steps()
-                except RuntimeError as exc:
-                    log.warning("the last drafting figures were lost: %s", exc)
+    async def close(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self.close_now)
+
+    def close_now(self) -> None:
+        """*Blocking.* The last steps' figures, then history flushed and the engine shut down."""
+        if self._drafting and self.engine.alive:
+            try:
+                self.drain_steps()
+            except RuntimeError as exc:
+                log.warning("the last drafting figures were lost: %s", exc)
         if self._on_close is not None:
             self._on_close()
         if self._owns_engine:
@@ -177,9 +226,9 @@ class VllmBackend:
 
     # ---- one request on the engine's loop ------------------------------------------------------------
 
-    def _sampling(self, params: GenerateParams, tag: RequestTag) -> Any:
+    def _sampling(self, params: GenerateParams, tag: RequestTag, grammar: str | None = None) -> Any:
         from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
+        from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
         return SamplingParams(
             temperature=params.temperature, top_p=params.top_p, top_k=params.top_k if params.top_k > 0 else -1,
@@ -187,10 +236,12 @@ class VllmBackend:
             max_tokens=params.max_new_tokens, stop=list(params.stop) or None,
             stop_token_ids=list(params.stop_token_ids) or None, ignore_eos=params.ignore_eos,
             include_stop_str_in_output=params.include_stop_str_in_output,
+            structured_outputs=StructuredOutputsParams(grammar=grammar) if grammar is not None else None,
             output_kind=RequestOutputKind.DELTA, extra_args=tag.to_extra_args())
 
     async def _run(self, engine_id: str, prompt: list[int], sampling: Any, salt: str,
-                   on_tokens: TokenCallback) -> tuple[FinishReason, str | int | None, list[int], int]:
+                   on_tokens: Callable[[list[int], str], None]) -> tuple[FinishReason, str | int | None, list[int], int]:
+        """On vLLM's loop: the request's stream, tokens to ``on_tokens``; its end."""
         from vllm.inputs import TokensPrompt
 
         output: list[int] = []
@@ -223,8 +274,8 @@ class VllmBackend:
     # ---- history and figures -------------------------------------------------------------------------
 
     def _remember(self, turn: GenerationResult) -> Any:
-        """The finished turn: to the encrypted store (queued; the writer's ticket is returned) and to the
-        worker's index of the tenant."""
+        """*Blocking.* The finished turn: to the encrypted store (queued; the writer's ticket is returned)
+        and to the worker's index of the tenant."""
         request = turn.request
         tenant = request.tenant
         ticket = self._sink(turn) if self._sink is not None else None
@@ -236,8 +287,23 @@ class VllmBackend:
                 log.warning("could not add a turn of tenant %s to vLLM's drafting index", tenant, exc_info=True)
         return ticket
 
+    def _drain_soon(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Drain the worker's step records on a worker thread, at most one drain pending at a time."""
+        if not self._drafting or self._drain_pending:
+            return
+        self._drain_pending = True
+
+        def drain() -> None:
+            self._drain_pending = False
+            try:
+                self.drain_steps()
+            except Exception:
+                log.debug("draining vLLM's step records failed", exc_info=True)
+
+        loop.run_in_executor(None, drain)
+
     def drain_steps(self) -> int:
-        """Move the worker's step records into the accounting and metrics now; returns how many."""
+        """*Blocking.* Move the worker's step records into the accounting and metrics now; returns how many."""
         if not self._drafting:
             return 0
         with self._drain_lock:
@@ -251,11 +317,3 @@ class VllmBackend:
     def health(self) -> dict[str, int]:
         """The worker proposer's degraded-step counters (failed, stalled, skipped, warnings)."""
         return dict(self.engine.rpc("reprise_health")[0]) if self._drafting else {}
-
-    def _poll(self, interval_s: float) -> None:
-        while not self._stop.wait(interval_s):
-            try:
-                self.drain_steps()
-            except Exception:
-                if not self._stop.is_set():
-                    log.debug("draining vLLM's step records failed", exc_info=True)

@@ -1,6 +1,6 @@
 """The built-in hit-rate dashboard: ``StatsHistory`` samples per-tenant statistics over time;
 ``dashboard_router`` serves the page (inline SVG charts, no external scripts) and its JSON, the latter
-only to admin keys (on the app of ``reprise.server.http``)."""
+only to admin keys (on the HTTP app, ``http_api.app``)."""
 
 from __future__ import annotations
 

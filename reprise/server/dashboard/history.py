@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from grpc_api.backend import TenantInfo, TenantStats
+from serving.admin import TenantInfo, TenantStats
 
 log = logging.getLogger(__name__)
 

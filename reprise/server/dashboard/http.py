@@ -1,4 +1,4 @@
-"""The hit-rate dashboard's routes (served by ``reprise.server.http`` with the rest of the HTTP side).
+"""The hit-rate dashboard's routes (the service adds them to the HTTP app, ``http_api.app.build_app``).
 
     GET /dashboard             the page: a static shell, no data; draws its charts with inline SVG
     GET /dashboard/api/stats   the page's data; needs ``Authorization: Bearer <admin key>``
@@ -19,8 +19,8 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
-from grpc_api.backend import Authenticator
-from grpc_api.interceptors import bearer_key
+from http_api.auth import bearer_token
+from serving.records import Authenticator
 
 log = logging.getLogger(__name__)
 PAGE = resources.files("reprise.server.dashboard").joinpath("page.html").read_text(encoding="utf-8")
@@ -40,8 +40,7 @@ def dashboard_router(authenticator: Authenticator, snapshot: Callable[[], dict[s
 
     @router.get("/dashboard/api/stats")
     async def stats(request: Request) -> Response:
-        header = request.headers.get("authorization")
-        key = bearer_key([("authorization", header)] if header is not None else [])
+        key = bearer_token(request.headers.get("authorization"))
         if not key:
             return JSONResponse({"error": "send 'Authorization: Bearer <admin key>'"}, 401,
                                 {"WWW-Authenticate": 'Bearer realm="reprise"'})

@@ -7,6 +7,7 @@ seeing each other's history. Skipped, saying why, where vLLM is not installed (`
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import os
 import threading
@@ -17,8 +18,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from grpc_api.backend import GenerateParams, PromptInput
 from reprise.backends.vllm.versions import VllmUnavailableError, require_vllm
+from serving.admission import CancelEvent
+from serving.records import Finished, GenerateParams, PromptInput, Request, Tokens
+from serving.render import PromptRenderer
 
 try:
     require_vllm()
@@ -71,25 +74,39 @@ class Stack:
 
     def generate(self, tenant: str, task: str, *, session: str = "", speculate: bool = True,
                  max_new_tokens: int = 48) -> list[int]:
-        prompt = self.backend.tokenize(PromptInput(messages=_messages(task)))
-        out: list[int] = []
-        gen = self.backend.generate(tenant, session or uuid.uuid4().hex, uuid.uuid4().hex, prompt,
-                                    GenerateParams(max_new_tokens=max_new_tokens, speculate=speculate),
-                                    lambda ids, text: out.extend(ids), threading.Event())
-        assert gen.completion_tokens == len(out)
+        prompt = tuple(PromptRenderer(self.backend.tokenizer, self.backend.model_info()).render(
+            PromptInput(messages=_messages(task))))
+        request = Request(uuid.uuid4().hex, tenant, PromptInput(token_ids=prompt),
+                          GenerateParams(max_new_tokens=max_new_tokens, speculate=speculate),
+                          session_id=session or uuid.uuid4().hex, prompt_ids=prompt)
+        out, end = asyncio.run(decode(self.backend, request))
+        assert end.usage.completion_tokens == len(out)
         return out
 
     def stats(self, tenant: str) -> object:
         return self.indexes.stats(tenant)
 
     def close(self) -> None:
-        self.backend.close()  # the engine is the module's: it stays up
+        self.backend.close_now()  # the engine is the module's: it stays up
         self.history.close()
         self.store.close()
 
 
+async def decode(backend: object, request: Request) -> tuple[list[int], Finished]:
+    """A request through the backend's async stream: its tokens and its end."""
+    out: list[int] = []
+    end = None
+    async for event in backend.generate(request, CancelEvent()):  # type: ignore[attr-defined]
+        if isinstance(event, Tokens):
+            out.extend(event.token_ids)
+        else:
+            end = event
+    assert isinstance(end, Finished)
+    return out, end
+
+
 def _messages(task: str) -> tuple:
-    from grpc_api.backend import ChatMessage
+    from serving.records import ChatMessage
 
     return (ChatMessage("system", SYSTEM), ChatMessage("user", task))
 

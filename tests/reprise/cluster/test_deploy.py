@@ -17,10 +17,9 @@ from testkit.service import finished_turn
 from grpc_api.interceptors import DATA_PLANE
 from privacy import StoreConfig, open_store
 from privacy.changefeed import KIND_APPEND, open_feed
-from reprise.cluster.config import ClusterConfig
 from reprise.cluster.launch import free_port
 from reprise.cluster.node import ClusterNode
-from reprise.config import env_name, load_config, settings
+from reprise.config import ClusterConfig, env_name, load_config, settings
 from retrieval.proposer import RepriseProposer
 
 DEPLOY = Path(__file__).resolve().parents[3] / "deploy" / "cluster"

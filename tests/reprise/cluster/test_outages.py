@@ -12,15 +12,14 @@ import pytest
 from testkit.cluster import RedisServer, master_env, require_redis_server, wait_for
 from testkit.service import finished_turn
 
-from grpc_api import errors
 from privacy import StoreConfig, TenantId, open_store
 from reprise.cluster.auth import ResilientAuthenticator
-from reprise.cluster.config import ClusterConfig
 from reprise.cluster.node import ClusterNode
 from reprise.cluster.writer import ReplicaWriter
-from reprise.config import load_config
+from reprise.config import ClusterConfig, load_config
 from reprise.engine.request import GenerationResult
 from retrieval.proposer import RepriseProposer
+from serving import errors
 
 
 @pytest.fixture

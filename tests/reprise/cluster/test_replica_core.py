@@ -18,9 +18,9 @@ from testkit.service import finished_turn
 from privacy import StoreConfig, TenantId, open_store
 from privacy.changefeed import KIND_APPEND, open_feed, purge_leftovers, stream_position
 from privacy.envelope import sealed_version
-from reprise.cluster.config import ClusterConfig
 from reprise.cluster.node import ClusterNode
 from reprise.cluster.replica import SNAPSHOT_NAME
+from reprise.config import ClusterConfig
 from reprise.engine.request import GenerationResult
 from reprise.server.metrics import ServiceMetrics
 from retrieval.proposer import RepriseProposer

@@ -9,22 +9,27 @@ from pathlib import Path
 import pytest
 from testkit.service import LoopThread
 
-from grpc_api.backend import ModelInfo
 from grpc_api.server import GrpcServer
 from privacy import StoreConfig, TenantId, ensure_admin_key, open_store
 from reprise.cli import main
 from reprise.config import ServerConfig
 from reprise.server.admin import ServiceAdmin
 from reprise.server.auth import StoreAuthenticator
+from serving.core import ServingCore
+from serving.prepare import ServingSettings
+from serving.records import ModelInfo
 
 
 class NoModel:
     """Data-plane stub: these tests never decode."""
 
+    tokenizer = None
+    alive = True
+
     def model_info(self):
         return ModelInfo("none", 1024, (0,), 100, False)
 
-    def close(self) -> None:
+    async def close(self) -> None:
         pass
 
 
@@ -47,7 +52,7 @@ def admin_server(tmp_path: Path, monkeypatch):
     lt = LoopThread()
 
     async def make():
-        return GrpcServer(NoModel(), admin, auth, ServerConfig(grpc_port=0, http_port=0))
+        return GrpcServer(ServingCore(NoModel(), ServingSettings()), admin, auth, ServerConfig(grpc_port=0, http_port=0))
 
     server = lt.call(make())
     port = lt.call(server.start())

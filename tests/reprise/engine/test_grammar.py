@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 import torch
 
-from grpc_api.backend import OutputConstraint, Tool
-from grpc_api.tool_calls import FORMATS
 from reprise.engine.engine import Engine, EngineConfig
 from reprise.engine.grammar import GrammarState, child_links, merge_chain
 from reprise.engine.grammar_compiler import GrammarCompiler
 from reprise.engine.request import GenerationRequest, StoppingParams
 from reprise.offline.tiny import TINY_EOS, TINY_VOCAB, byte_level_tokenizer, tiny_llama
 from retrieval.draft_tree import DraftTree
+from serving.records import OutputConstraint, Tool
+from serving.tool_calls import FORMATS
 from verifier.runner import ModelRunner
 from verifier.testing import full_logits
 

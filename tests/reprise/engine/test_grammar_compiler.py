@@ -11,10 +11,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from grpc_api.backend import OutputConstraint, Tool
-from grpc_api.tool_calls import FORMATS
-from reprise.engine.grammar_compiler import MAX_SCHEMA_DEPTH, CheckedGrammar, GrammarCompiler, GrammarError
+from reprise.engine.grammar_compiler import (
+    MAX_SCHEMA_DEPTH,
+    CheckedGrammar,
+    GrammarCompiler,
+    GrammarError,
+    ebnf_text,
+)
 from reprise.offline.tiny import TINY_EOS, TINY_VOCAB, byte_level_tokenizer
+from serving.records import OutputConstraint, Tool
+from serving.tool_calls import FORMATS
 
 xgr = pytest.importorskip("xgrammar")
 
@@ -51,7 +57,7 @@ def test_no_finite_value_is_refused_naming_where(compiler) -> None:
 
 
 def test_a_tool_without_a_finite_value_is_named(compiler) -> None:
-    # (grpc_api.tool_calls nests the parameters in the call object, so their refs resolve from there)
+    # (serving.tool_calls nests the parameters in the call object, so their refs resolve from there)
     loop = {"type": "object", "properties": {"x": {"$ref": "#/properties/arguments"}}, "required": ["x"]}
     err = refusal(compiler, tools(("loops", loop)))
     assert err.kind == "no_finite_output" and err.tool == "loops"
@@ -110,9 +116,11 @@ def test_the_cache_is_per_tenant(compiler) -> None:
 def test_non_ascii_literals_compile_to_themselves(compiler, word) -> None:
     """xgrammar's compiler cache rebuilds grammars from printed EBNF, where "\\xe9" + "c" reads back as
     one character U+0E9C; with the cache off the literal stays what the schema says."""
-    grammar = compiler.compile(schema({"enum": [word]}), tenant="t", max_tokens=20)
-    matcher = xgr.GrammarMatcher(grammar.compiled)
-    assert matcher.accept_string(json.dumps(word, ensure_ascii=False)) and matcher.is_completed()
+    grammar = compiler.compile(schema({"enum": [word, "a\\x41"]}), tenant="t", max_tokens=20)
+    reread = compiler._compiler.compile_grammar(ebnf_text(grammar))  # the text an engine like vLLM gets
+    for compiled in (grammar.compiled, reread):
+        matcher = xgr.GrammarMatcher(compiled)
+        assert matcher.accept_string(json.dumps(word, ensure_ascii=False)) and matcher.is_completed()
 
 
 def test_unbounded_forced_strings_turn_jump_forward_off(compiler) -> None:

@@ -9,14 +9,14 @@ import threading
 
 import pytest
 
-from grpc_api.backend import OutputConstraint, Tool
-from grpc_api.tool_calls import FORMATS
 from reprise.engine.engine import Engine, EngineConfig
 from reprise.engine.grammar import GrammarState
 from reprise.engine.grammar_compiler import CheckedGrammar, GrammarCompiler, GrammarError
 from reprise.engine.request import GenerationRequest, StoppingParams
 from reprise.offline.tiny import TINY_EOS, TINY_VOCAB, byte_level_tokenizer, tiny_llama
 from retrieval.registry import make_proposer
+from serving.records import OutputConstraint, Tool
+from serving.tool_calls import FORMATS
 from verifier.runner import ModelRunner
 from verifier.sampling import SamplingParams
 

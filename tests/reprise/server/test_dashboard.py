@@ -12,10 +12,12 @@ from pathlib import Path
 import pytest
 from testkit.service import LoopThread
 
-from grpc_api.backend import Principal, TenantInfo, TenantStats
-from reprise.server.dashboard import StatsHistory, interval_point
-from reprise.server.http import HttpServer, build_app
+from http_api.app import build_app
+from http_api.server import HttpServer
+from reprise.server.dashboard import StatsHistory, dashboard_router, interval_point
 from reprise.server.metrics import ServiceMetrics
+from serving.admin import TenantInfo, TenantStats
+from serving.records import Principal
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 ADMIN = "rpa_admin_key"
@@ -62,7 +64,9 @@ def dashboard():
     metrics = ServiceMetrics()
     loop = LoopThread()
     server = HttpServer("127.0.0.1", 0)
-    loop.call(server.start(build_app(KeyTable(), history.snapshot, metrics.render)))
+    auth = KeyTable()
+    app = build_app(None, auth, metrics.render, lambda: "serving", routers=[dashboard_router(auth, history.snapshot)])
+    loop.call(server.start(app))
     yield server, history
     loop.call(server.stop())
     loop.close()
@@ -93,7 +97,9 @@ def test_json_needs_an_admin_key(dashboard) -> None:
     assert code == 200 and b"<svg" in page
     assert b"<script src" not in page and b"<link" not in page and b"@import" not in page  # nothing external
     assert "script-src 'nonce-" in headers["Content-Security-Policy"]
-    code, text, _ = get(base + "/metrics")
+    assert get(base + "/metrics")[0] == 401  # per-tenant activity shows in its deltas: admins only
+    assert get(base + "/metrics", "rpk_tenant")[0] == 403
+    code, text, _ = get(base + "/metrics", ADMIN)
     assert code == 200 and b"reprise_spec_decode_num_drafts_total" in text
     assert get(base + "/healthz")[0] == 200 and get(base + "/nope")[0] == 404
 

@@ -157,7 +157,7 @@ def test_agent_loop_drafts_from_its_own_earlier_turns(running) -> None:
     assert stats.num_drafted_steps > 0 and stats.num_accepted_tokens >= 48  # most of trial 2 came from drafts
     assert stats.tau > 1.0 and stats.acceptance_by_position and stats.drafter_steps
     assert stats.drafter_steps.get("reprise:history", 0) > 0  # the mix says where drafts came from
-    body = urllib.request.urlopen(running.http + "/metrics", timeout=10).read().decode()
+    body = running.metrics()
     accepted = [line for line in body.splitlines() if line.startswith("reprise_spec_decode_num_accepted_tokens_total")]
     assert accepted and float(accepted[0].split()[-1]) >= stats.num_accepted_tokens
     assert tid not in body  # no tenant ids in metric labels
@@ -170,7 +170,7 @@ def test_agent_loop_drafts_from_its_own_earlier_turns(running) -> None:
 def test_cancellation_and_deadlines_free_the_slot(running) -> None:
     _, key = tenant_key(running)
     service = running.service
-    runner = service.grpc._decode.engine.runner
+    runner = service.decoding.engine.runner
     active = lambda: running.loop.on_loop(lambda: service.grpc.admission.num_active)
     with RepriseClient(running.target, key) as client:
         stream = client.generate_stream(tokens=[3, 4, 5], max_new_tokens=250, ignore_eos=True)
@@ -227,7 +227,7 @@ def test_metrics_and_dashboard_after_requests(running) -> None:
     with RepriseClient(running.target, key) as client:
         for _ in range(3):  # repeated text: prompt lookup finds n-grams to draft from
             list(client.generate_stream(text="ab ab ab ab ab ab ab ab ab ab", max_new_tokens=12))
-    body = urllib.request.urlopen(running.http + "/metrics", timeout=10).read().decode()
+    body = running.metrics()
     values = {line.split()[0]: float(line.split()[-1]) for line in body.splitlines() if line and line[0] != "#"}
     assert values["reprise_verify_steps_total"] >= 3
     assert values["reprise_spec_decode_num_draft_tokens_total"] > 0

@@ -216,7 +216,7 @@ def test_completions_and_models(service, client) -> None:
         model=MODEL, prompt=[list(b"Once upon")], max_tokens=12, stream=True) if c.choices)
     ids = client.completions.create(model=MODEL, prompt=list(b"Once upon"), max_tokens=12)
     assert streamed == ids.choices[0].text
-    metrics = httpx.get(service.http + "/metrics").text
+    metrics = service.metrics()
     assert 'reprise_http_requests_total{route="/v1/completions",status="200"} 3.0' in metrics
     assert 'reprise_http_requests_total{route="/v1/models/{model_id:path}",status="404"} 1.0' in metrics
 

@@ -23,7 +23,7 @@ WEATHER = {"type": "function", "function": {
 @pytest.fixture(scope="module")
 def smol(tmp_path_factory):
     from reprise.config import load_config
-    from reprise.server.service import Service
+    from reprise.service import Service
 
     home = tmp_path_factory.mktemp("smol-openai") / "home"
     config = load_config({"home": str(home), "server.grpc_port": "0", "server.http_port": str(free_port()),
@@ -49,7 +49,7 @@ def smol(tmp_path_factory):
 def test_smollm2_uses_its_own_tool_format_and_round_trips(smol) -> None:
     service, client, _ = smol
     model = client.models.list().data[0].id
-    assert service.grpc.front.info.tool_call_format == "smollm2"
+    assert service.core.info.tool_call_format == "smollm2"
     assert model == "SmolLM2-135M-Instruct"  # the name the README's example asks for, not the cache folder's
     messages = [{"role": "user", "content": "What is the weather in Paris right now?"}]
     first = client.chat.completions.create(model=model, messages=messages, tools=[WEATHER], tool_choice="required",

@@ -61,7 +61,7 @@ def test_reuse_is_scoped_to_the_tenant_and_reported(running) -> None:
     assert sa.prefix_cache_hit_rate == sa.cached_prompt_tokens / sa.prompt_tokens
     assert sa.prefix_cache_bytes > sb.prefix_cache_bytes > 0 and sb.cached_prompt_tokens == 0
 
-    body = urllib.request.urlopen(running.http + "/metrics", timeout=10).read().decode()
+    body = running.metrics()
     assert metric(body, "reprise_prefix_cache_hits_total") == sa.cached_prompt_tokens
     assert metric(body, "reprise_prefix_cache_queries_total") == sa.prompt_tokens + sb.prompt_tokens
     assert metric(body, "reprise_prefix_cache_bytes") == sa.prefix_cache_bytes + sb.prefix_cache_bytes
@@ -78,5 +78,5 @@ def test_reuse_is_scoped_to_the_tenant_and_reported(running) -> None:
 
     with AdminClient(running.target, running.admin_key) as admin:
         admin.delete_tenant(tid_a, confirm=tid_a)
-    body = urllib.request.urlopen(running.http + "/metrics", timeout=10).read().decode()
+    body = running.metrics()
     assert metric(body, "reprise_prefix_cache_bytes") == sb.prefix_cache_bytes

@@ -9,7 +9,7 @@ from testkit.service import LoopThread, free_port
 
 from grpc_api.client import AdminClient, RepriseClient
 from reprise.config import load_config
-from reprise.server.service import Service
+from reprise.service import Service
 from verifier.models import load_default_model
 from verifier.testing import hf_greedy
 

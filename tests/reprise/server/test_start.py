@@ -10,7 +10,7 @@ import pytest
 from testkit.service import start_service
 
 from reprise.config import load_config
-from reprise.server.service import Service
+from reprise.service import Service
 
 
 def test_the_data_directory_is_created_private(tmp_path: Path) -> None:

@@ -7,9 +7,9 @@ import json
 import pytest
 from testkit.service import start_service
 
-from grpc_api.backend import ChatMessage, PromptInput, Tool, ToolCall
 from grpc_api.client import AdminClient, RepriseClient, RepriseError
 from reprise.offline.tiny import byte_level_tokenizer
+from serving.records import ChatMessage, PromptInput, Tool, ToolCall
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather of a city",
@@ -28,14 +28,14 @@ def service(tmp_path_factory):
 
 
 def test_native_template_renders_tools_and_calls(service) -> None:
-    backend = service.service.grpc.front.backend
-    assert backend.model_info().tool_call_format == "hermes"
+    core = service.service.core
+    assert core.info.tool_call_format == "hermes"
     tool = Tool("get_weather", "The weather", json.dumps(WEATHER["function"]["parameters"]))
     call = ToolCall("call_1", "get_weather", '{"city": "Oslo"}')
-    ids = backend.tokenize(PromptInput(messages=(ChatMessage("user", "hi"), ChatMessage("assistant", "", (call,)),
+    ids = core.renderer.render(PromptInput(messages=(ChatMessage("user", "hi"), ChatMessage("assistant", "", (call,)),
                                                  ChatMessage("tool", "sunny", tool_call_id="call_1")),
                                        tools=(tool,)))
-    text = backend.tokenizer.decode(ids)
+    text = core.renderer.tokenizer.decode(ids)
     assert "Tools:" in text and '"name": "get_weather"' in text  # the template's own tool list
     assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>' in text
     assert "<|begin|>tool\nsunny" in text

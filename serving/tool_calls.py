@@ -1,7 +1,7 @@
 """How a model family writes tool calls: the prompt that shows it the tools, how a call of its own reads
 back in a later prompt, the parser of its output, and the grammar that forces a call.
 
-Two formats, chosen per model by the backend (``ModelInfo.tool_call_format``):
+Two formats, chosen per model from its name and chat template (``format_for``, ``ModelInfo.tool_call_format``):
 
 * ``hermes`` (Hermes, Qwen2.5 and most instruction models with tool support): each call is one JSON
   object ``{"name": ..., "arguments": {...}}`` between ``<tool_call>\\n`` and ``\\n</tool_call>``.
@@ -10,7 +10,8 @@ Two formats, chosen per model by the backend (``ModelInfo.tool_call_format``):
   SmolLM2 authors trained function calling with; SmolLM2's chat template itself ignores tools).
 
 Both parsers read either shape inside the tags, so a model that mixes them still parses. Text before
-the first ``<tool_call>`` is the reply's content. Pure Python (json, re): both fronts use it.
+the first ``<tool_call>`` is the reply's content. Pure Python (json, re): the serving core parses every
+reply with it, whichever front and engine.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from grpc_api.backend import OutputConstraint, Tool, ToolCall
+from serving.records import OutputConstraint, Tool, ToolCall
 
 START = "<tool_call>"
 END = "</tool_call>"
@@ -96,8 +97,10 @@ class ToolCallFormat:
         """The grammar of exactly one call of one of ``tools``, as this format writes it."""
         call = {"anyOf": [tool_schema(t) for t in tools]} if len(tools) > 1 else tool_schema(tools[0])
         if self.list_in_block:
-            return OutputConstraint(json.dumps(call), prefix=f"{START}[", suffix=f"]{END}", name="tool_calls")
-        return OutputConstraint(json.dumps(call), prefix=f"{START}\n", suffix=f"\n{END}", name="tool_calls")
+            return OutputConstraint(json.dumps(call), prefix=f"{START}[", suffix=f"]{END}", name="tool_calls",
+                                    param="tool_choice")
+        return OutputConstraint(json.dumps(call), prefix=f"{START}\n", suffix=f"\n{END}", name="tool_calls",
+                                param="tool_choice")
 
     def parse(self, text: str) -> ParsedReply | None:
         """Content and calls of ``text``; None when it holds no parseable call (then it is plain content)."""

@@ -1,30 +1,56 @@
-"""Admission of generation requests, and the bridge from worker threads to the event loop.
+"""Admission of generation requests: in-flight requests in total and per tenant, on the event loop.
 
-``Admission`` counts in-flight requests in total and per tenant. A request counts from admission until
-its worker thread has returned (so the count is the truth about model resources held), and can be
-cancelled out of band (``abort``, tenant deletion, shutdown) through its ``cancel`` event.
-
-``ThreadPump`` runs a blocking function in an executor; what it emits arrives on an asyncio queue.
+A request counts from admission until its backend stream has ended (so the count is the truth about
+model resources held, whichever front it came through), and can be cancelled out of band (``abort``,
+tenant deletion, shutdown) through its ``cancel`` event, which the engine reads at every step.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
-from grpc_api import errors
+from serving import errors
+
+
+class CancelEvent(threading.Event):
+    """A ``threading.Event`` (what an engine thread reads at every step) that also calls back whoever
+    must act at once when it is set (vLLM's bridge cancels its task; no one polls)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._callbacks: list[Callable[[], None]] = []
+        self._callbacks_lock = threading.Lock()
+
+    def set(self) -> None:
+        with self._callbacks_lock:
+            already = self.is_set()
+            super().set()
+            callbacks, self._callbacks = self._callbacks, []
+        if not already:
+            for callback in callbacks:
+                callback()
+
+    def add_callback(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` when the event is set (at once if it already is)."""
+        with self._callbacks_lock:
+            if not self.is_set():
+                self._callbacks.append(callback)
+                return
+        callback()
 
 
 @dataclass(eq=False, slots=True)
 class ActiveRequest:
+    """An admitted request's entry: ``cancel`` stops it at the engine's next step; ``aborted`` says the
+    cancel came from ``abort`` (or a deleted tenant), not from the caller going away."""
+
     tenant: str
     request_id: str
-    cancel: threading.Event = field(default_factory=threading.Event)
+    cancel: CancelEvent = field(default_factory=CancelEvent)
     aborted: bool = False
     started: float = field(default_factory=time.monotonic)
 
@@ -109,55 +135,3 @@ class Admission:
             self._idle.set()
         if self._on_change is not None:
             self._on_change(self._total)
-
-
-@dataclass(frozen=True, slots=True)
-class _End:
-    result: Any = None
-    error: BaseException | None = None
-
-
-class ThreadPump:
-    """Run ``fn(pump, *args)`` in an executor; ``pump.put(item)`` from that thread reaches ``get()``."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop | None = None,
-                 on_end: Callable[[], None] | None = None) -> None:
-        self.loop = loop or asyncio.get_running_loop()
-        self.queue: asyncio.Queue[Any] = asyncio.Queue()
-        self._on_end = on_end
-
-    def put(self, item: Any) -> None:
-        """Thread-safe; dropped silently once the loop is closed (nobody is listening)."""
-        try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
-        except RuntimeError:
-            pass
-
-    def start(self, executor: concurrent.futures.Executor, fn: Callable[..., Any],
-              *args: Any) -> concurrent.futures.Future:
-        def job() -> None:
-            try:
-                result = fn(*args)
-            except BaseException as exc:  # noqa: BLE001 - handed to the event loop, re-raised there
-                self.put(_End(error=exc))
-            else:
-                self.put(_End(result=result))
-
-        return executor.submit(job)
-
-    async def items(self):
-        """Emitted items, in order; then returns (the function's result in ``self.result``) or raises.
-
-        ``on_end`` runs first: the function has returned by then, so what it held can be let go before
-        the caller answers its client.
-        """
-        while True:
-            item = await self.queue.get()
-            if isinstance(item, _End):
-                if self._on_end is not None:
-                    self._on_end()
-                if item.error is not None:
-                    raise item.error
-                self.result = item.result
-                return
-            yield item

@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from grpc_api import errors
-from grpc_api.backend import ModelInfo, Tool, ToolCall
-from grpc_api.front import ResponseFormat, ToolChoice, check_tools, output_constraint
-from grpc_api.tool_calls import FORMATS, StreamingToolText, format_for
+from serving import errors
+from serving.prepare import ResponseFormat, ToolChoice, check_tools, output_constraint
+from serving.records import ModelInfo, Tool, ToolCall
+from serving.tool_calls import FORMATS, StreamingToolText, format_for
 
 FIELDS = {"tool_choice": "tool_choice", "response_format": "response_format", "json_schema": "json_schema"}
 ADD = Tool("add", "Add two numbers", json.dumps({"type": "object", "properties": {"a": {"type": "integer"}}}))
@@ -71,11 +71,11 @@ def test_streaming_holds_back_a_possible_marker() -> None:
 
 def test_front_validates_tools_and_formats() -> None:
     with pytest.raises(errors.InvalidArgument, match=r"tools\[0\].function.name 'bad name'"):
-        check_tools("tools", [Tool("bad name")])
+        check_tools([Tool("bad name")], {"tool": "tools[{i}].function"})
     with pytest.raises(errors.InvalidArgument, match="appears twice"):
-        check_tools("tools", [ADD, ADD])
+        check_tools([ADD, ADD])
     with pytest.raises(errors.InvalidArgument, match="not valid JSON"):
-        check_tools("tools", [Tool("x", parameters="{")])
+        check_tools([Tool("x", parameters="{")])
     with pytest.raises(errors.InvalidArgument, match="not among the tools"):
         output_constraint([ADD], ToolChoice("function", "mul"), ResponseFormat(), "hermes", FIELDS)
     with pytest.raises(errors.InvalidArgument, match="cannot both"):

@@ -1,21 +1,19 @@
 """Errors as OpenAI error objects: ``{"error": {"message", "type", "param", "code"}}`` with the HTTP
 status an OpenAI client maps to its exception classes (400 BadRequestError, 401 AuthenticationError,
 403 PermissionDeniedError, 404 NotFoundError, 413, 429 RateLimitError with Retry-After, 503 while
-draining). The service's errors (``grpc_api.errors``) map here by class, as they map to gRPC codes in
-``grpc_api.interceptors``; anything else is a 500 whose details stay in the server log."""
+draining). The service's errors (``serving.errors``) map here by class, as they map to gRPC codes in
+``grpc_api.status``; ``param`` is the field at fault as the caller spelled it. Anything else is a 500
+whose details stay in the server log."""
 
 from __future__ import annotations
 
 import logging
 import math
 
-from grpc_api import errors
+from http_api.body import BodyTooLarge
+from serving import errors
 
 log = logging.getLogger(__name__)
-
-
-class BodyTooLarge(errors.ServiceError):
-    """A request body beyond ``server.max_message_bytes`` (HTTP 413)."""
 
 
 # class -> (HTTP status, OpenAI error type, code)
@@ -32,6 +30,7 @@ _STATUS: list[tuple[type[errors.ServiceError], int, str, str | None]] = [
     (errors.Unavailable, 503, "service_unavailable", None),
     (errors.DataLoss, 500, "server_error", None),
     (errors.Aborted, 409, "invalid_request_error", None),
+    (errors.Internal, 500, "server_error", None),
 ]
 
 
@@ -46,10 +45,11 @@ def error_body(exc: BaseException) -> tuple[int, dict, dict[str, str]]:
                 headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))
             if isinstance(exc, errors.Unauthenticated):
                 headers["WWW-Authenticate"] = 'Bearer realm="reprise"'
-            return status, _body(exc.message, kind, code), headers
+            return status, body(exc.message, kind, code, exc.param), headers
     log.error("internal error answering an HTTP request", exc_info=exc)
-    return 500, _body("internal error; see the server log", "server_error", None), headers
+    return 500, body("internal error; see the server log", "server_error", None), headers
 
 
-def _body(message: str, kind: str, code: str | None) -> dict:
-    return {"error": {"message": message, "type": kind, "param": None, "code": code}}
+def body(message: str, kind: str, code: str | None, param: str | None = None) -> dict:
+    """An OpenAI error object."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}

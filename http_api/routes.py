@@ -1,0 +1,210 @@
+"""The OpenAI-compatible routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``
+(the Responses API is ``http_api.responses``).
+
+Each request is authenticated by its bearer key (a tenant's API key; an admin key is refused), parsed
+(``http_api.chat``) and run through the serving core with the same admission, limits and metering as
+the gRPC data plane. Streams are server-sent events, one per ``TextDelta`` of the core: each carries the
+text of ``server.stream_chunk_tokens`` tokens (default one token per event), never a verification step's
+worth; in chat, text that may start a tool call is held back and the calls leave, parsed, at the end.
+Errors are OpenAI error objects (``http_api.errors``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from http_api.auth import principal
+from http_api.body import read_json
+from http_api.chat import ApiCall, chat_request, completion_request
+from http_api.errors import error_body
+from serving import errors
+from serving.core import ServingCore
+from serving.records import (
+    Authenticator,
+    Event,
+    Finished,
+    ModelInfo,
+    Started,
+    TextDelta,
+    ToolCall,
+    ToolCallDelta,
+    Usage,
+)
+
+FINISH = {"stop": "stop", "eos": "stop", "length": "length", "tool_calls": "tool_calls", "aborted": "abort",
+          "error": "error"}
+
+
+def model_card(info: ModelInfo, created: int) -> dict[str, Any]:
+    return {"id": info.model_name, "object": "model", "created": created, "owned_by": "reprise",
+            "max_model_len": info.max_context_tokens}
+
+
+def check_model(body: Any, info: ModelInfo) -> None:
+    model = body.get("model") if isinstance(body, dict) else None
+    if model is not None and model != info.model_name:
+        raise errors.NotFound(f"the model {model!r:.80} does not exist; this server serves {info.model_name!r}",
+                              "model")
+
+
+async def until_started(events: AsyncGenerator[Event, None]) -> Started:
+    """Run a request up to ``Started``: admission and the prompt's checks raise here, so their errors
+    keep their own status (429, 400) instead of becoming an event in a 200 stream."""
+    try:
+        first = await events.__anext__()
+    except BaseException:
+        await events.aclose()
+        raise
+    assert isinstance(first, Started)
+    return first
+
+
+def openai_router(core: ServingCore, authenticator: Authenticator, max_body_bytes: int) -> APIRouter:
+    """The ``/v1`` routes over ``core``."""
+    router = APIRouter(prefix="/v1")
+    info = core.info
+    card = model_card(info, int(time.time()))
+
+    @router.get("/models")
+    async def models(request: Request) -> Response:
+        principal(authenticator, request, "tenant")
+        return JSONResponse({"object": "list", "data": [card]})
+
+    @router.get("/models/{model_id:path}")
+    async def model(model_id: str, request: Request) -> Response:
+        principal(authenticator, request, "tenant")
+        if model_id != info.model_name:
+            raise errors.NotFound(f"the model {model_id!r:.80} does not exist; this server serves {info.model_name!r}")
+        return JSONResponse(card)
+
+    @router.post("/chat/completions")
+    async def chat(request: Request) -> Response:
+        who = principal(authenticator, request, "tenant")
+        body = await read_json(request, max_body_bytes)
+        check_model(body, info)
+        call = chat_request(body, core, who.id, request.headers.get("x-session-id"))
+        return await unless_disconnected(request, respond(call, chat=True))
+
+    @router.post("/completions")
+    async def completions(request: Request) -> Response:
+        who = principal(authenticator, request, "tenant")
+        body = await read_json(request, max_body_bytes)
+        check_model(body, info)
+        call = completion_request(body, core, who.id, request.headers.get("x-session-id"))
+        return await unless_disconnected(request, respond(call, chat=False))
+
+    async def respond(call: ApiCall, chat: bool) -> Response:
+        events = core.generate(call.request, call.names, hold_tool_text=chat)
+        await until_started(events)
+        ident = ("chatcmpl-" if chat else "cmpl-") + call.request.request_id
+        if call.stream:
+            return StreamingResponse(stream(events, call, ident, chat), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Request-Id": ident})
+        end: Finished | None = None
+        async with contextlib.aclosing(events):
+            async for event in events:
+                if isinstance(event, Finished):
+                    end = event
+        assert end is not None
+        if chat:
+            content = (end.content or None) if end.tool_calls else end.content
+            message: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None}
+            if end.tool_calls:
+                message["tool_calls"] = tool_calls(end.tool_calls)
+            choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": None,
+                                      "finish_reason": FINISH.get(end.finish_reason, "stop")}
+        else:
+            choice = {"index": 0, "text": end.text, "logprobs": None, "finish_reason": FINISH.get(end.finish_reason, "stop")}
+        return JSONResponse({"id": ident, "object": "chat.completion" if chat else "text_completion",
+                             "created": int(time.time()), "model": info.model_name, "choices": [choice],
+                             "usage": usage(end.usage), "system_fingerprint": None},
+                            headers={"X-Request-Id": ident})
+
+    async def stream(events: AsyncGenerator[Event, None], call: ApiCall, ident: str,
+                     chat: bool) -> AsyncIterator[bytes]:
+        created_at = int(time.time())
+        kind = "chat.completion.chunk" if chat else "text_completion"
+
+        def event(choices: list[dict], **extra: Any) -> bytes:
+            doc = {"id": ident, "object": kind, "created": created_at, "model": info.model_name,
+                   "choices": choices, "system_fingerprint": None, **extra}
+            return sse(doc)
+
+        def delta(text: str = "", finish: str | None = None, calls: list[dict] | None = None) -> bytes:
+            if not chat:
+                return event([{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}])
+            d: dict[str, Any] = {}
+            if text:
+                d["content"] = text
+            if calls:
+                d["tool_calls"] = calls
+            return event([{"index": 0, "delta": d, "logprobs": None, "finish_reason": finish}])
+
+        async with contextlib.aclosing(events):
+            try:
+                if chat:
+                    yield event([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                  "finish_reason": None}])
+                async for item in events:
+                    if isinstance(item, TextDelta):
+                        if item.text:
+                            yield delta(item.text)
+                    elif isinstance(item, ToolCallDelta):
+                        yield delta(calls=[{"index": item.index, **tool_calls((item.call,))[0]}])
+                    elif isinstance(item, Finished):
+                        yield delta(finish=FINISH.get(item.finish_reason, "stop"))
+                        if call.include_usage:
+                            yield event([], usage=usage(item.usage))
+            except (errors.ServiceError, ValueError) as exc:  # the stream has begun: the error is an event
+                yield sse(error_body(exc)[1])
+            yield b"data: [DONE]\n\n"
+
+    return router
+
+
+def sse(doc: dict[str, Any], name: str | None = None) -> bytes:
+    """One server-sent event (with an ``event:`` line when ``name`` is given)."""
+    head = f"event: {name}\n".encode() if name else b""
+    return head + b"data: " + json.dumps(doc, ensure_ascii=False).encode() + b"\n\n"
+
+
+async def unless_disconnected(request: Request, work: Awaitable[Response]) -> Response:
+    """``work``'s response, or, when the client goes away first, ``work`` cancelled (its request stops
+    decoding at the engine's next step and frees its place) and a 499 nobody reads. A streamed response
+    is watched by the stream itself once it has begun."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnect(request))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return Response(status_code=499)
+    return task.result()
+
+
+async def _disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def tool_calls(calls: tuple[ToolCall, ...]) -> list[dict[str, Any]]:
+    return [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
+
+
+def usage(u: Usage) -> dict[str, Any]:
+    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens, "total_tokens": u.total_tokens,
+            "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
+
+

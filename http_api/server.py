@@ -1,0 +1,249 @@
+"""The HTTP listener: uvicorn on the service's event loop, hardened against clients that hold
+connections without finishing requests.
+
+    server = HttpServer("127.0.0.1", 50052, HttpLimits())      # the socket is bound here
+    await server.start(app)
+    await server.stop()
+
+Every connection is held to (``GuardedH11Protocol``):
+
+- a **header deadline**: a request's headers must arrive within ``header_timeout_s`` of its first
+  byte (or of the connection, for a connection that sends nothing), and its body within
+  ``body_timeout_s`` of its headers; past either the connection is closed;
+- **caps** on open connections per client address and in total: beyond them a new connection is
+  closed at once, before it can hold a file descriptor for long.
+
+With the caps below the process's descriptor limit, a flood of half-open connections cannot starve
+the gRPC port or the log: refusals are counted and reported once a minute (``StormLog``), as is the
+event loop's own "too many open files" (which the caps keep from happening).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import resource
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import h11
+import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class HttpLimits:
+    """Connection deadlines and caps (``reprise.config.ServerConfig`` has these as ``http_*`` fields)."""
+
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 60.0
+    keepalive_timeout_s: float = 5.0
+    max_connections: int = 1024
+    max_connections_per_client: int = 256
+
+
+class StormLog:
+    """Counts a kind of event and logs it once per ``interval_s`` with the count, not once per event."""
+
+    def __init__(self, logger: logging.Logger, message: str, interval_s: float = 60.0) -> None:
+        self.logger = logger
+        self.message = message
+        self.interval_s = interval_s
+        self.total = 0
+        self._since_report = 0
+        self._last = -float("inf")
+
+    def hit(self, detail: str = "") -> None:
+        self.total += 1
+        self._since_report += 1
+        now = time.monotonic()
+        if now - self._last >= self.interval_s:
+            self.logger.warning("%s (%d in the last %.0f s%s)", self.message, self._since_report,
+                                min(now - self._last, self.interval_s), f"; {detail}" if detail else "")
+            self._last = now
+            self._since_report = 0
+
+
+class _CollapseRepeats(logging.Filter):
+    """A filter that lets one record of each message through per interval (asyncio's accept errors)."""
+
+    def __init__(self, interval_s: float = 60.0) -> None:
+        super().__init__()
+        self.interval_s = interval_s
+        self._last: dict[str, float] = {}
+        self.dropped = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = str(record.msg)[:200]
+        now = time.monotonic()
+        if now - self._last.get(key, -float("inf")) < self.interval_s:
+            self.dropped += 1
+            return False
+        self._last[key] = now
+        return True
+
+
+_COLLAPSE = _CollapseRepeats()
+
+
+class ConnectionGuard:
+    """The open connections per client address and in total, shared by every connection's protocol."""
+
+    def __init__(self, limits: HttpLimits) -> None:
+        self.limits = limits
+        self.by_client: dict[str, int] = {}
+        self.total = 0
+        self.refused = StormLog(log, "HTTP connections refused at the connection caps")
+        self.timed_out = StormLog(log, "HTTP connections closed for not finishing a request in time")
+
+    def admit(self, client: str) -> bool:
+        mine = self.by_client.get(client, 0)
+        if self.total >= self.limits.max_connections or mine >= self.limits.max_connections_per_client:
+            self.refused.hit(f"{self.total} open")
+            return False
+        self.by_client[client] = mine + 1
+        self.total += 1
+        return True
+
+    def release(self, client: str) -> None:
+        mine = self.by_client.get(client, 0) - 1
+        if mine > 0:
+            self.by_client[client] = mine
+        else:
+            self.by_client.pop(client, None)
+        self.total -= 1
+
+
+def guarded_protocol(guard: ConnectionGuard) -> type[asyncio.Protocol]:
+    """uvicorn's h11 protocol with ``guard``'s caps and the request deadlines (module docstring)."""
+
+    class GuardedH11Protocol(H11Protocol):
+        _admitted = False
+        _deadline: asyncio.TimerHandle | None = None
+        _waiting_for: str = ""
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            peer = transport.get_extra_info("peername")
+            self._client = str(peer[0]) if isinstance(peer, tuple) and peer else "unknown"
+            if not guard.admit(self._client):
+                transport.abort()
+                return
+            self._admitted = True
+            super().connection_made(transport)
+            self._arm("headers", guard.limits.header_timeout_s)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if not self._admitted:
+                return
+            self._admitted = False
+            guard.release(self._client)
+            self._disarm()
+            super().connection_lost(exc)
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            state = self.conn.their_state
+            if state is h11.IDLE:  # a request has begun, its headers are not complete yet
+                if self._waiting_for != "headers":
+                    self._arm("headers", guard.limits.header_timeout_s)
+            elif state is h11.SEND_BODY:
+                if self._waiting_for != "body":
+                    self._arm("body", guard.limits.body_timeout_s)
+            else:  # the request is in (DONE), or the connection is ending
+                self._disarm()
+
+        def _arm(self, what: str, seconds: float) -> None:
+            self._disarm()
+            self._waiting_for = what
+            self._deadline = self.loop.call_later(seconds, self._expired)
+
+        def _disarm(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+            self._deadline = None
+            self._waiting_for = ""
+
+        def _expired(self) -> None:
+            self._deadline = None
+            guard.timed_out.hit(f"waiting for {self._waiting_for}")
+            with contextlib.suppress(Exception):
+                self.transport.abort()
+
+    return GuardedH11Protocol
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal handling: the service owns SIGTERM/SIGINT (graceful drain)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):  # type: ignore[override]
+        yield
+
+
+def raise_fd_limit() -> int:
+    """Raise the soft limit on open files to the hard limit; return the soft limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+class HttpServer:
+    """An app on ``host:port`` (0 = any free port), bound at construction; ``await start(app)`` serves it
+    on the running event loop, ``await stop()`` closes it."""
+
+    def __init__(self, host: str, port: int, limits: HttpLimits | None = None) -> None:
+        limits = limits or HttpLimits()
+        fds = raise_fd_limit()
+        # Leave half the descriptors to gRPC, the store and the model: a flood here never takes theirs.
+        total = max(16, min(limits.max_connections, fds // 2))
+        self.limits = HttpLimits(limits.header_timeout_s, limits.body_timeout_s, limits.keepalive_timeout_s,
+                                 total, min(limits.max_connections_per_client, total))
+        self.guard = ConnectionGuard(self.limits)
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._sock = socket.socket(family, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            self._sock.bind((host.strip("[]"), port))
+        except OSError as exc:
+            self._sock.close()
+            raise OSError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+        self._sock.listen(1024)
+        self.port = self._sock.getsockname()[1]
+        self._server: _Server | None = None
+        self._task: asyncio.Task | None = None
+
+    async def start(self, app: Any) -> int:
+        for name in ("asyncio", "uvicorn.error"):
+            if _COLLAPSE not in logging.getLogger(name).filters:
+                logging.getLogger(name).addFilter(_COLLAPSE)
+        config = uvicorn.Config(app, http=guarded_protocol(self.guard), log_level="warning", access_log=False,
+                                lifespan="off", timeout_graceful_shutdown=1, server_header=False,
+                                timeout_keep_alive=int(max(1, self.limits.keepalive_timeout_s)),
+                                h11_max_incomplete_event_size=64 * 1024)
+        self._server = _Server(config)
+        self._task = asyncio.get_running_loop().create_task(self._server.serve(sockets=[self._sock]))
+        while not self._server.started and not self._task.done():
+            await asyncio.sleep(0.01)
+        if self._task.done():
+            self._task.result()  # raises what stopped it
+        log.info("HTTP serving on port %d", self.port)
+        return self.port
+
+    async def stop(self) -> None:
+        if self._task is not None and self._server is not None:
+            self._server.should_exit = True
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._task, 5)
+            self._task = None
+        self.close()
+
+    def close(self) -> None:
+        """Release the socket (also of a server never started)."""
+        self._sock.close()

@@ -1,0 +1,137 @@
+"""The admin plane's records and what it needs from the rest of Reprise (``AdminBackend``), protocol-
+neutral: the gRPC admin plane (``grpc_api.admin``) and the dashboard (``reprise.server.dashboard``)
+both read these. Per-tenant figures are for admins only, never for data-plane callers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import BinaryIO, Literal, Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """Progress of a long admin operation (streamed to the caller)."""
+
+    phase: str
+    done: int
+    total: int = 0
+    unit: str = ""
+
+
+ProgressCallback = Callable[[Progress], None]
+
+
+@dataclass(frozen=True, slots=True)
+class TenantInfo:
+    tenant_id: str
+    name: str
+    created_unix_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TenantStats:
+    """Per-tenant figures for the admin plane and the dashboard (never for data-plane callers)."""
+
+    tenant_id: str
+    index_tokens: int = 0
+    index_sequences: int = 0
+    index_memory_bytes: int = 0
+    corpus_tokens: int = 0
+    num_requests: int = 0
+    num_steps: int = 0
+    num_drafted_steps: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    acceptance_by_position: tuple[float, ...] = ()
+    drafter_steps: dict[str, int] = field(default_factory=dict)
+    counting_since_unix_ms: int = 0  # the figures from num_requests on count since then (process start)
+    prefix_cache_bytes: int = 0  # the tenant's KV held in the engine's prefix cache
+    prompt_tokens: int = 0  # prompt tokens looked up in the prefix cache
+    cached_prompt_tokens: int = 0  # of those, found (their KV reused instead of prefilled)
+
+    @property
+    def hit_rate(self) -> float:
+        return self.num_drafted_steps / self.num_steps if self.num_steps else 0.0
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        """Share of the tenant's prompt tokens whose KV came from the prefix cache."""
+        return self.cached_prompt_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def tau(self) -> float:
+        """Tokens committed per step: accepted draft tokens plus the bonus token."""
+        return (self.num_accepted_tokens + self.num_steps) / self.num_steps if self.num_steps else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class KeyRotation:
+    api_key: str = ""
+    key_version: int = 0
+    num_records: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class CorpusDocument:
+    """One document of a corpus upload: text, or token ids."""
+
+    text: str | None = None
+    token_ids: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CorpusImport:
+    num_documents: int
+    num_tokens: int
+    corpus_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryImport:
+    tenant: TenantInfo
+    created: bool
+    num_trajectories: int
+    num_blobs: int
+    api_key: str = ""
+
+
+class AdminBackend(Protocol):
+    """Every method is *blocking* (the admin plane runs it on a worker thread). Unknown tenants raise
+    ``serving.errors.NotFound``."""
+
+    def create_tenant(self, name: str) -> tuple[TenantInfo, str]:
+        """The new tenant and its first API key (returned once)."""
+        ...
+
+    def list_tenants(self) -> list[TenantInfo]: ...
+
+    def delete_tenant(self, tenant_id: str, dry_run: bool = False) -> int:
+        """Crypto-shred the tenant; return the number of records deleted (or that would be)."""
+        ...
+
+    def rotate_keys(self, kind: Literal["api_key", "data_key", "master_key"], tenant_id: str,
+                    progress: ProgressCallback) -> KeyRotation: ...
+
+    def index_stats(self, tenant_id: str | None) -> list[TenantStats]:
+        """One tenant's figures, or every tenant's when ``tenant_id`` is None."""
+        ...
+
+    def build_index(self, tenant_id: str, progress: ProgressCallback) -> TenantStats: ...
+
+    def compact_index(self, tenant_id: str, progress: ProgressCallback) -> TenantStats: ...
+
+    def import_corpus(self, tenant_id: str, documents: Iterable[CorpusDocument], replace: bool,
+                      progress: ProgressCallback) -> CorpusImport:
+        """``documents`` is consumed as the upload arrives (a blocking iterator)."""
+        ...
+
+    def export_history(self, tenant_id: str, password: str, write: Callable[[bytes], None],
+                       progress: ProgressCallback) -> int:
+        """Write the tenant's export file, sealed with ``password``, through ``write``; return its size."""
+        ...
+
+    def import_history(self, source: BinaryIO, password: str, new_tenant_name: str, into_tenant_id: str,
+                       progress: ProgressCallback) -> HistoryImport:
+        """Read an export file (a seekable file) into a new tenant or append it to ``into_tenant_id``."""
+        ...

@@ -1,0 +1,161 @@
+"""The Responses API (``/v1/responses``) through the official ``openai`` client and the OpenAI Agents SDK on
+its default path, against a real service (tiny random Llama with a byte-level tokenizer): text and
+streamed replies, function tools (forced, since a random model only calls when the grammar makes it),
+``text.format`` json_schema, stored responses (GET, DELETE, input items, another tenant's id is a 404),
+``previous_response_id``, and the refusals of what the server cannot do."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Literal
+
+import openai
+import pytest
+from testkit.service import start_service
+
+from grpc_api.client import AdminClient
+
+MODEL = "tiny-llama"
+WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city",
+           "parameters": {"type": "object", "properties": {"city": {"enum": ["Paris", "Oslo"]}},
+                          "required": ["city"], "additionalProperties": False}}
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    r = start_service(tmp_path_factory.mktemp("responses") / "home", **{"model.max_len": "4000"})
+    with AdminClient(r.target, r.admin_key) as admin:
+        _, r.key = admin.create_tenant("acme")  # type: ignore[attr-defined]
+        _, r.other = admin.create_tenant("globex")  # type: ignore[attr-defined]
+    yield r
+    r.stop()
+
+
+def client(service, key: str | None = None) -> openai.OpenAI:
+    return openai.OpenAI(api_key=key or service.key, base_url=service.http + "/v1", max_retries=0)
+
+
+def test_text_reply_is_stored_and_scoped_to_the_tenant(service) -> None:
+    c = client(service)
+    r = c.responses.create(model=MODEL, input="Say hi", instructions="Be brief.", max_output_tokens=12,
+                           temperature=0, prompt_cache_key="s1")
+    assert r.object == "response" and r.status in ("completed", "incomplete") and r.model == MODEL
+    assert r.output_text and r.output[0].type == "message" and r.usage.output_tokens > 0
+    assert r.usage.input_tokens > 0 and r.usage.total_tokens == r.usage.input_tokens + r.usage.output_tokens
+    assert c.responses.retrieve(r.id).output_text == r.output_text
+    items = c.responses.input_items.list(r.id)
+    assert [i.type for i in items.data] == ["message"]
+    with pytest.raises(openai.NotFoundError):
+        client(service, service.other).responses.retrieve(r.id)  # another tenant's id: a 404 like an unknown one
+    with pytest.raises(openai.NotFoundError):
+        client(service, service.other).responses.delete(r.id)
+    c.responses.delete(r.id)
+    with pytest.raises(openai.NotFoundError):
+        c.responses.retrieve(r.id)
+    unstored = c.responses.create(model=MODEL, input="x", max_output_tokens=2, store=False)
+    with pytest.raises(openai.NotFoundError):
+        c.responses.retrieve(unstored.id)
+
+
+def test_streamed_reply_equals_the_unary_one(service) -> None:
+    c = client(service)
+    schema = {"type": "object", "properties": {"n": {"enum": [1, 2, 3]}}, "required": ["n"]}
+    fmt = {"format": {"type": "json_schema", "name": "n", "schema": schema}}  # the grammar ends the reply
+    unary = c.responses.create(model=MODEL, input="Count", max_output_tokens=20, temperature=0, store=False, text=fmt)
+    kinds, deltas = [], []
+    with c.responses.stream(model=MODEL, input="Count", max_output_tokens=20, temperature=0, store=False,
+                            text=fmt) as s:
+        for event in s:
+            kinds.append(event.type)
+            if event.type == "response.output_text.delta":
+                deltas.append(event.delta)
+        completed = s.get_final_response()
+    assert kinds[:2] == ["response.created", "response.in_progress"] and kinds[-1] == "response.completed"
+    assert "".join(deltas) == unary.output_text == completed.output_text and json.loads(unary.output_text)["n"]
+    assert len(deltas) == completed.usage.output_tokens - 1  # one event per token (the last is end-of-sequence)
+    cut = [e.type for e in c.responses.create(model=MODEL, input="Count", max_output_tokens=3, store=False,
+                                              stream=True)]
+    assert cut[-1] == "response.incomplete"
+
+
+def test_forced_function_call_then_previous_response_id(service) -> None:
+    c = client(service)
+    first = c.responses.create(model=MODEL, input="Weather in Oslo?", tools=[WEATHER], tool_choice="required",
+                               max_output_tokens=200, temperature=0)
+    calls = [o for o in first.output if o.type == "function_call"]
+    assert first.status == "completed" and len(calls) == 1 and calls[0].name == "get_weather"
+    assert json.loads(calls[0].arguments)["city"] in ("Paris", "Oslo")
+    second = c.responses.create(model=MODEL, previous_response_id=first.id, tools=[WEATHER], tool_choice="none",
+                                input=[{"type": "function_call_output", "call_id": calls[0].call_id,
+                                        "output": "sunny"}], max_output_tokens=8, temperature=0)
+    assert second.previous_response_id == first.id and second.output_text is not None
+    assert second.usage.input_tokens > first.usage.input_tokens  # the earlier turn and the call came along
+    conversation = [i.type for i in c.responses.input_items.list(second.id).data]
+    assert conversation == ["message", "function_call", "function_call_output"]
+    # allowed_tools: only the named tools may be called, here forced
+    third = c.responses.create(model=MODEL, input="Weather?", tools=[WEATHER, {**WEATHER, "name": "get_time"}],
+                               tool_choice={"type": "allowed_tools", "mode": "required",
+                                            "tools": [{"type": "function", "name": "get_time"}]},
+                               max_output_tokens=200, store=False)
+    assert [o.name for o in third.output if o.type == "function_call"] == ["get_time"]
+
+
+def test_structured_output_and_refusals(service) -> None:
+    c = client(service)
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    r = c.responses.create(model=MODEL, input="json please", max_output_tokens=40, store=False,
+                           text={"format": {"type": "json_schema", "name": "x", "schema": schema, "strict": True}})
+    assert isinstance(json.loads(r.output_text)["ok"], bool)
+    for kwargs, param in [({"background": True}, "background"), ({"truncation": "auto"}, "truncation"),
+                          ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
+                          ({"max_output_tokens": 0}, "max_output_tokens"),
+                          ({"temperature": 5}, "temperature")]:
+        with pytest.raises(openai.BadRequestError) as exc:
+            c.responses.create(model=MODEL, input="x", **kwargs)
+        assert exc.value.body["param"] == param, exc.value.body
+    with pytest.raises(openai.NotFoundError):
+        c.responses.create(model=MODEL, input="x", previous_response_id="resp_nope")
+
+
+def test_openai_agents_sdk_default_path(service) -> None:
+    """The Agents SDK's default model class (``OpenAIResponsesModel``) runs a tool loop and a typed output."""
+    from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
+    from pydantic import BaseModel
+
+    set_tracing_disabled(True)  # traces would go to OpenAI's servers
+    calls: list[str] = []
+
+    @function_tool
+    def get_weather(city: Literal["Paris", "Oslo", "Lima"]) -> str:
+        """The weather in a city."""
+        calls.append(city)
+        return json.dumps({"city": city, "forecast": "sunny"})
+
+    class Verdict(BaseModel):
+        ok: bool
+
+    async def run() -> tuple[object, list[str], object, list[str]]:
+        aclient = openai.AsyncOpenAI(api_key=service.key, base_url=service.http + "/v1", max_retries=0)
+        model = OpenAIResponsesModel(model=MODEL, openai_client=aclient)
+        # A random model answers in text only until max_tokens, which the Responses API reports as
+        # incomplete (and the SDK raises on): the run ends with the tool's output instead.
+        agent = Agent(name="forecaster", instructions="Answer with the forecast.", tools=[get_weather], model=model,
+                      tool_use_behavior="stop_on_first_tool",
+                      model_settings=ModelSettings(tool_choice="required", max_tokens=100, temperature=0))
+        result = await Runner.run(agent, "What is the weather in Oslo?", max_turns=4)
+        streamed = Runner.run_streamed(agent, "And in Lima?", max_turns=4)
+        kinds = [e.item.type async for e in streamed.stream_events() if e.type == "run_item_stream_event"]
+        typed = Agent(name="judge", instructions="Judge.", model=model, output_type=Verdict,
+                      model_settings=ModelSettings(max_tokens=40))
+        verdict = (await Runner.run(typed, "Is the sky blue?", max_turns=2)).final_output
+        await aclient.close()
+        return result.final_output, [i.type for i in result.new_items], verdict, kinds
+
+    final, items, verdict, kinds = asyncio.run(run())
+    assert len(calls) == 2 and set(calls) <= {"Paris", "Oslo", "Lima"}
+    assert items == ["tool_call_item", "tool_call_output_item"]
+    assert json.loads(final)["forecast"] == "sunny"  # the executed tool's output ended the run
+    assert kinds[:2] == ["tool_call_item", "tool_call_output_item"]
+    assert isinstance(verdict, Verdict)
