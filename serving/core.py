@@ -48,6 +48,7 @@ from serving.prepare import (
     check_size,
     check_token_ids,
     fit_to_prompt,
+    param_name,
     prepare,
 )
 from serving.records import Event, Finished, PromptInput, Request, Started, Tool
@@ -120,7 +121,11 @@ class ServingCore:
                 raise errors.Unavailable("the decoding engine has stopped; retry on another replica")
             ids = await self._render(request.prompt, add_generation_prompt=True)
             request = fit_to_prompt(request, ids, self.info, self.settings, names)
-            await self.backend.check(request)
+            try:
+                await self.backend.check(request)
+            except errors.ServiceError as exc:
+                exc.param = param_name(exc.param, names)
+                raise
             yield Started(request)
             stream = ReplyStream(request, self.backend.tokenizer, hold_tool_text)
             end: Finished | None = None

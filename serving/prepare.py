@@ -48,6 +48,7 @@ MAX_TEMPERATURE = 2.0  # OpenAI's range: [0, 2]
 MIN_TEMPERATURE = 1e-5  # below this a temperature is greedy (vLLM's rule): 1e-45 would overflow the logits
 REPETITION_PENALTY_RANGE = (0.1, 10.0)
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
+TOOL_PARAM = "tools[{i}]"  # a tool's parameters at fault, as engines name it; ``param_name`` spells it
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")  # OpenAI's rule for function names (and '.')
 
 
@@ -116,6 +117,17 @@ class _Names:
         """An InvalidArgument about ``field``: ``message`` starts after the field's name."""
         name = self(field)
         return errors.InvalidArgument(f"{name} {message}", name)
+
+
+def param_name(param: str | None, names: Mapping[str, str] | None) -> str | None:
+    """An engine's neutral field name (``max_new_tokens``, ``tools[2]``) as the front spells it."""
+    if param is None or not names:
+        return param
+    match = re.fullmatch(r"tools\[(\d+)\]", param)
+    if match:
+        tool = names.get("tool", "tools[{i}]").format(i=int(match.group(1)))
+        return f"{tool}.parameters"
+    return names.get(param, param)
 
 
 # ---- small checks ----------------------------------------------------------------------------------

@@ -40,13 +40,33 @@ def dumps(value: object) -> str:
     return json.dumps(value, separators=_SEPARATORS, ensure_ascii=False)
 
 
-def tool_schema(tool: Tool) -> dict:
-    """The JSON Schema of one call's object: the tool's name as a constant, its parameters' schema."""
+def tool_schema(tool: Tool, defs: dict | None = None) -> dict:
+    """The JSON Schema of one call's object: the tool's name as a constant, its parameters' schema.
+
+    A parameters schema with references (``$ref``: ``#`` itself, ``#/$defs/X``, as pydantic writes them)
+    is moved into ``defs`` under the tool's name, and its local references are rebased onto it, since
+    inside the call object ``#`` is no longer the parameters' root; ``defs`` becomes the root's ``$defs``."""
     params = json.loads(tool.parameters) if tool.parameters else {}
     if not params:
         params = {"type": "object", "properties": {}}
+    if defs is not None and '"$ref"' in tool.parameters:
+        defs[tool.name] = _rebase(params, f"#/$defs/{tool.name}")
+        params = {"$ref": f"#/$defs/{tool.name}"}
     return {"type": "object", "properties": {"name": {"const": tool.name}, "arguments": params},
             "required": ["name", "arguments"]}
+
+
+def _rebase(node: object, root: str) -> object:
+    """``node`` with every local reference (``#...``) made relative to ``root`` instead of ``#``."""
+    if isinstance(node, dict):
+        out = {k: _rebase(v, root) for k, v in node.items()}
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#"):
+            out["$ref"] = root + ref[1:]
+        return out
+    if isinstance(node, list):
+        return [_rebase(v, root) for v in node]
+    return node
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +115,10 @@ class ToolCallFormat:
 
     def constraint(self, tools: Sequence[Tool]) -> OutputConstraint:
         """The grammar of exactly one call of one of ``tools``, as this format writes it."""
-        call = {"anyOf": [tool_schema(t) for t in tools]} if len(tools) > 1 else tool_schema(tools[0])
+        defs: dict = {}
+        call = {"anyOf": [tool_schema(t, defs) for t in tools]} if len(tools) > 1 else tool_schema(tools[0], defs)
+        if defs:
+            call["$defs"] = defs
         if self.list_in_block:
             return OutputConstraint(json.dumps(call), prefix=f"{START}[", suffix=f"]{END}", name="tool_calls",
                                     param="tool_choice")

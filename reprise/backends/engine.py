@@ -23,9 +23,9 @@ import threading
 from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any
 
+from reprise.backends.grammars import Grammars
 from reprise.backends.stored import STORE_WAIT_S, wait_stored
 from reprise.engine.engine import Engine, RequestHandle
-from reprise.engine.grammar_compiler import GrammarCompiler
 from reprise.engine.request import GenerationRequest, StoppingParams
 from serving import errors
 from serving.admission import CancelEvent
@@ -86,8 +86,7 @@ class EngineBackend:
         self.tokenizer = tokenizer
         runner = engine.runner
         self._info = model_info(tokenizer, model_name, runner.max_len, engine.eos_token_ids, runner.vocab_size)
-        self._grammars: GrammarCompiler | None = None
-        self._grammar_lock = threading.Lock()
+        self._grammars = Grammars(tokenizer, runner.vocab_size, engine.eos_token_ids)
         self._record = record_trajectory
         self._store_before_reply = store_before_reply
         self._store_wait_s = store_wait_s
@@ -119,27 +118,8 @@ class EngineBackend:
         return self._failure is None and self._thread.is_alive()
 
     async def check(self, request: Request) -> None:
-        constraint = request.params.constraint
-        if constraint is None:
-            return
-        if self.tokenizer is None:
-            raise errors.FailedPrecondition("structured output needs the model's tokenizer; this server has none",
-                                            constraint.param)
-        await asyncio.get_running_loop().run_in_executor(None, self._grammar, request)
-
-    def _grammar(self, request: Request) -> Any:
-        """*Blocking.* The request's compiled grammar (cached per tenant), or a ValueError naming the field."""
-        constraint = request.params.constraint
-        if constraint is None:
-            return None
-        with self._grammar_lock:  # built once, on the first constrained request (xgrammar loads lazily)
-            if self._grammars is None:
-                self._grammars = GrammarCompiler(self.tokenizer, self.engine.runner.vocab_size,
-                                                 self.engine.eos_token_ids)
-        try:
-            return self._grammars.compile(constraint, tenant=request.tenant, max_tokens=request.params.max_new_tokens)
-        except ValueError as exc:
-            raise errors.InvalidArgument(str(exc), constraint.param) from None
+        if request.params.constraint is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self._grammars.compile, request)
 
     async def generate(self, request: Request, cancel: CancelEvent) -> AsyncGenerator[BackendEvent, None]:
         if not self.alive:
@@ -147,7 +127,7 @@ class EngineBackend:
         loop = asyncio.get_running_loop()
         grammar = None
         if request.params.constraint is not None:  # compiled by check(): a cache hit
-            grammar = await loop.run_in_executor(None, self._grammar, request)
+            grammar = await loop.run_in_executor(None, self._grammars.compile, request)
         events: asyncio.Queue[Tokens | RequestHandle] = asyncio.Queue()
         handle = self.engine.submit(
             engine_request(request, grammar), cancel=cancel,

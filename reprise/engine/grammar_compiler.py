@@ -351,11 +351,12 @@ def _locate(constraint: OutputConstraint, rule: str) -> tuple[str | None, str]:
     if pointer is None:
         return None, f"its grammar rule {rule!r}"
     for i, (name, _) in enumerate(_tools(constraint)):
-        base = f"#/anyOf/{i}/properties/arguments" if "anyOf" in schema else "#/properties/arguments"
-        if pointer == base:
-            return name, "its parameters' root"
-        if pointer.startswith(base + "/"):
-            return name, f'"#{pointer[len(base):]}" in its parameters'
+        inline = f"#/anyOf/{i}/properties/arguments" if "anyOf" in schema else "#/properties/arguments"
+        for base in (inline, f"#/$defs/{_escape(name)}"):  # parameters with references live in $defs
+            if pointer == base:
+                return name, "its parameters' root"
+            if pointer.startswith(base + "/"):
+                return name, f'"#{pointer[len(base):]}" in its parameters'
     if constraint.name == "tool_calls":
         return None, "the tool-call object"
     return None, f'"{pointer}"'

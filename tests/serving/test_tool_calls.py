@@ -85,3 +85,25 @@ def test_front_validates_tools_and_formats() -> None:
     forced = output_constraint([ADD], ToolChoice("function", "add"), ResponseFormat(), "smollm2", FIELDS)
     assert forced is not None and forced.prefix == "<tool_call>[" and forced.name == "tool_calls"
     assert ModelInfo("m", 10, (), 10, True).tool_call_format == "hermes"
+
+
+def test_tool_parameters_with_references_keep_their_meaning_inside_the_call() -> None:
+    """pydantic writes nested models as ``$defs`` with ``#/$defs/X`` references; inside the call object
+    ``#`` is not the parameters' root any more, so they are rebased (and hoisted to the schema's root)."""
+    import jsonschema
+    import xgrammar as xgr
+
+    params = {"type": "object", "properties": {"loc": {"$ref": "#/$defs/Loc"}}, "required": ["loc"],
+              "$defs": {"Loc": {"type": "object", "properties": {"city": {"type": "string"},
+                                                                "near": {"anyOf": [{"$ref": "#/$defs/Loc"},
+                                                                                   {"type": "null"}]}},
+                                "required": ["city"]}}}
+    tools = [Tool("where", parameters=json.dumps(params)), ADD]
+    for fmt in ("hermes", "smollm2"):
+        constraint = FORMATS[fmt].constraint(tools)
+        schema = json.loads(constraint.schema)
+        xgr.Grammar.from_json_schema(constraint.schema, any_whitespace=False)  # compiles
+        good = {"name": "where", "arguments": {"loc": {"city": "Oslo", "near": {"city": "Bergen", "near": None}}}}
+        jsonschema.validate(good, schema)
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate({"name": "where", "arguments": {"loc": {"near": None}}}, schema)

@@ -39,11 +39,12 @@ from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any
 
 from reprise.backends.engine import call_soon
+from reprise.backends.grammars import Grammars
 from reprise.backends.stored import STORE_WAIT_S, wait_stored
 from reprise.backends.vllm.tags import RequestTag, StepRecord
 from reprise.backends.vllm.tenants import token_bytes
 from reprise.engine.engine import StepReport
-from reprise.engine.grammar_compiler import GrammarCompiler, ebnf_text
+from reprise.engine.grammar_compiler import ebnf_text
 from reprise.engine.request import GenerationRequest, GenerationResult
 from serving import errors
 from serving.admission import CancelEvent
@@ -103,8 +104,7 @@ class VllmBackend:
         self._store_wait_s = store_wait_s
         self._on_store_wait = on_store_wait
         self._salt_key = salt_key if salt_key is not None else secrets.token_bytes(32)
-        self._grammars: GrammarCompiler | None = None
-        self._grammar_lock = threading.Lock()
+        self._grammars = Grammars(tokenizer, self._info.vocab_size, self._info.eos_token_ids)
         self.prefix_cached_tokens: dict[str, int] = {}  # per tenant: prompt tokens served from its prefix cache
         self._drain_lock = threading.Lock()
         self._drain_pending = False
@@ -129,17 +129,8 @@ class VllmBackend:
 
     def _grammar_text(self, request: Request) -> str | None:
         """*Blocking.* The request's grammar as EBNF for vLLM, checked as the own engine checks it."""
-        constraint = request.params.constraint
-        if constraint is None:
-            return None
-        with self._grammar_lock:
-            if self._grammars is None:
-                self._grammars = GrammarCompiler(self.tokenizer, self._info.vocab_size, self._info.eos_token_ids)
-        try:
-            compiled = self._grammars.compile(constraint, tenant=request.tenant, max_tokens=request.params.max_new_tokens)
-        except ValueError as exc:
-            raise errors.InvalidArgument(str(exc), constraint.param) from None
-        return ebnf_text(compiled)
+        compiled = self._grammars.compile(request)
+        return ebnf_text(compiled) if compiled is not None else None
 
     async def generate(self, request: Request, cancel: CancelEvent) -> AsyncGenerator[BackendEvent, None]:
         if not self.engine.alive:

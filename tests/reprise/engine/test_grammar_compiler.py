@@ -57,13 +57,13 @@ def test_no_finite_value_is_refused_naming_where(compiler) -> None:
 
 
 def test_a_tool_without_a_finite_value_is_named(compiler) -> None:
-    # (serving.tool_calls nests the parameters in the call object, so their refs resolve from there)
-    loop = {"type": "object", "properties": {"x": {"$ref": "#/properties/arguments"}}, "required": ["x"]}
+    # (serving.tool_calls rebases the parameters' references: '#' is their own root, as the caller meant)
+    loop = {"type": "object", "properties": {"x": {"$ref": "#"}}, "required": ["x"]}
     err = refusal(compiler, tools(("loops", loop)))
     assert err.kind == "no_finite_output" and err.tool == "loops"
     assert str(err).startswith("the parameters schema of tool 'loops' has no finite value: a value at its "
                                "parameters' root needs one at \"#/properties/x\" in its parameters")
-    err = refusal(compiler, tools(("f", {"$ref": "#"}), fmt="smollm2"))  # '#' is the call object
+    err = refusal(compiler, tools(("f", {"$ref": "#"}), fmt="smollm2"))  # '#' is the parameters themselves
     assert err.tool == "f"
 
 

@@ -111,7 +111,12 @@ def test_structured_output_and_refusals(service) -> None:
     for kwargs, param in [({"background": True}, "background"), ({"truncation": "auto"}, "truncation"),
                           ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
                           ({"max_output_tokens": 0}, "max_output_tokens"),
-                          ({"temperature": 5}, "temperature")]:
+                          ({"temperature": 5}, "temperature"),
+                          ({"max_output_tokens": 3, "text": {"format": {"type": "json_schema", "name": "x",
+                                                                        "schema": schema}}}, "max_output_tokens"),
+                          ({"tools": [{**WEATHER, "parameters": {"type": "object", "properties": {
+                              "x": {"$ref": "#"}}, "required": ["x"]}}], "tool_choice": "required"},
+                           "tools[0].parameters")]:
         with pytest.raises(openai.BadRequestError) as exc:
             c.responses.create(model=MODEL, input="x", **kwargs)
         assert exc.value.body["param"] == param, exc.value.body
