@@ -1,8 +1,8 @@
 """An agent loop against a running Reprise server: several tasks, each a few model/tool turns.
 
-    reprise serve &                                   # prints where its admin key is
-    reprise tenant create demo                        # prints the tenant's API key
-    REPRISE_API_KEY=rpk_... python examples/agent_loop.py --tasks 4
+    make run                                           # or .venv/bin/reprise serve (admin key: ~/.reprise/admin.key)
+    .venv/bin/reprise tenant create demo               # in another shell: prints the tenant's API key
+    REPRISE_API_KEY=rpk_... .venv/bin/python examples/agent_loop.py --tasks 4
 
 The agent repeats itself the way real agents do (same system prompt, same tool-call shapes, similar
 observations), so from the second task on, Reprise drafts from the tenant's own earlier turns and more

@@ -1,12 +1,17 @@
 """The OpenAI Agents SDK, unchanged, running a tool-using agent on Reprise's OpenAI-compatible API.
 
-    reprise serve &                                   # prints where its admin key is
-    reprise tenant create demo                        # prints the tenant's API key
-    pip install openai-agents
-    REPRISE_API_KEY=rpk_... python examples/openai_agents_loop.py --tasks 3
+What it needs: a running server (`make run`, or `.venv/bin/reprise serve`), a tenant's API key, and the
+`openai-agents` package (`make run` / `make test` install it into .venv with the dev extra; elsewhere
+`pip install openai-agents`). From the repository root, in another shell:
+
+    .venv/bin/reprise tenant create demo               # prints the tenant's API key (the admin key is read
+                                                       # from ~/.reprise/admin.key, written on first start)
+    REPRISE_API_KEY=rpk_... .venv/bin/python examples/openai_agents_loop.py --tasks 3
+    REPRISE_API_KEY=rpk_... .venv/bin/python examples/openai_agents_loop.py --api chat   # chat completions
 
 Only the client changes: ``AsyncOpenAI(base_url="http://127.0.0.1:50052/v1", api_key=<tenant key>)``
-handed to the SDK's ``OpenAIChatCompletionsModel``. The agent's first turn forces a call of its
+handed to the SDK's default model class (``OpenAIResponsesModel``: the Responses API, ``/v1/responses``)
+or, with ``--api chat``, to ``OpenAIChatCompletionsModel``. The agent's first turn forces a call of its
 function tool (``tool_choice="required"``: Reprise's grammar guarantees the call parses and its
 arguments match the tool's schema, even from a 135M model); the SDK then resets the choice to auto and
 the model answers from the tool's output. Every task runs in one agent session (``prompt_cache_key``),
@@ -34,6 +39,7 @@ async def run(args: argparse.Namespace) -> int:
         Agent,
         ModelSettings,
         OpenAIChatCompletionsModel,
+        OpenAIResponsesModel,
         Runner,
         function_tool,
         set_tracing_disabled,
@@ -50,13 +56,14 @@ async def run(args: argparse.Namespace) -> int:
 
     client = AsyncOpenAI(base_url=args.base_url, api_key=args.api_key)
     served = (await client.models.list()).data[0].id
-    model = OpenAIChatCompletionsModel(model=served, openai_client=client)
+    model_class = OpenAIChatCompletionsModel if args.api == "chat" else OpenAIResponsesModel
+    model = model_class(model=served, openai_client=client)
     agent = Agent(name="weather", model=model, tools=[get_weather],
                   instructions="You answer questions about the weather. Call get_weather, then answer in one "
                                "sentence using its result.",
                   model_settings=ModelSettings(tool_choice="required", temperature=0, max_tokens=args.max_tokens,
                                                extra_body={"prompt_cache_key": args.session}))
-    print(f"model {served} at {args.base_url}")
+    print(f"model {served} at {args.base_url} ({args.api} API)")
     for task in range(args.tasks):
         city = CITIES[task % len(CITIES)]
         t0 = time.perf_counter()
@@ -84,7 +91,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="admin key, to print the tenant's drafting figures at the end")
     parser.add_argument("--grpc-server", default=os.environ.get("REPRISE_SERVER", "127.0.0.1:50051"))
     parser.add_argument("--tasks", type=int, default=3)
-    parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument("--max-tokens", type=int, default=160)
+    parser.add_argument("--api", choices=("responses", "chat"), default="responses",
+                        help="the Responses API (the SDK's default) or chat completions")
     parser.add_argument("--session", default="weather-agent")
     args = parser.parse_args(argv)
     if not args.api_key:
