@@ -1,0 +1,75 @@
+"""Issue 22, items 3 and 4, from outside, without a key: idle anonymous gRPC streams (Health.Watch,
+reflection) beyond every cap, and half-open HTTP connections (headers never finished) beyond the
+per-client cap. The attacker is refused (RESOURCE_EXHAUSTED with a retry delay; connections closed),
+a normal tenant's Generate and chat and both health checks answer during the flood and after it, the
+server's descriptors come back, and its log reports the storm a few times, not once per connection."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from conftest import assert_unharmed
+
+from reprise.benchmarks.hostile import attacker_sources, close_all, half_open, idle_streams, still_open
+
+
+@pytest.mark.parametrize("kind", ["watch", "reflection"])
+def test_idle_anonymous_streams_never_take_tenants_capacity(served, tenant, kind) -> None:
+    streams = idle_streams(served.grpc_target, 200, per_channel=8, kind=kind)
+    try:
+        # 32 in all, 4 per connection: the rest are refused with a retry delay (RetryInfo)
+        assert streams.held <= 32 and streams.held >= 4, streams.held
+        assert streams.refused.get("RESOURCE_EXHAUSTED", 0) == 200 - streams.held, streams.refused
+        assert streams.retry_hints == 200 - streams.held
+        seen = assert_unharmed(served, tenant)  # while the attacker's streams are open
+        assert seen["grpc_health"][1] < 2.0 and seen["grpc_generate"][1] < 10.0, seen
+    finally:
+        streams.close()
+    assert_unharmed(served, tenant)
+
+
+def test_half_open_http_connections_are_capped_and_timed_out(served, tenant) -> None:
+    fds_before = served.num_fds()
+    log_before = len(served.log())
+    # 300 connections from one address: 64 are admitted (the per-client cap), the rest closed at once
+    held = half_open(served.http, 300, attacker_sources(1))
+    try:
+        time.sleep(0.3)
+        assert still_open(held) <= 64
+        seen = assert_unharmed(served, tenant)  # from 127.0.0.1, another client
+        assert seen["healthz"][1] < 2.0 and seen["grpc_health"][1] < 2.0, seen
+        time.sleep(2.5)  # past the 2 s header deadline: the admitted ones are closed too
+        assert still_open(held) == 0
+    finally:
+        close_all(held)
+    deadline = time.monotonic() + 10
+    while served.num_fds() > fds_before + 8 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert served.num_fds() <= fds_before + 8
+    storm = served.log()[log_before:]
+    assert storm.count("\n") < 20, storm[-2000:]  # a report per storm, not a line per connection
+    assert "Too many open files" not in storm
+    assert_unharmed(served, tenant)
+
+
+def test_slow_body_is_cut_at_its_deadline(served, tenant) -> None:
+    """Slowloris on the body: complete headers, a Content-Length, then a byte now and then."""
+    head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 100000\r\nAuthorization: Bearer " + tenant.encode() + b"\r\n\r\n{")
+    held = half_open(served.http, 40, attacker_sources(1), head=head)
+    try:
+        start = time.monotonic()
+        while still_open(held) and time.monotonic() - start < 10:
+            for s in held:
+                try:
+                    s.setblocking(True)
+                    s.settimeout(0.01)
+                    s.send(b" ")
+                except OSError:
+                    pass
+            time.sleep(0.5)
+        assert still_open(held) == 0 and time.monotonic() - start < 6  # the 3 s body deadline
+    finally:
+        close_all(held)
+    assert_unharmed(served, tenant)
