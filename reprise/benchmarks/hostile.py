@@ -323,7 +323,9 @@ def idle_streams(target: str, count: int, per_channel: int, kind: str = "watch")
     from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
     channels: list[grpc.Channel] = []
-    calls, refused, hints, held = [], {}, 0, 0
+    calls: list[Any] = []
+    refused: dict[str, int] = {}
+    hints = held = 0
     for i in range(count):
         if i % per_channel == 0:
             channels.append(channel(target))

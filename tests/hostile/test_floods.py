@@ -73,3 +73,40 @@ def test_slow_body_is_cut_at_its_deadline(served, tenant) -> None:
     finally:
         close_all(held)
     assert_unharmed(served, tenant)
+
+
+def test_half_open_flood_from_many_addresses_cannot_fill_the_total(served, tenant) -> None:
+    """10 addresses x 64 half-open connections, beyond the total cap of 400: new connections displace the
+    oldest of those waiting for headers, so a client that sends its request at once still gets in."""
+    held = half_open(served.http, 640, attacker_sources(10))
+    try:
+        time.sleep(0.2)
+        assert still_open(held) <= 400
+        for _ in range(3):  # keep the flood topped up between the tenant's requests
+            held += half_open(served.http, 100, attacker_sources(10)[5:])
+            seen = assert_unharmed(served, tenant)
+            assert seen["healthz"][1] < 2.0, seen
+    finally:
+        close_all(held)
+    assert "closed at the total connection cap" in served.log()
+
+
+def test_idle_keep_alive_connections_are_displaced_too(served, tenant) -> None:
+    """Connections that finish one request and then sit idle (keep-alive) over many addresses."""
+    import http.client
+
+    idle = []
+    for source in attacker_sources(8):
+        for _ in range(60):
+            conn = http.client.HTTPConnection("127.0.0.1", served.http_port, timeout=5, source_address=(source, 0))
+            try:
+                conn.request("GET", "/healthz")
+                conn.getresponse().read()
+                idle.append(conn)
+            except OSError:
+                conn.close()
+    try:
+        assert len(idle) >= 400
+        assert_unharmed(served, tenant)
+    finally:
+        close_all(idle)
