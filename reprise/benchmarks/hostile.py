@@ -157,6 +157,14 @@ class Served:
     def num_fds(self) -> int:
         return len(os.listdir(f"/proc/{self.pid}/fd"))
 
+    def metric(self, name: str) -> float:
+        """The sum of a metric's samples on /metrics (read with the admin key)."""
+        status, _, text = http_call(self.http, "GET", "/metrics", key=self.admin_key)
+        if status != 200:
+            raise RuntimeError(f"/metrics answered {status}: {text}")
+        return sum(float(line.rsplit(" ", 1)[1]) for line in str(text).splitlines()
+                   if line.startswith(name) and line[len(name):len(name) + 1] in (" ", "{"))
+
     # ---- as a tenant -------------------------------------------------------------------------------
 
     def create_tenant(self, name: str) -> str:
