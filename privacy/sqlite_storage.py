@@ -243,6 +243,11 @@ class SqliteStorage:
         with self._tx() as db:
             db.executemany("UPDATE trajectories SET sealed=? WHERE tid=? AND record_id=?", [(s, tid, r) for r, s in items])
 
+    def traj_delete(self, tid: str, items: Sequence[tuple[str, bytes]]) -> int:
+        with self._tx() as db:
+            return sum(db.execute("DELETE FROM trajectories WHERE tid=? AND record_id=?", (tid, rid)).rowcount
+                       for _, rid in items)
+
     def traj_count(self, tid: str) -> int:
         return self._one("SELECT count(*) FROM trajectories WHERE tid=?", (tid,))[0]  # type: ignore[index]
 
