@@ -81,7 +81,8 @@ def wire_vllm(engine: VllmEngine, config: Any, store: Any, accounting: Any, metr
         if tuned:
             log.info("%d tenants draft with their own tuned settings", tuned)
     tokenize = lambda text: list(tokenizer.encode(text, add_special_tokens=False))
-    indexes = TenantIndexes(store, tenants if tenants is not None else object(), metered, metrics, tokenize)
+    indexes = TenantIndexes(store, tenants if tenants is not None else object(), metered, metrics, tokenize,
+                            memory_budget_bytes=config.server.index_memory_bytes)
     indexes.load_all()
     backend = VllmBackend(engine, tokenizer, served_model_name(folder), accounting=accounting,
                           meter=StepMeter(accounting, metrics),
