@@ -29,6 +29,7 @@ from serving.admin import CorpusDocument, CorpusImport, IndexMemory, Progress, P
 
 log = logging.getLogger(__name__)
 _CORPUS_BATCH = 256  # documents per sealed corpus part
+_RETRY_LOAD_S = 60.0  # a tenant whose history could not be read is tried again after this long
 
 
 class TenantIndexes:
@@ -51,6 +52,7 @@ class TenantIndexes:
                                                                "index_stats"))
         self.resident = ResidentIndexes(memory_budget_bytes)
         self._quarantined: dict[str, tuple[BadRecord, ...]] = {}
+        self._load_failed: dict[str, float] = {}  # tenant -> when its history last failed to load
         self._tenant_locks: dict[str, threading.Lock] = {}
         self._locks_lock = threading.Lock()
         if metrics is not None:
@@ -95,10 +97,11 @@ class TenantIndexes:
         except UnknownTenantError:
             return 0
         except (IntegrityError, StorageError) as exc:
-            log.error("tenant %s: its history cannot be read (%s); serving it without history drafts. "
-                      "`reprise index verify %s` checks it", tenant, exc, tenant)
+            log.error("tenant %s: its history cannot be read (%s); serving it without history drafts for "
+                      "%.0f s, then trying again", tenant, exc, _RETRY_LOAD_S)
             self._proposer.evict(tenant)
             self.resident.drop(tenant)
+            self._load_failed[tenant] = time.monotonic()
             return 0
 
     def ensure(self, tenant: str) -> None:
@@ -106,6 +109,9 @@ class TenantIndexes:
         budget): rebuilt from its encrypted history, then the budget is enforced."""
         if not self.has_indexes or self.resident.touch(tenant):
             return
+        failed = self._load_failed.get(tenant)
+        if failed is not None and time.monotonic() - failed < _RETRY_LOAD_S:
+            return  # its store cannot be read (logged): not again for every request
         with self._tenant_lock(tenant):
             if self.resident.touch(tenant):
                 return
@@ -145,6 +151,7 @@ class TenantIndexes:
             progress(Progress("corpus", len(documents), len(documents), "documents"))
         self._set_quarantined(tid.value, bad)
         self._measure(tid.value)
+        self._load_failed.pop(tid.value, None)
         return num
 
     def _set_quarantined(self, tenant: str, bad: list[BadRecord]) -> None:
@@ -198,6 +205,7 @@ class TenantIndexes:
     def reload(self, tenant: str) -> None:
         """The tenant's stored history changed underneath (a repair): rebuild its index if it is in memory."""
         self._set_quarantined(tenant, [])
+        self._load_failed.pop(tenant, None)
         if not self.has_indexes or not self.is_resident(tenant):
             return
         with self._tenant_lock(tenant):

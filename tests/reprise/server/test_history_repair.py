@@ -10,9 +10,11 @@ import json
 from pathlib import Path
 
 import pytest
+from testkit.privacy import damage_page_holding
 from testkit.service import start_service
 
 from grpc_api.client import AdminClient, RepriseClient
+from privacy import StoreConfig, TenantId, open_store
 from reprise.cli import main
 
 PASSWORD = "a long export password"
@@ -111,6 +113,37 @@ def test_start_up_serves_the_good_records_of_a_damaged_tenant(tmp_path: Path, mo
             (stats,) = admin.index_stats(tenant.tenant_id)
         assert (stats.index_sequences, stats.quarantined_records, stats.index_resident) == (4, 1, True)
         with RepriseClient(r.target, key) as client:
+            assert client.generate(tokens=[5, 6], max_new_tokens=2).completion_tokens == 2
+    finally:
+        r.stop()
+
+
+def test_a_bad_sqlite_page_stops_only_the_tenant_on_it(tmp_path: Path, monkeypatch, caplog) -> None:
+    """Start-up over a store with one zeroed page: every tenant is served; the one whose history is on the
+    page runs without history drafts, and the log names the file and the repair command."""
+    monkeypatch.delenv("REPRISE_MASTER_KEY", raising=False)
+    home = tmp_path / "home"
+    r = start_service(home)
+    with AdminClient(r.target, r.admin_key) as admin:
+        a, key_a = admin.create_tenant("a")
+        b, _ = admin.create_tenant("b")
+    r.stop()
+    store = open_store(StoreConfig(data_dir=home), env={})
+    for tenant in (a, b):
+        for i in range(30):
+            store.append_trajectory(TenantId(tenant.tenant_id), "s", [(i + 5) % 250] * 300)
+    needle = store.storage.traj_scan(a.tenant_id, None, 30)[15].sealed
+    store.storage.shred_sync()
+    store.close()
+    damage_page_holding(home / "history.db", needle)
+
+    r = start_service(home)
+    try:
+        assert any("history.db is damaged" in m and "python -m privacy repair" in m for m in caplog.messages)
+        with AdminClient(r.target, r.admin_key) as admin:
+            stats = {s.tenant_id: s for s in admin.index_stats()}
+        assert stats[b.tenant_id].index_sequences == 30 and not stats[a.tenant_id].index_resident
+        with RepriseClient(r.target, key_a) as client:
             assert client.generate(tokens=[5, 6], max_new_tokens=2).completion_tokens == 2
     finally:
         r.stop()
