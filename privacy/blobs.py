@@ -23,6 +23,11 @@ from privacy.config import StoreConfig
 from privacy.errors import IntegrityError
 from privacy.integrity import BLOB_PARSE_ERRORS, BadRecordCallback, blob_bad_record
 from privacy.records import (
+    BLOB_KINDS,
+    KIND_CORPUS,
+    KIND_HIDDEN,
+    KIND_RESPONSE,
+    KIND_SNAPSHOT,
     CorpusInfo,
     IndexSnapshot,
     as_token_ids,
@@ -37,11 +42,7 @@ from privacy.tenants import TenantId
 if TYPE_CHECKING:
     from privacy.keychain import Keychain, TenantKeys
 
-KIND_SNAPSHOT = "snapshot"
-KIND_CORPUS = "corpus"
-KIND_HIDDEN = "hidden"
-KIND_RESPONSE = "response"
-BLOB_KINDS = (KIND_SNAPSHOT, KIND_CORPUS, KIND_HIDDEN, KIND_RESPONSE)
+__all__ = ["BLOB_KINDS", "KIND_CORPUS", "KIND_HIDDEN", "KIND_RESPONSE", "KIND_SNAPSHOT", "BlobRecords", "blob_record_id"]
 
 
 def _check_name(value: object, what: str) -> str:

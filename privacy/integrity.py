@@ -23,7 +23,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from privacy.errors import IntegrityError
-from privacy.records import KIND_TRAJECTORY, decode_documents, decode_hidden_states, decode_trajectory
+from privacy.records import (
+    BLOB_KINDS,
+    KIND_CORPUS,
+    KIND_HIDDEN,
+    KIND_SNAPSHOT,
+    KIND_TRAJECTORY,
+    decode_documents,
+    decode_hidden_states,
+    decode_trajectory,
+)
 from privacy.storage import StoredBlob
 from privacy.tenants import Progress, ProgressCallback, TenantId
 
@@ -89,8 +98,6 @@ def check_blob(store: HistoryStore, tk: TenantKeys, kind: str,
                blob: StoredBlob) -> tuple[dict[str, Any], bytes] | None:
     """Open and parse one blob whole: its head and body (None if deleted meanwhile); IntegrityError or
     a parse error (``BLOB_PARSE_ERRORS``) when it is bad."""
-    from privacy.blobs import KIND_CORPUS, KIND_HIDDEN, KIND_SNAPSHOT  # privacy.blobs imports this module
-
     got = store._get_blob(tk, kind, blob.tag)
     if got is None:  # deleted meanwhile
         return None
@@ -140,8 +147,6 @@ def list_quarantined(store: HistoryStore, tenant: TenantId) -> list[dict[str, An
 
 def _scan(store: HistoryStore, tenant: TenantId,
           progress: ProgressCallback | None) -> tuple[int, list[tuple[BadRecord, list[bytes]]]]:
-    from privacy.blobs import BLOB_KINDS
-
     tk = store.keychain.tenant_keys(tenant)
     total = store.storage.traj_count(tenant.value)
     bad: list[tuple[BadRecord, list[bytes]]] = []

@@ -292,7 +292,7 @@ class Service:
             indexes.forget(getattr(tid, "value", str(tid)))
 
         store.add_deletion_hook(on_deleted)
-        return Decoding(IndexedBackend(backend, indexes), indexes, history)
+        return Decoding(backend, indexes, history)
 
     @property
     def history(self) -> HistoryWriter | ReplicaWriter | None:

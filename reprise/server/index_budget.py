@@ -16,6 +16,7 @@ thread. (Replicas on Redis have their own loader and budget: ``reprise.cluster``
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections import Counter, OrderedDict
 from collections.abc import AsyncGenerator, Iterator, Sequence
@@ -140,7 +141,8 @@ class IndexedBackend:
                 async for event in self.inner.generate(request, cancel):
                     yield event
             finally:
-                loop.run_in_executor(None, self.indexes.after_request, tenant)
+                with contextlib.suppress(RuntimeError):  # the loop's executor is shut down: the service stops
+                    loop.run_in_executor(None, self.indexes.after_request, tenant)
 
     async def append_trajectory(self, tenant: str, session_id: str, token_ids: Sequence[int]) -> int:
         return await self.inner.append_trajectory(tenant, session_id, token_ids)

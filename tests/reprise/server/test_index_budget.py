@@ -68,3 +68,21 @@ def test_eviction_under_a_small_budget_then_rebuild_drafts_the_same(service) -> 
         assert stats_a.index_resident and stats_a.index_sequences == 20
         assert _draft(r.service, a.tenant_id, prompt) == before
         assert not admin.index_stats(b.tenant_id)[0].index_resident  # b made room in turn
+
+
+def test_victims_are_least_recently_used_never_pinned_never_the_latest() -> None:
+    from reprise.server.index_budget import ResidentIndexes
+
+    resident = ResidentIndexes(budget_bytes=100)
+    for tenant, size in (("a", 40), ("b", 40), ("c", 40)):
+        resident.set_size(tenant, size)
+    assert resident.full
+    resident.touch("a")  # order now b, c, a
+    with resident.pinned("b"):
+        assert resident.take_victims() == ["c"]  # b is in use
+    assert resident.total_bytes == 80 and resident.num_evictions == 1 and "c" not in resident
+    resident.set_size("a", 500)  # one tenant over the whole budget: its neighbours go, it stays
+    assert resident.take_victims() == ["b"] and "a" in resident and resident.take_victims() == []
+    assert ResidentIndexes(0).take_victims() == [] and not ResidentIndexes(0).full
+    with pytest.raises(ValueError, match=">= 0 bytes"):
+        ResidentIndexes(-1)
