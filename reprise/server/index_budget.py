@@ -136,7 +136,8 @@ class IndexedBackend:
         tenant = request.tenant
         loop = asyncio.get_running_loop()
         with self.indexes.resident.pinned(tenant):
-            await loop.run_in_executor(None, self.indexes.ensure, tenant)
+            if self.indexes.has_indexes and not self.indexes.resident.touch(tenant):  # in memory: no thread hop
+                await loop.run_in_executor(None, self.indexes.ensure, tenant)
             try:
                 async for event in self.inner.generate(request, cancel):
                     yield event
