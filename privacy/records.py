@@ -18,6 +18,12 @@ from privacy.errors import IntegrityError
 
 KIND_TENANT = "tenant"  # the sealed tenant record (its name and settings)
 KIND_TRAJECTORY = "trajectory"
+# Blob kinds (privacy.blobs): index snapshots, corpus parts, hidden-state sets, stored responses.
+KIND_SNAPSHOT = "snapshot"
+KIND_CORPUS = "corpus"
+KIND_HIDDEN = "hidden"
+KIND_RESPONSE = "response"
+BLOB_KINDS = (KIND_SNAPSHOT, KIND_CORPUS, KIND_HIDDEN, KIND_RESPONSE)
 TENANT_RECORD_ID = b"tenant-info"  # the tenant record's id in its associated data
 
 _MAX_TOKEN_ID = 2**31 - 1

@@ -31,6 +31,7 @@ from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
 
 from privacy.blobs import BLOB_KINDS
 from privacy.errors import IntegrityError
+from privacy.integrity import BLOB_PARSE_ERRORS, BadRecord, blob_bad_record, check_blob
 from privacy.records import (
     Trajectory,
     decode_documents,
@@ -57,11 +58,12 @@ _BATCH = 256
 
 @dataclass(frozen=True, slots=True)
 class ExportReport:
-    """What an export wrote."""
+    """What an export wrote, and what it left out."""
 
     num_trajectories: int
     num_blobs: int
     num_bytes: int
+    skipped: tuple[BadRecord, ...] = ()  # records left out: they failed authentication or parsing
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,12 +132,19 @@ def _split_lp(buf: bytes, pos: int) -> tuple[bytes, int]:
 
 def export_tenant(store: HistoryStore, tenant: TenantId, sink: BinaryIO, *, password: str | None = None,
                   key: bytes | None = None, progress: ProgressCallback | None = None) -> ExportReport:
-    """Write ``tenant``'s history to ``sink`` (a binary file object) as a sealed export."""
+    """Write ``tenant``'s history to ``sink`` (a binary file object) as a sealed export. A record that
+    fails authentication or parsing is left out and listed in the report's ``skipped``."""
     _check_secret(password, key)
     info = store.get_tenant(tenant)
     tk = store.keychain.tenant_keys(tenant)
-    blobs = [(kind, b) for kind in BLOB_KINDS for b in store.storage.blob_list(tenant.value, kind)]
-    heads = [(kind, b, store._blob_head(tk, kind, b)) for kind, b in blobs]
+    skipped: list[BadRecord] = []
+    heads = []
+    for kind in BLOB_KINDS:
+        for blob in store.storage.blob_list(tenant.value, kind):
+            try:
+                heads.append((kind, blob, store._blob_head(tk, kind, blob)))
+            except BLOB_PARSE_ERRORS as exc:
+                skipped.append(blob_bad_record(kind, blob.tag, exc))
     total = store.count_trajectories(tenant)
     w = _Writer(sink, password, key)
     w.frame(T_TENANT, json.dumps({
@@ -143,19 +152,25 @@ def export_tenant(store: HistoryStore, tenant: TenantId, sink: BinaryIO, *, pass
         "snapshot_cursors": [h["cursor"] for kind, _, h in heads if kind == "snapshot" and h.get("cursor")],
     }).encode())
     n = 0
-    for rec in store.iter_trajectories(tenant):
+    for rec in store.iter_trajectories(tenant, on_bad=skipped.append):
         w.frame(T_TRAJECTORY, _lp(rec.cursor.encode()) + encode_trajectory(rec.trajectory))
         n += 1
         if progress is not None and n % _BATCH == 0:
             progress(Progress("export", n, total, "records"))
+    num_blobs = 0
     for kind, blob, head in heads:
-        got = store._get_blob(tk, kind, blob.tag)
+        try:
+            got = check_blob(store, tk, kind, blob)
+        except BLOB_PARSE_ERRORS as exc:
+            skipped.append(blob_bad_record(kind, blob.tag, exc))
+            continue
         if got is not None:
             w.frame(T_BLOB, _lp(kind.encode()) + _lp(json.dumps(got[0]).encode()) + got[1])
-    w.frame(T_END, json.dumps({"num_trajectories": n, "num_blobs": len(heads)}).encode(), final=True)
+            num_blobs += 1
+    w.frame(T_END, json.dumps({"num_trajectories": n, "num_blobs": num_blobs}).encode(), final=True)
     if progress is not None:
         progress(Progress("export", n, total, "records"))
-    return ExportReport(n, len(heads), w.num_bytes)
+    return ExportReport(n, num_blobs, w.num_bytes, tuple(skipped))
 
 
 def _frames(source: BinaryIO, password: str | None, key: bytes | None) -> Iterator[tuple[int, bytes]]:

@@ -46,6 +46,7 @@ from reprise.server.auth import StoreAuthenticator
 from reprise.server.dashboard import StatsHistory, dashboard_router
 from reprise.server.hidden_store import ReuseWiring
 from reprise.server.history_writer import HistoryWriter
+from reprise.server.index_budget import IndexedBackend
 from reprise.server.indexes import TenantIndexes
 from reprise.server.metering import StepMeter, TenantAccounting
 from reprise.server.metrics import ServiceMetrics
@@ -61,7 +62,7 @@ from verifier.runner import ModelRunner
 log = logging.getLogger(__name__)
 EXIT_ENGINE_FAILED = 70  # EX_SOFTWARE: the engine died; restart the process
 
-Backend = EngineBackend | VllmBackend | ReplicaBackend
+Backend = EngineBackend | VllmBackend | ReplicaBackend | IndexedBackend
 Indexes = TenantIndexes | ReplicatedIndexes
 
 
@@ -98,7 +99,9 @@ def serving_settings(config: ServiceConfig) -> ServingSettings:
     s = config.server
     return ServingSettings(default_max_new_tokens=s.default_max_new_tokens, stream_chunk_tokens=s.stream_chunk_tokens,
                            max_concurrent_requests=s.max_concurrent_requests,
-                           max_requests_per_tenant=s.max_requests_per_tenant)
+                           max_requests_per_tenant=s.max_requests_per_tenant,
+                           append_calls_per_s=s.append_calls_per_s, append_burst_calls=s.append_burst_calls,
+                           append_tokens_per_minute=s.append_tokens_per_minute)
 
 
 def http_limits(config: ServiceConfig) -> HttpLimits:
@@ -237,7 +240,8 @@ class Service:
             indexes = self.cluster.indexes(accounting, self.metrics, tokenize)
         else:
             proposer = inner
-            indexes = TenantIndexes(store, inner, accounting, self.metrics, tokenize)
+            indexes = TenantIndexes(store, inner, accounting, self.metrics, tokenize,
+                                    memory_budget_bytes=c.server.index_memory_bytes)
         indexes.load_all()
         found = ReuseWiring.find(inner)
         reuse = ReuseWiring(found, store) if found is not None else None
@@ -273,6 +277,8 @@ class Service:
                                          on_store_wait=self.metrics.observe_store_wait, on_fatal=self._engine_died)
         if self.cluster is not None:
             backend = self.cluster.backend(backend)
+        else:  # a request's tenant is loaded (off the engine thread) and pinned while it decodes
+            backend = IndexedBackend(backend, indexes)
         return Decoding(backend, indexes, history, engine, reuse)
 
     def _vllm(self, store: HistoryStore, invalidate: Callable[[], None]) -> Decoding:

@@ -61,6 +61,9 @@ class ServingSettings:
     stream_chunk_tokens: int = 1
     max_concurrent_requests: int = 64
     max_requests_per_tenant: int = 16
+    append_calls_per_s: float = 20.0
+    append_burst_calls: int = 100
+    append_tokens_per_minute: int = 1_000_000
 
 
 @dataclass(frozen=True, slots=True)

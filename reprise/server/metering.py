@@ -67,8 +67,9 @@ class TenantAccounting:
         with self._lock:
             self._counts.pop(tenant, None)
 
-    def stats(self, tenant: str, **index_figures: int) -> TenantStats:
-        """The tenant's figures; ``index_figures`` (index_tokens, ...) come from its index."""
+    def stats(self, tenant: str, index_resident: bool = True, **index_figures: int) -> TenantStats:
+        """The tenant's figures; ``index_figures`` (index_tokens, ...) come from its index, when it is in
+        memory (``index_resident``)."""
         if self._prefix_cache is not None:
             cached = self._prefix_cache.scope_stats(tenant)
             index_figures |= {"prefix_cache_bytes": cached.bytes, "prompt_tokens": cached.query_tokens,
@@ -81,7 +82,8 @@ class TenantAccounting:
                 tenant_id=tenant, num_requests=c.num_requests, num_steps=c.num_steps,
                 num_drafted_steps=c.num_drafted_steps, num_draft_tokens=c.num_draft_tokens,
                 num_accepted_tokens=c.num_accepted_tokens, acceptance_by_position=by_pos,
-                drafter_steps=dict(c.drafter_steps), counting_since_unix_ms=self.since_unix_ms, **index_figures)
+                drafter_steps=dict(c.drafter_steps), counting_since_unix_ms=self.since_unix_ms,
+                index_resident=index_resident, **index_figures)
 
 
 class StepMeter:

@@ -64,6 +64,16 @@ class ServiceMetrics:
                                         registry=r)
         self.index_evictions = Counter("reprise_index_evictions", "Tenant indexes evicted from memory",
                                        registry=r)
+        self.index_memory_budget_bytes = Gauge("reprise_index_memory_budget_bytes",
+                                               "Memory budget of all tenants' in-memory indexes (0: none)",
+                                               registry=r)
+        self.quarantined_records = Gauge("reprise_history_quarantined_records",
+                                         "Stored records skipped at index load over all tenants: they failed "
+                                         "authentication or parsing (`reprise index verify` names them)",
+                                         registry=r)
+        self.append_refused = Counter("reprise_append_trajectory_refused",
+                                      "AppendTrajectory calls refused by a per-tenant quota, by quota",
+                                      ["quota"], registry=r)
         self.speculation_disabled = Counter("reprise_speculation_disabled",
                                             "Requests or steps decoded without speculation, by reason",
                                             ["reason"], registry=r)
@@ -148,6 +158,9 @@ class ServiceMetrics:
 
     def set_requests_running(self, num: int) -> None:
         self.requests_running.set(num)
+
+    def observe_append_refused(self, quota: str) -> None:
+        self.append_refused.labels(quota=quota).inc()
 
     def observe_store_wait(self, seconds: float) -> None:
         self.store_wait.observe(seconds)

@@ -12,9 +12,13 @@ from typing import Any
 from grpc_api.server import GrpcServer
 from serving import errors
 from serving.admin import (
+    BadRecordInfo,
     CorpusDocument,
     CorpusImport,
+    HistoryCheck,
+    HistoryExport,
     HistoryImport,
+    IndexMemory,
     KeyRotation,
     Progress,
     TenantInfo,
@@ -225,13 +229,26 @@ class FakeAdmin:
         tokens = sum(len(d.token_ids or ()) + len(d.text or "") for d in docs)
         return CorpusImport(len(docs), tokens, tokens)
 
-    def export_history(self, tenant_id: str, password: str, write, progress) -> int:
+    def index_memory(self) -> IndexMemory:
+        return IndexMemory(budget_bytes=1 << 30, resident_bytes=1000, resident_tenants=len(self.tenants))
+
+    def verify_history(self, tenant_id: str, progress) -> HistoryCheck:
+        self._known(tenant_id)
+        progress(Progress("verify", 3, 3, "trajectories"))
+        return HistoryCheck(tenant_id, 3, (BadRecordInfo("trajectory", "ab" * 16, "2", "authentication failed"),),
+                            False, 0)
+
+    def repair_history(self, tenant_id: str, progress) -> HistoryCheck:
+        check = self.verify_history(tenant_id, progress)
+        return HistoryCheck(tenant_id, check.num_records, check.bad, True, 1)
+
+    def export_history(self, tenant_id: str, password: str, write, progress) -> HistoryExport:
         self._known(tenant_id)
         write(password.encode() + b":")
         for i in range(3):
             progress(Progress("export", i + 1, 3, "chunks"))
             write(bytes([i]) * 1000)
-        return 3000 + len(password) + 1
+        return HistoryExport(3000 + len(password) + 1, 3)
 
     def import_history(self, source, password: str, new_tenant_name: str, into_tenant_id: str,
                        progress) -> HistoryImport:
