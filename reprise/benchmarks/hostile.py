@@ -88,7 +88,9 @@ class Served:
     log_path: Path
 
     @classmethod
-    def start(cls, home: Path, model_dir: Path, *flags: str, timeout_s: float = START_TIMEOUT_S) -> Served:
+    def start(cls, home: Path, model_dir: Path | None, *flags: str, timeout_s: float = START_TIMEOUT_S) -> Served:
+        """`reprise serve` on free loopback ports with its data in ``home``, serving ``model_dir`` (None:
+        the default model), with ``flags`` added; returns once both fronts answer."""
         grpc_port, http_port = free_port(), free_port()
         env = {k: v for k, v in os.environ.items() if k != "REPRISE_MASTER_KEY"}
         env.update(REPRISE_HOME=str(home), REPRISE_SERVER=f"127.0.0.1:{grpc_port}", HF_HUB_OFFLINE="1",
@@ -97,7 +99,8 @@ class Served:
         log_path = home.parent / f"{home.name}.serve.log"
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "reprise", "serve", "--model-path", str(model_dir), "--grpc-port",
+                [sys.executable, "-m", "reprise", "serve", *(("--model-path", str(model_dir)) if model_dir else ()),
+                 "--grpc-port",
                  str(grpc_port), "--http-port", str(http_port), "--model-max-len", "1024", "--model-num-slots", "4",
                  "--grace-seconds", "2", "--stats-interval-s", "60", *flags],
                 env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
