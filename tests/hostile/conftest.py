@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from reprise.benchmarks.hostile import Served, all_ok, raise_fd_limit, save_tiny_model
+from reprise.benchmarks.hostile import Served, raise_fd_limit, save_tiny_model
 
 LIMITS = ("--http-header-timeout-s", "2", "--http-body-timeout-s", "3", "--http-max-connections-per-client", "64",
           "--http-max-connections", "400", "--public-streams-total", "32", "--public-streams-per-connection", "4",
@@ -43,11 +43,3 @@ def attacker(served) -> str:
     """The hostile tenant's API key."""
     return served.create_tenant("mallory")
 
-
-def assert_unharmed(served: Served, tenant: str) -> dict:
-    """The process lives, a normal tenant's gRPC Generate and HTTP chat succeed, both health checks say
-    SERVING (each within 30 s); what was seen."""
-    assert served.alive(), served.log()[-3000:]
-    seen = served.normal_requests(tenant)
-    assert all_ok(seen), seen
-    return seen

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import grpc
 import pytest
-from conftest import assert_unharmed
+from testkit.hostile import assert_unharmed
 
 from grpc_api.client import RepriseClient, RepriseError
 from reprise.benchmarks.hostile import MiB, http_call, huge_chat

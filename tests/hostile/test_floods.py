@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import assert_unharmed
+from testkit.hostile import assert_unharmed
 
 from reprise.benchmarks.hostile import attacker_sources, close_all, half_open, idle_streams, still_open
 

@@ -10,7 +10,7 @@ import json
 
 import grpc
 import pytest
-from conftest import assert_unharmed
+from testkit.hostile import assert_unharmed
 
 from grpc_api.client import RepriseClient, RepriseError
 from reprise.benchmarks.hostile import http_call

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import urllib.request
 
-from conftest import assert_unharmed
+from testkit.hostile import assert_unharmed
 
 from grpc_api.client import AdminClient, RepriseClient
 
