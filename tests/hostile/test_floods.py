@@ -11,7 +11,14 @@ import time
 import pytest
 from testkit.hostile import assert_unharmed
 
-from reprise.benchmarks.hostile import attacker_sources, close_all, half_open, idle_streams, still_open
+from reprise.benchmarks.hostile import (
+    attacker_sources,
+    close_all,
+    half_open,
+    idle_streams,
+    raise_fd_limit,
+    still_open,
+)
 
 
 @pytest.mark.parametrize("kind", ["watch", "reflection"])
@@ -112,3 +119,39 @@ def test_idle_keep_alive_connections_are_displaced_too(served, tenant) -> None:
         assert_unharmed(served, tenant)
     finally:
         close_all(idle)
+
+
+@pytest.mark.slow
+def test_thousands_of_half_open_connections(served, tenant) -> None:
+    """The issue's flood at scale: 4,000 half-open connections from 20 addresses, topped up while a
+    normal tenant asks; the server's descriptors stay under its caps and come back afterwards."""
+    raise_fd_limit()
+    fds_before = served.num_fds()
+    held = half_open(served.http, 4000, attacker_sources(20))
+    try:
+        for _ in range(3):
+            held += half_open(served.http, 500, attacker_sources(20))
+            seen = assert_unharmed(served, tenant)
+            assert seen["healthz"][1] < 2.0 and seen["grpc_health"][1] < 2.0, seen
+            assert served.num_fds() < fds_before + 400 + 64  # the total cap (400) and some slack
+    finally:
+        close_all(held)
+    deadline = time.monotonic() + 15
+    while served.num_fds() > fds_before + 8 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert served.num_fds() <= fds_before + 8
+    assert "Too many open files" not in served.log()
+
+
+@pytest.mark.slow
+def test_four_hundred_idle_streams_of_each_kind_at_once(served, tenant) -> None:
+    watch = idle_streams(served.grpc_target, 400, per_channel=4, kind="watch")
+    reflection = idle_streams(served.grpc_target, 400, per_channel=4, kind="reflection")
+    try:
+        assert watch.held + reflection.held <= 32
+        seen = assert_unharmed(served, tenant)
+        assert seen["grpc_health"][1] < 2.0, seen
+    finally:
+        watch.close()
+        reflection.close()
+    assert_unharmed(served, tenant)
