@@ -33,11 +33,14 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any
 
 from grpc_api.client import RepriseClient, RepriseError
 from reprise.benchmarks import hostile
 from reprise.benchmarks.hostile import MiB, Served
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 USER = [{"role": "user", "content": "hi"}]
 GRAMMAR = [  # issue 22, items 1 and 2

@@ -27,12 +27,15 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from grpc_api.client import AdminClient, RepriseClient
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 START_TIMEOUT_S = 180.0
 MiB = 1 << 20
