@@ -14,7 +14,8 @@ measures a quiet baseline, then runs each attack in turn:
     grammar          issue 22's grammar requests (ends before min_tokens, no token, allOf $ref #,
                      recursive required fields), 3 of each at once, on both fronts
     abandoned        rounds of streams opened to the tenant's limit and dropped mid-response
-    append_flood     AppendTrajectory calls of 200k tokens each as fast as one client sends them
+    append_flood     AppendTrajectory calls of 1,000 tokens each (a turn must fit the context), as fast
+                     as three clients send them
 
 Per attack it prints the attacker's outcome (what was refused, with which code, and whether a retry
 delay came with it), the server's peak RSS during the attack (VmHWM, reset before each) above its
@@ -283,7 +284,7 @@ def append_flood(served: Served, key: str, hold: Callable[[], None]) -> dict[str
         with RepriseClient(served.grpc_target, key) as client:
             while not stop.is_set():
                 try:
-                    client.append_trajectory("flood", tokens=[1 + i % 200 for i in range(200_000)])
+                    client.append_trajectory("flood", tokens=[1 + i % 200 for i in range(1_000)])
                     answers.append("OK")
                 except RepriseError as exc:
                     answers.append(exc.code.name + (" with retry delay" if exc.retry_after_s else ""))
@@ -297,7 +298,7 @@ def append_flood(served: Served, key: str, hold: Callable[[], None]) -> dict[str
         stop.set()
         for t in senders:
             t.join(60)
-    return {"calls": len(answers), "tokens_each": 200_000, "answers": _tally(answers)}
+    return {"calls": len(answers), "tokens_each": 1_000, "answers": _tally(answers)}
 
 
 def _tally(answers: list[str]) -> dict[str, int]:

@@ -6,7 +6,8 @@
 
 ``Engine.step()`` is admit -> propose -> verify -> postprocess (docs/architecture.md draws it):
 
-1. **admit**: waiting requests take free slots (their prompt is prefilled); cancelled ones leave;
+1. **admit**: waiting requests take free slots (their prompt is prefilled), the tenant holding the fewest
+   slots first; cancelled ones leave;
 2. **propose**: each request's drafting session proposes a tree; the draft budget keeps the nodes worth
    verifying (reprise/engine/draft_budget.py);
 3. **verify**: one packed forward pass over every request's tree; the runner's acceptance decides the
@@ -275,7 +276,7 @@ class Engine:
             with self._lock:
                 if not self._waiting:
                     break
-                handle, on_stream = self._waiting.popleft()
+                handle, on_stream = self._next_waiting()
             if handle.cancelled.is_set():
                 self._resolve(handle, _result(handle.request, [], "", "aborted", None, 0, 0, 0))
                 continue
@@ -288,6 +289,20 @@ class Engine:
         for item in [a for a in self._active if a.handle.cancelled.is_set()]:
             self._finish(item, "aborted", None)
         return list(self._active)
+
+    def _next_waiting(self) -> tuple[RequestHandle, StreamCallback | None]:
+        """The waiting request whose tenant holds the fewest slots (the oldest among equals), taken off
+        the queue (under ``_lock``): a tenant with many requests queued cannot take every slot that
+        frees while another tenant's request waits behind them."""
+        held: dict[str, int] = {}
+        for item in self._active:
+            held[item.handle.request.tenant] = held.get(item.handle.request.tenant, 0) + 1
+        if not held:
+            return self._waiting.popleft()
+        best = min(range(len(self._waiting)), key=lambda i: held.get(self._waiting[i][0].request.tenant, 0))
+        entry = self._waiting[best]
+        del self._waiting[best]
+        return entry
 
     def _start(self, handle: RequestHandle, on_stream: StreamCallback | None) -> _Active:
         request = handle.request

@@ -154,6 +154,20 @@ def test_packed_engine_with_queue(llama) -> None:
     assert steps < sum(10 + i for i in range(7)) / 3  # packing and drafts both pay
 
 
+def test_free_slots_go_to_the_tenant_holding_fewest(llama) -> None:
+    """Tenant a queues 4 long requests before tenant b's one: b gets the second slot at once and the
+    next slot that frees goes to whoever holds fewest, not to a's queue in arrival order."""
+    engine = engine_for(llama, ScriptedProposer(llama, "empty"), num_slots=2)
+    long = StoppingParams(max_new_tokens=30, ignore_eos=True)
+    a = [engine.submit(GenerationRequest(tuple(prompt_of(i)), stopping=long, tenant="a")) for i in range(4)]
+    b = engine.submit(GenerationRequest(tuple(prompt_of(9)), stopping=StoppingParams(max_new_tokens=3,
+                                                                                      ignore_eos=True), tenant="b"))
+    engine.step()
+    assert sorted(item.handle.request.tenant for item in engine._active) == ["a", "b"]
+    engine.run_until_idle()
+    assert b.wait().finish_reason == "length" and all(h.wait().finish_reason == "length" for h in a)
+
+
 # ---- stop conditions -----------------------------------------------------------------------------
 def test_stop_token_and_min_new_tokens(llama) -> None:
     prompt = prompt_of(20)
