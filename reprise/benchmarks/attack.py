@@ -347,8 +347,14 @@ def run(args: argparse.Namespace) -> int:
         return 2
     hostile.raise_fd_limit()
     with tempfile.TemporaryDirectory(prefix="reprise-attack-") as tmp:
-        model = Path(args.model_path) if args.model_path else (
-            hostile.save_tiny_model(Path(tmp) / "tiny") if args.tiny else None)
+        if args.model_path:
+            model = Path(args.model_path)
+        elif args.tiny:
+            model = hostile.save_tiny_model(Path(tmp) / "tiny")
+        else:  # converted once into this user's model cache, not into the server's temporary home
+            from verifier.models import ensure_default_model
+
+            model = ensure_default_model()
         # the model's own context and slots, not the tests' small ones
         flags = ("--model-max-len", "2048", "--model-num-slots", "8")
         with Served.start(Path(tmp) / "home", model, *flags) as served:
