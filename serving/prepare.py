@@ -308,13 +308,15 @@ def output_constraint(tools: Sequence[Tool], choice: ToolChoice, response_format
                       tool_format: str, names: Mapping[str, str] | None = None) -> OutputConstraint | None:
     """The grammar a request's output must follow, if any: a forced tool call (``required``, a named
     function, or ``allowed`` tools with mode ``required``) in the model's own tool-call format, or the
-    JSON of ``response_format``."""
+    JSON of ``response_format``. A forced call wins over ``response_format``, as on OpenAI: the format
+    shapes a text reply, and a forced turn has none (pydantic-ai sends its ``NativeOutput`` format with
+    every request of a run, the forced tool-calling steps included)."""
     n = _Names(names or {})
     forced = choice.mode in ("required", "function")
     if forced and not tools:
         raise n.bad("tool_choice", f"is {choice.mode!r} but the request has no tools")
-    if forced and response_format.type != "text":
-        raise n.bad("response_format", f"and a forced {n('tool_choice')} cannot both shape the output")
+    if response_format.type == "json_schema":  # a bad schema is refused even in a turn it does not shape
+        parse_schema(n("json_schema"), response_format.schema)
     if choice.mode == "function":
         chosen = [t for t in tools if t.name == choice.name]
         if not chosen:
@@ -325,7 +327,6 @@ def output_constraint(tools: Sequence[Tool], choice: ToolChoice, response_format
     if response_format.type == "json_object":
         return OutputConstraint('{"type": "object"}', name="json_object", param=n("response_format"))
     if response_format.type == "json_schema":
-        parse_schema(n("json_schema"), response_format.schema)
         return OutputConstraint(response_format.schema, name="json_schema", param=n("json_schema"))
     return None
 

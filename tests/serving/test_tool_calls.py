@@ -78,8 +78,12 @@ def test_front_validates_tools_and_formats() -> None:
         check_tools([Tool("x", parameters="{")])
     with pytest.raises(errors.InvalidArgument, match="not among the tools"):
         output_constraint([ADD], ToolChoice("function", "mul"), ResponseFormat(), "hermes", FIELDS)
-    with pytest.raises(errors.InvalidArgument, match="cannot both"):
-        output_constraint([ADD], ToolChoice("required"), ResponseFormat("json_object"), "hermes", FIELDS)
+    # A forced call wins over response_format (which shapes text; a forced turn has none), as on OpenAI;
+    # a bad schema is refused all the same.
+    forced_call = output_constraint([ADD], ToolChoice("required"), ResponseFormat("json_object"), "hermes", FIELDS)
+    assert forced_call is not None and forced_call.name == "tool_calls"
+    with pytest.raises(errors.InvalidArgument, match="json_schema"):
+        output_constraint([ADD], ToolChoice("required"), ResponseFormat("json_schema", "{"), "hermes", FIELDS)
     assert output_constraint([ADD], ToolChoice("auto"), ResponseFormat(), "hermes", FIELDS) is None
     assert output_constraint([], ToolChoice(), ResponseFormat("json_object"), "hermes", FIELDS).name == "json_object"
     forced = output_constraint([ADD], ToolChoice("function", "add"), ResponseFormat(), "smollm2", FIELDS)
