@@ -39,6 +39,7 @@ MAX_SESSION_CHARS = 256
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 512
 MAX_STOP_TOKEN_IDS = 256
+MAX_LOGIT_BIAS = 300  # as OpenAI
 MAX_CHUNK_TOKENS = 4096
 MAX_TOOLS = 128
 MAX_SCHEMA_CHARS = 64 * 1024
@@ -72,6 +73,9 @@ class RawParams:
     top_k: int | None = None
     seed: int | None = None
     repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: Mapping[str, float] | None = None
     max_new_tokens: int | None = None
     min_new_tokens: int = 0
     stop: Sequence[str] = ()
@@ -253,6 +257,13 @@ def check_params(raw: RawParams, info: ModelInfo, names: Mapping[str, str] | Non
     low, high = REPETITION_PENALTY_RANGE
     if not (math.isfinite(penalty) and low <= penalty <= high):
         raise n.bad("repetition_penalty", f"must be in [{low:g}, {high:g}] (1 = off), got {penalty}")
+    penalties = {}
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = getattr(raw, name)
+        penalties[name] = 0.0 if value is None else float(value)
+        if not (math.isfinite(penalties[name]) and -2.0 <= penalties[name] <= 2.0):
+            raise n.bad(name, f"must be in [-2, 2] (0 = off), got {value}")
+    bias = check_logit_bias(n("logit_bias"), raw.logit_bias or {}, info.vocab_size)
     explicit = raw.max_new_tokens is not None
     max_new = int(raw.max_new_tokens) if raw.max_new_tokens is not None else 0
     ctx = info.max_context_tokens
@@ -275,10 +286,30 @@ def check_params(raw: RawParams, info: ModelInfo, names: Mapping[str, str] | Non
     params = GenerateParams(
         max_new_tokens=max_new, temperature=temperature, top_p=top_p, top_k=top_k,
         seed=None if raw.seed is None else int(raw.seed), repetition_penalty=penalty,
+        presence_penalty=penalties["presence_penalty"], frequency_penalty=penalties["frequency_penalty"],
+        logit_bias=bias,
         min_new_tokens=int(raw.min_new_tokens), stop=tuple(raw.stop), stop_token_ids=tuple(raw.stop_token_ids),
         ignore_eos=raw.ignore_eos, include_stop_str_in_output=raw.include_stop_str_in_output,
         speculate=raw.speculate, record=raw.record, constraint=constraint)
     return params, explicit
+
+
+def check_logit_bias(field: str, raw: Mapping[str, float], vocab_size: int) -> tuple[tuple[int, float], ...]:
+    """OpenAI's ``logit_bias`` (token id as a string -> bias in [-100, 100]) as sorted pairs."""
+    if len(raw) > MAX_LOGIT_BIAS:
+        raise errors.InvalidArgument(f"{field} has {len(raw)} entries; at most {MAX_LOGIT_BIAS}", field)
+    pairs = []
+    for key, value in raw.items():
+        try:
+            token = int(key)
+        except (TypeError, ValueError):
+            raise errors.InvalidArgument(f"{field} keys must be token ids, got {str(key)!r:.40}", field) from None
+        if not 0 <= token < vocab_size:
+            raise errors.InvalidArgument(f"{field} token {token} is not in [0, {vocab_size})", field)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not -100 <= value <= 100:
+            raise errors.InvalidArgument(f"{field}[{key!r}] must be a number in [-100, 100], got {value!r:.40}", field)
+        pairs.append((token, float(value)))
+    return tuple(sorted(pairs))
 
 
 # ---- tools and structured output -------------------------------------------------------------------

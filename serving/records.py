@@ -94,7 +94,9 @@ class GenerateParams:
     """Validated sampling and stopping parameters of one request (defaults filled in).
 
     ``temperature`` 0 is greedy; ``speculate`` False decodes one token per step (the same output);
-    ``record`` False keeps the turn out of the tenant's history.
+    ``record`` False keeps the turn out of the tenant's history. ``presence_penalty``,
+    ``frequency_penalty`` (OpenAI's, 0 = off) and ``logit_bias`` ((token id, bias) pairs) are applied
+    by vLLM; the own engine refuses them when set (its ``check``).
     """
 
     max_new_tokens: int
@@ -103,6 +105,9 @@ class GenerateParams:
     top_k: int = 0
     seed: int | None = None
     repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
     min_new_tokens: int = 0
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()

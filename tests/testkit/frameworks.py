@@ -206,3 +206,62 @@ def check_langchain(base_url: str, key: str, model: str) -> None:
     assert len(merged.tool_calls) == 1 and merged.tool_calls[0]["name"] in tools
     forecast = llm.with_structured_output(Forecast, method="json_schema").invoke("Weather in Lima, as JSON.")
     assert isinstance(forecast, Forecast)
+
+
+def check_openai_parse(base_url: str, key: str, model: str) -> None:
+    """The ``openai`` client's own helpers: ``chat.completions.parse`` (a pydantic ``response_format`` and a
+    strict ``pydantic_function_tool`` whose call arrives parsed) and ``responses.parse`` (``text_format``)."""
+    client = openai.OpenAI(api_key=key, base_url=base_url, max_retries=0)
+
+    class GetWeather(BaseModel):
+        """The weather in a city."""
+
+        city: City
+
+    ask = [{"role": "user", "content": "What is the weather in Oslo?"}]
+    called = client.chat.completions.parse(model=model, messages=ask, tools=[openai.pydantic_function_tool(GetWeather)],
+                                           tool_choice="required", max_completion_tokens=100, temperature=0)
+    call = called.choices[0].message.tool_calls[0]
+    assert isinstance(call.function.parsed_arguments, GetWeather)  # type: ignore[union-attr]
+    calls: list[str] = []
+    output = _forecast_of(call.function.parsed_arguments.city, calls)  # type: ignore[union-attr]
+    answer = client.chat.completions.parse(
+        model=model, response_format=Forecast, max_completion_tokens=100, temperature=0,
+        messages=[*ask, called.choices[0].message.model_dump(exclude_none=True),  # type: ignore[list-item]
+                  {"role": "tool", "tool_call_id": call.id, "content": output}])
+    assert isinstance(answer.choices[0].message.parsed, Forecast)
+    parsed = client.responses.parse(model=model, input="Weather in Lima?", text_format=Forecast, max_output_tokens=100,
+                                    temperature=0)
+    assert isinstance(parsed.output_parsed, Forecast) and calls
+    client.close()
+
+
+def check_smolagents(base_url: str, key: str, model: str) -> None:
+    """smolagents' ``OpenAIModel`` and ``ToolCallingAgent``: its step forces a call (smolagents' default
+    ``tool_choice`` "required", beside its stop strings) of the agent's tool or its ``final_answer`` tool,
+    which smolagents runs; then a ``response_format`` json_schema answer, parsed into ``Forecast``."""
+    from smolagents import OpenAIModel, ToolCallingAgent, tool
+
+    calls: list[str] = []
+
+    @tool
+    def get_weather(city: City) -> str:
+        """The weather in a city.
+
+        Args:
+            city: The city's name.
+        """
+        return _forecast_of(city, calls)
+
+    llm = OpenAIModel(model_id=model, api_base=base_url, api_key=key, max_tokens=400, temperature=0)
+    # One step: a random model's final_answer (a free string) may run to max_tokens; the answer after
+    # the last step is a plain text request.
+    agent = ToolCallingAgent(tools=[get_weather], model=llm, max_steps=1, verbosity_level=0)
+    agent.run("What is the weather in Oslo?")
+    executed = [call.name for step in agent.memory.steps for call in (getattr(step, "tool_calls", None) or [])]
+    assert executed and set(executed) <= {"get_weather", "final_answer"}, executed
+    assert ("get_weather" in executed) == bool(calls)  # the calls smolagents ran are the ones it reports
+    schema = {"name": "forecast", "schema": Forecast.model_json_schema(), "strict": True}
+    reply = llm.generate([{"role": "user", "content": [{"type": "text", "text": "Weather in Paris as JSON?"}]}],
+                         response_format={"type": "json_schema", "json_schema": schema})
+    assert isinstance(Forecast.model_validate_json(str(reply.content)), Forecast)

@@ -223,7 +223,9 @@ class VllmBackend:
 
         return SamplingParams(
             temperature=params.temperature, top_p=params.top_p, top_k=params.top_k if params.top_k > 0 else -1,
-            seed=params.seed, repetition_penalty=params.repetition_penalty, min_tokens=params.min_new_tokens,
+            seed=params.seed, repetition_penalty=params.repetition_penalty, presence_penalty=params.presence_penalty,
+            frequency_penalty=params.frequency_penalty, logit_bias=dict(params.logit_bias) or None,
+            min_tokens=params.min_new_tokens,
             max_tokens=params.max_new_tokens, stop=list(params.stop) or None,
             stop_token_ids=list(params.stop_token_ids) or None, ignore_eos=params.ignore_eos,
             include_stop_str_in_output=params.include_stop_str_in_output,

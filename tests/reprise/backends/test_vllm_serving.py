@@ -159,3 +159,30 @@ def test_litellm(service) -> None:
 
 def test_langchain(service) -> None:
     frameworks.check_langchain(service.http + "/v1", service.key, service.model)  # type: ignore[attr-defined]
+
+
+def test_vllm_applies_penalties_and_logit_bias_and_refuses_logprobs(service) -> None:
+    """What vLLM can do and the own engine refuses (presence/frequency penalties, logit_bias) is applied
+    here; what neither does (log probabilities) is a 400 on both."""
+    from transformers import AutoTokenizer
+
+    from verifier.models import ensure_default_model
+
+    tokenizer = AutoTokenizer.from_pretrained(str(ensure_default_model()), local_files_only=True)
+    plain = chat(service, max_tokens=8).choices[0].message.content  # type: ignore[attr-defined]
+    first = tokenizer.encode(plain, add_special_tokens=False)[0]
+    biased = chat(service, max_tokens=8, logit_bias={str(first): -100}).choices[0].message.content  # type: ignore[attr-defined]
+    assert tokenizer.encode(biased, add_special_tokens=False)[0] != first and biased != plain
+    penalized = chat(service, max_tokens=8, presence_penalty=1.5, frequency_penalty=1.0)
+    assert penalized.choices[0].finish_reason in ("stop", "length")  # type: ignore[attr-defined]
+    with pytest.raises(openai.BadRequestError) as exc:
+        chat(service, max_tokens=8, logprobs=True)
+    assert exc.value.body["param"] == "logprobs"
+
+
+def test_openai_client_parse_helpers(service) -> None:
+    frameworks.check_openai_parse(service.http + "/v1", service.key, service.model)  # type: ignore[attr-defined]
+
+
+def test_smolagents(service) -> None:
+    frameworks.check_smolagents(service.http + "/v1", service.key, service.model)  # type: ignore[attr-defined]

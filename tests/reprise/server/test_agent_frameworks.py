@@ -18,7 +18,7 @@ MODEL = "tiny-llama"
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory):
-    r = start_service(tmp_path_factory.mktemp("agents") / "home", **{"model.max_len": "4000"})
+    r = start_service(tmp_path_factory.mktemp("agents") / "home", **{"model.max_len": "12000"})  # smolagents: 4k-byte prompts
     with AdminClient(r.target, r.admin_key) as admin:
         _, r.key = admin.create_tenant("agents")  # type: ignore[attr-defined]
     yield r
@@ -55,3 +55,11 @@ def test_example_agents_sdk_loop_runs(service, capsys) -> None:
                         "--api", "chat"])  # a random model answers until max_tokens: "incomplete" on Responses
     out = capsys.readouterr().out
     assert code == 0 and "model tiny-llama" in out and "task 2:" in out and '"city"' in out and "hit rate" in out
+
+
+def test_openai_client_parse_helpers(service) -> None:
+    frameworks.check_openai_parse(service.http + "/v1", service.key, MODEL)
+
+
+def test_smolagents_tool_calling_agent(service) -> None:
+    frameworks.check_smolagents(service.http + "/v1", service.key, MODEL)
