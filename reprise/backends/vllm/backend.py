@@ -69,6 +69,16 @@ def cache_salt(key: bytes, tenant: str) -> str:
     return hmac.new(key, tenant.encode(), hashlib.sha256).hexdigest()
 
 
+def client_error(exc: Exception) -> Exception:
+    """vLLM's refusal of a request (its ``VLLMClientError``: a 4xx in vLLM's own server) as InvalidArgument
+    naming the parameter; anything else as it is."""
+    from vllm.exceptions import VLLMClientError
+
+    if isinstance(exc, VLLMClientError):
+        return errors.InvalidArgument(f"vLLM refused the request: {exc}", getattr(exc, "parameter", None))
+    return exc
+
+
 class VllmBackend:
     """``DecodeBackend`` over a started ``VllmEngine`` whose proposer is Reprise's (or off).
 
@@ -124,6 +134,9 @@ class VllmBackend:
         return cache_salt(self._salt_key, tenant)
 
     async def check(self, request: Request) -> None:
+        if request.params.logit_bias and self.engine.settings.speculative_config() is not None:
+            raise errors.InvalidArgument("logit_bias is not supported by this server's engine: vLLM refuses it "
+                                         "with speculative decoding (model.engine vllm, drafting on)", "logit_bias")
         if request.params.constraint is not None:
             await asyncio.get_running_loop().run_in_executor(None, self._grammar_text, request)
 
@@ -169,6 +182,8 @@ class VllmBackend:
                 reason, matched, output, cached = done.result()
             except asyncio.CancelledError:
                 reason, matched, output, cached = "aborted", None, [], 0
+            except Exception as exc:
+                raise client_error(exc) from exc
             if not self.engine.alive and reason == "aborted" and not cancel.is_set():
                 self._engine_died(RuntimeError("vLLM's engine stopped"))
                 raise errors.Unavailable("the vLLM engine stopped while the request ran; retry")
