@@ -341,7 +341,8 @@ def output_constraint(tools: Sequence[Tool], choice: ToolChoice, response_format
     function, or ``allowed`` tools with mode ``required``) in the model's own tool-call format, or the
     JSON of ``response_format``. A forced call wins over ``response_format``, as on OpenAI: the format
     shapes a text reply, and a forced turn has none (pydantic-ai sends its ``NativeOutput`` format with
-    every request of a run, the forced tool-calling steps included)."""
+    every request of a run, the forced tool-calling steps included). With ``auto`` and tools, the format's
+    JSON or one tool call (an agent with tools and a typed output: the Agents SDK, pydantic-ai)."""
     n = _Names(names or {})
     forced = choice.mode in ("required", "function")
     if forced and not tools:
@@ -355,10 +356,13 @@ def output_constraint(tools: Sequence[Tool], choice: ToolChoice, response_format
         return FORMATS[tool_format].constraint(chosen)
     if choice.mode == "required":
         return FORMATS[tool_format].constraint(tools)
+    # With tools the model may call (auto), a call stays possible beside the formatted answer.
+    call = FORMATS[tool_format].constraint(tools) if tools and choice.mode == "auto" else None
     if response_format.type == "json_object":
-        return OutputConstraint('{"type": "object"}', name="json_object", param=n("response_format"))
+        return OutputConstraint('{"type": "object"}', name="json_object", param=n("response_format"),
+                                alternative=call)
     if response_format.type == "json_schema":
-        return OutputConstraint(response_format.schema, name="json_schema", param=n("json_schema"))
+        return OutputConstraint(response_format.schema, name="json_schema", param=n("json_schema"), alternative=call)
     return None
 
 

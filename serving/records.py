@@ -80,13 +80,16 @@ class OutputConstraint:
     """A grammar the output must follow: the literal ``prefix``, then a JSON value valid under ``schema``
     (JSON Schema text), then the literal ``suffix``, then end of sequence. ``name`` says what asked for
     it (``json_object``, ``json_schema``, ``tool_calls``) and ``param`` the request field it came from
-    (error messages name it)."""
+    (error messages name it). ``alternative``: an output of that constraint is allowed instead (a tool
+    call the model may make rather than the formatted answer: ``tool_choice`` auto with tools and a
+    ``response_format``)."""
 
     schema: str
     prefix: str = ""
     suffix: str = ""
     name: str = "json_schema"
     param: str = "response_format"
+    alternative: OutputConstraint | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -183,3 +183,22 @@ def test_openai_client_parse_helpers(service) -> None:
 
 def test_smolagents(service) -> None:
     frameworks.check_smolagents(service.http + "/v1", service.key, service.model)  # type: ignore[attr-defined]
+
+
+def test_tools_the_model_may_call_beside_a_response_format(service) -> None:
+    """tool_choice auto with tools and a json_schema: one valid call or JSON valid under the schema."""
+    schema = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo", "Lima"]},
+                                               "sunny": {"type": "boolean"}},
+              "required": ["city", "sunny"], "additionalProperties": False}
+    seen = set()
+    for ask in ("Use the get_weather tool for Oslo.", "Answer in JSON: is it sunny in Lima?"):
+        reply = chat(service, messages=[{"role": "user", "content": ask}], tools=TOOLS,
+                     response_format={"type": "json_schema", "json_schema": {"name": "f", "schema": schema}})
+        choice = reply.choices[0]  # type: ignore[attr-defined]
+        seen.add(choice.finish_reason)
+        if choice.finish_reason == "tool_calls":
+            assert_one_valid_call(reply, set(SCHEMAS))
+        else:
+            assert choice.finish_reason == "stop"
+            jsonschema.validate(json.loads(choice.message.content), schema)
+    print("finish reasons seen:", sorted(seen))

@@ -273,3 +273,22 @@ def test_what_an_engine_cannot_honour_is_refused_never_ignored(client) -> None:
     forced = client.chat.completions.create(model=MODEL, messages=ask("Weather?"), tools=[WEATHER],
                                             tool_choice="required", parallel_tool_calls=False, max_tokens=120)
     assert len(forced.choices[0].message.tool_calls) == 1
+
+
+def test_tools_the_model_may_call_beside_a_response_format(client) -> None:
+    """tool_choice auto with tools and a json_schema (an agent with tools and a typed output): the reply
+    is one valid call or JSON valid under the schema, whichever the model starts."""
+    import jsonschema
+
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    for prompt in ("Weather?", "Is it fine?", "Answer"):
+        reply = client.chat.completions.create(
+            model=MODEL, messages=ask(prompt), tools=[WEATHER], max_tokens=120,
+            response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": schema}})
+        choice = reply.choices[0]
+        if choice.finish_reason == "tool_calls":
+            check_call(choice.message.tool_calls[0])
+        else:
+            assert choice.finish_reason == "stop"
+            jsonschema.validate(json.loads(choice.message.content), schema)
