@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from privacy.errors import IntegrityError
+from privacy.tenants import TenantId
 
 KIND_TENANT = "tenant"  # the sealed tenant record (its name and settings)
 KIND_TRAJECTORY = "trajectory"
@@ -234,3 +235,20 @@ def decode_hidden_states(body: bytes) -> tuple[np.ndarray, np.ndarray]:
     states = np.frombuffer(r.take(2 * n * d), dtype="<f2").astype(np.float16).reshape(n, d)
     r.done()
     return positions, states
+
+
+@dataclass(frozen=True, slots=True)
+class TrajectoryRef:
+    """Where an appended trajectory landed: its commit-order ``cursor`` and random ``record_id`` (hex)."""
+
+    cursor: str
+    record_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class DeletionReport:
+    """``num_records``: trajectories and blobs deleted (or that would be, with ``dry_run``)."""
+
+    tenant: TenantId
+    num_records: int
+    deleted: bool

@@ -48,8 +48,11 @@ class DrainingAccounting:
 
 
 def start_vllm(config: Any, store: Any, accounting: Any, metrics: Any, history_sink: Any,
-               on_close: Any = None, on_fatal: Any = None) -> tuple[IndexedBackend, Any]:
-    """The started vLLM backend and the ``TenantIndexes`` over the worker's drafting state."""
+               on_close: Any = None, on_fatal: Any = None, engine: VllmEngine | None = None) -> tuple[IndexedBackend, Any]:
+    """The started vLLM backend and the ``TenantIndexes`` over the worker's drafting state. ``engine``:
+    one already started (tests start theirs with ``enforce_eager``); the backend then owns it all the same."""
+    if engine is not None:
+        return wire_vllm(engine, config, store, accounting, metrics, history_sink, on_close, on_fatal=on_fatal)
     m = config.model
     folder = model_folder(m.path)
     drafting = (m.drafter or "reprise") == "reprise"
