@@ -29,13 +29,14 @@ from privacy import envelope, integrity, rotation, transfer
 from privacy.blobs import BLOB_KINDS, KIND_CORPUS, KIND_HIDDEN, KIND_SNAPSHOT, BlobRecords
 from privacy.config import StoreConfig
 from privacy.errors import AuthenticationError, IntegrityError, UnknownTenantError
-from privacy.integrity import BadRecordCallback, HistoryCheck, trajectory_bad_record
+from privacy.integrity import HistoryCheck, trajectory_bad_record
 from privacy.keychain import Keychain, TenantKeys, dek_version
 from privacy.keyring import MasterKeyring
 from privacy.records import (
     KIND_TENANT,
     KIND_TRAJECTORY,
     TENANT_RECORD_ID,
+    BadRecordCallback,
     DeletionReport,
     Trajectory,
     TrajectoryRecord,

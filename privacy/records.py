@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import struct
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -252,3 +252,22 @@ class DeletionReport:
     tenant: TenantId
     num_records: int
     deleted: bool
+
+
+@dataclass(frozen=True, slots=True)
+class BadRecord:
+    """A stored record that failed authentication or parsing. ``kind`` is ``trajectory`` or a blob kind
+    (``snapshot``, ``corpus``, ``hidden``, ``response``); ``record_id`` the trajectory's record id or the
+    blob's tag (hex); ``cursor`` the trajectory's commit-order position ("" for blobs)."""
+
+    kind: str
+    record_id: str
+    cursor: str
+    reason: str
+
+    def describe(self) -> str:
+        where = f" at cursor {self.cursor}" if self.cursor else ""
+        return f"{self.kind} {self.record_id}{where}: {self.reason}"
+
+
+BadRecordCallback = Callable[[BadRecord], None]

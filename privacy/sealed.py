@@ -1,5 +1,5 @@
-"""What key rotation (``privacy.rotation``) and export/import (``privacy.transfer``) need of the store
-they work on: ``SealedStore``, exactly the members they use. ``privacy.history.HistoryStore`` implements
+"""What key rotation (``privacy.rotation``), export/import (``privacy.transfer``) and the integrity check
+(``privacy.integrity``) need of the store they work on: ``SealedStore``, exactly the members they use. ``privacy.history.HistoryStore`` implements
 it and calls them; they import nothing of it, so the three modules form no import circle.
 """
 
@@ -11,7 +11,14 @@ from typing import Any, Protocol
 import numpy as np
 
 from privacy.keychain import Keychain, TenantKeys
-from privacy.records import CorpusInfo, DeletionReport, Trajectory, TrajectoryRecord, TrajectoryRef
+from privacy.records import (
+    BadRecordCallback,
+    CorpusInfo,
+    DeletionReport,
+    Trajectory,
+    TrajectoryRecord,
+    TrajectoryRef,
+)
 from privacy.storage import Storage, StoredBlob
 from privacy.tenants import Tenant, TenantId
 
@@ -49,7 +56,7 @@ class SealedStore(Protocol):
     def count_trajectories(self, tenant: TenantId) -> int: ...
 
     def iter_trajectories(self, tenant: TenantId, after: str | None = None, session_id: str | None = None,
-                          batch_size: int = 512) -> Iterator[TrajectoryRecord]: ...
+                          batch_size: int = 512, on_bad: BadRecordCallback | None = None) -> Iterator[TrajectoryRecord]: ...
 
     def append_trajectories(self, tenant: TenantId, trajectories: Sequence[Trajectory]) -> list[TrajectoryRef]: ...
 

@@ -31,8 +31,9 @@ from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
 
 from privacy.blobs import BLOB_KINDS
 from privacy.errors import IntegrityError
-from privacy.integrity import BLOB_PARSE_ERRORS, BadRecord, blob_bad_record, check_blob
+from privacy.integrity import BLOB_PARSE_ERRORS, blob_bad_record, check_blob
 from privacy.records import (
+    BadRecord,
     Trajectory,
     decode_documents,
     decode_hidden_states,

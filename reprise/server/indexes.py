@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from privacy.errors import IntegrityError, StorageError, UnknownTenantError
-from privacy.integrity import BadRecord
+from privacy.records import BadRecord
 from privacy.tenants import TenantId
 from reprise.server.admin import privacy_errors
 from reprise.server.index_budget import ResidentIndexes
