@@ -8,6 +8,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import BinaryIO, Literal, Protocol
 
+from serving.savings import Savings
+
 
 @dataclass(frozen=True, slots=True)
 class Progress:
@@ -49,6 +51,7 @@ class TenantStats:
     prefix_cache_bytes: int = 0  # the tenant's KV held in the engine's prefix cache
     prompt_tokens: int = 0  # prompt tokens looked up in the prefix cache
     cached_prompt_tokens: int = 0  # of those, found (their KV reused instead of prefilled)
+    savings: Savings = field(default_factory=Savings)  # seconds spent against the estimate without Reprise
 
     @property
     def hit_rate(self) -> float:

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from grpc_api.v1 import common_pb2 as grpc__api_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17grpc_api/v1/admin.proto\x12\nreprise.v1\x1a\x18grpc_api/v1/common.proto\"B\n\x06Tenant\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x17\n\x0f\x63reated_unix_ms\x18\x03 \x01(\x03\"#\n\x13\x43reateTenantRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"K\n\x14\x43reateTenantResponse\x12\"\n\x06tenant\x18\x01 \x01(\x0b\x32\x12.reprise.v1.Tenant\x12\x0f\n\x07\x61pi_key\x18\x02 \x01(\t\"\x14\n\x12ListTenantsRequest\":\n\x13ListTenantsResponse\x12#\n\x07tenants\x18\x01 \x03(\x0b\x32\x12.reprise.v1.Tenant\"J\n\x13\x44\x65leteTenantRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63onfirm\x18\x02 \x01(\t\x12\x0f\n\x07\x64ry_run\x18\x03 \x01(\x08\"<\n\x14\x44\x65leteTenantResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x08\x12\x13\n\x0bnum_records\x18\x02 \x01(\x04\"I\n\x11RotateKeysRequest\x12!\n\x04kind\x18\x01 \x01(\x0e\x32\x13.reprise.v1.KeyKind\x12\x11\n\ttenant_id\x18\x02 \x01(\t\"v\n\x12RotateKeysResponse\x12(\n\x08progress\x18\x01 \x01(\x0b\x32\x14.reprise.v1.ProgressH\x00\x12.\n\x06result\x18\x02 \x01(\x0b\x32\x1c.reprise.v1.RotateKeysResultH\x00\x42\x06\n\x04kind\"M\n\x10RotateKeysResult\x12\x0f\n\x07\x61pi_key\x18\x01 \x01(\t\x12\x13\n\x0bkey_version\x18\x02 \x01(\r\x12\x13\n\x0bnum_records\x18\x03 \x01(\x04\")\n\x14GetIndexStatsRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\"F\n\x15GetIndexStatsResponse\x12-\n\x07tenants\x18\x01 \x03(\x0b\x32\x1c.reprise.v1.TenantIndexStats\"\xcd\x04\n\x10TenantIndexStats\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x14\n\x0cindex_tokens\x18\x02 \x01(\x04\x12\x17\n\x0findex_sequences\x18\x03 \x01(\x04\x12\x1a\n\x12index_memory_bytes\x18\x04 \x01(\x04\x12\x15\n\rcorpus_tokens\x18\x05 \x01(\x04\x12\x14\n\x0cnum_requests\x18\x06 \x01(\x04\x12\x11\n\tnum_steps\x18\x07 \x01(\x04\x12\x19\n\x11num_drafted_steps\x18\x08 \x01(\x04\x12\x10\n\x08hit_rate\x18\t \x01(\x01\x12\x0b\n\x03tau\x18\n \x01(\x01\x12\x18\n\x10num_draft_tokens\x18\x0b \x01(\x04\x12\x1b\n\x13num_accepted_tokens\x18\x0c \x01(\x04\x12\x1e\n\x16\x61\x63\x63\x65ptance_by_position\x18\r \x03(\x01\x12\x45\n\rdrafter_steps\x18\x0e \x03(\x0b\x32..reprise.v1.TenantIndexStats.DrafterStepsEntry\x12\x1e\n\x16\x63ounting_since_unix_ms\x18\x0f \x01(\x04\x12\x1a\n\x12prefix_cache_bytes\x18\x10 \x01(\x04\x12\x15\n\rprompt_tokens\x18\x11 \x01(\x04\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x12 \x01(\x04\x12\x1d\n\x15prefix_cache_hit_rate\x18\x13 \x01(\x01\x1a\x33\n\x11\x44rafterStepsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"*\n\x15IndexOperationRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\"~\n\x16IndexOperationResponse\x12(\n\x08progress\x18\x01 \x01(\x0b\x32\x14.reprise.v1.ProgressH\x00\x12\x32\n\x06result\x18\x02 \x01(\x0b\x32 .reprise.v1.IndexOperationResultH\x00\x42\x06\n\x04kind\"T\n\x14IndexOperationResult\x12+\n\x05stats\x18\x01 \x01(\x0b\x32\x1c.reprise.v1.TenantIndexStats\x12\x0f\n\x07seconds\x18\x02 \x01(\x01\"8\n\x12ImportCorpusHeader\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x0f\n\x07replace\x18\x02 \x01(\x08\"S\n\x0e\x43orpusDocument\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12&\n\x06tokens\x18\x02 \x01(\x0b\x32\x14.reprise.v1.TokenIdsH\x00\x42\t\n\x07\x63ontent\"\x7f\n\x13ImportCorpusRequest\x12\x30\n\x06header\x18\x01 \x01(\x0b\x32\x1e.reprise.v1.ImportCorpusHeaderH\x00\x12.\n\x08\x64ocument\x18\x02 \x01(\x0b\x32\x1a.reprise.v1.CorpusDocumentH\x00\x42\x06\n\x04item\"X\n\x14ImportCorpusResponse\x12\x15\n\rnum_documents\x18\x01 \x01(\x04\x12\x12\n\nnum_tokens\x18\x02 \x01(\x04\x12\x15\n\rcorpus_tokens\x18\x03 \x01(\x04\";\n\x14\x45xportHistoryRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x10\n\x08password\x18\x02 \x01(\t\"Y\n\x15\x45xportHistoryResponse\x12(\n\x08progress\x18\x01 \x01(\x0b\x32\x14.reprise.v1.ProgressH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04kind\"X\n\x13ImportHistoryHeader\x12\x10\n\x08password\x18\x01 \x01(\t\x12\x17\n\x0fnew_tenant_name\x18\x02 \x01(\t\x12\x16\n\x0einto_tenant_id\x18\x03 \x01(\t\"a\n\x14ImportHistoryRequest\x12\x31\n\x06header\x18\x01 \x01(\x0b\x32\x1f.reprise.v1.ImportHistoryHeaderH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04item\"\x8a\x01\n\x15ImportHistoryResponse\x12\"\n\x06tenant\x18\x01 \x01(\x0b\x32\x12.reprise.v1.Tenant\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\x12\x18\n\x10num_trajectories\x18\x03 \x01(\x04\x12\x11\n\tnum_blobs\x18\x04 \x01(\x04\x12\x0f\n\x07\x61pi_key\x18\x05 \x01(\t*i\n\x07KeyKind\x12\x18\n\x14KEY_KIND_UNSPECIFIED\x10\x00\x12\x14\n\x10KEY_KIND_API_KEY\x10\x01\x12\x15\n\x11KEY_KIND_DATA_KEY\x10\x02\x12\x17\n\x13KEY_KIND_MASTER_KEY\x10\x03\x32\xde\x06\n\x0c\x41\x64minService\x12Q\n\x0c\x43reateTenant\x12\x1f.reprise.v1.CreateTenantRequest\x1a .reprise.v1.CreateTenantResponse\x12N\n\x0bListTenants\x12\x1e.reprise.v1.ListTenantsRequest\x1a\x1f.reprise.v1.ListTenantsResponse\x12Q\n\x0c\x44\x65leteTenant\x12\x1f.reprise.v1.DeleteTenantRequest\x1a .reprise.v1.DeleteTenantResponse\x12M\n\nRotateKeys\x12\x1d.reprise.v1.RotateKeysRequest\x1a\x1e.reprise.v1.RotateKeysResponse0\x01\x12T\n\rGetIndexStats\x12 .reprise.v1.GetIndexStatsRequest\x1a!.reprise.v1.GetIndexStatsResponse\x12U\n\nBuildIndex\x12!.reprise.v1.IndexOperationRequest\x1a\".reprise.v1.IndexOperationResponse0\x01\x12W\n\x0c\x43ompactIndex\x12!.reprise.v1.IndexOperationRequest\x1a\".reprise.v1.IndexOperationResponse0\x01\x12S\n\x0cImportCorpus\x12\x1f.reprise.v1.ImportCorpusRequest\x1a .reprise.v1.ImportCorpusResponse(\x01\x12V\n\rExportHistory\x12 .reprise.v1.ExportHistoryRequest\x1a!.reprise.v1.ExportHistoryResponse0\x01\x12V\n\rImportHistory\x12 .reprise.v1.ImportHistoryRequest\x1a!.reprise.v1.ImportHistoryResponse(\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17grpc_api/v1/admin.proto\x12\nreprise.v1\x1a\x18grpc_api/v1/common.proto\"B\n\x06Tenant\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x17\n\x0f\x63reated_unix_ms\x18\x03 \x01(\x03\"#\n\x13\x43reateTenantRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"K\n\x14\x43reateTenantResponse\x12\"\n\x06tenant\x18\x01 \x01(\x0b\x32\x12.reprise.v1.Tenant\x12\x0f\n\x07\x61pi_key\x18\x02 \x01(\t\"\x14\n\x12ListTenantsRequest\":\n\x13ListTenantsResponse\x12#\n\x07tenants\x18\x01 \x03(\x0b\x32\x12.reprise.v1.Tenant\"J\n\x13\x44\x65leteTenantRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63onfirm\x18\x02 \x01(\t\x12\x0f\n\x07\x64ry_run\x18\x03 \x01(\x08\"<\n\x14\x44\x65leteTenantResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x08\x12\x13\n\x0bnum_records\x18\x02 \x01(\x04\"I\n\x11RotateKeysRequest\x12!\n\x04kind\x18\x01 \x01(\x0e\x32\x13.reprise.v1.KeyKind\x12\x11\n\ttenant_id\x18\x02 \x01(\t\"v\n\x12RotateKeysResponse\x12(\n\x08progress\x18\x01 \x01(\x0b\x32\x14.reprise.v1.ProgressH\x00\x12.\n\x06result\x18\x02 \x01(\x0b\x32\x1c.reprise.v1.RotateKeysResultH\x00\x42\x06\n\x04kind\"M\n\x10RotateKeysResult\x12\x0f\n\x07\x61pi_key\x18\x01 \x01(\t\x12\x13\n\x0bkey_version\x18\x02 \x01(\r\x12\x13\n\x0bnum_records\x18\x03 \x01(\x04\")\n\x14GetIndexStatsRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\"F\n\x15GetIndexStatsResponse\x12-\n\x07tenants\x18\x01 \x03(\x0b\x32\x1c.reprise.v1.TenantIndexStats\"\xbc\x06\n\x10TenantIndexStats\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x14\n\x0cindex_tokens\x18\x02 \x01(\x04\x12\x17\n\x0findex_sequences\x18\x03 \x01(\x04\x12\x1a\n\x12index_memory_bytes\x18\x04 \x01(\x04\x12\x15\n\rcorpus_tokens\x18\x05 \x01(\x04\x12\x14\n\x0cnum_requests\x18\x06 \x01(\x04\x12\x11\n\tnum_steps\x18\x07 \x01(\x04\x12\x19\n\x11num_drafted_steps\x18\x08 \x01(\x04\x12\x10\n\x08hit_rate\x18\t \x01(\x01\x12\x0b\n\x03tau\x18\n \x01(\x01\x12\x18\n\x10num_draft_tokens\x18\x0b \x01(\x04\x12\x1b\n\x13num_accepted_tokens\x18\x0c \x01(\x04\x12\x1e\n\x16\x61\x63\x63\x65ptance_by_position\x18\r \x03(\x01\x12\x45\n\rdrafter_steps\x18\x0e \x03(\x0b\x32..reprise.v1.TenantIndexStats.DrafterStepsEntry\x12\x1e\n\x16\x63ounting_since_unix_ms\x18\x0f \x01(\x04\x12\x1a\n\x12prefix_cache_bytes\x18\x10 \x01(\x04\x12\x15\n\rprompt_tokens\x18\x11 \x01(\x04\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x12 \x01(\x04\x12\x1d\n\x15prefix_cache_hit_rate\x18\x13 \x01(\x01\x12\x16\n\x0e\x64\x65\x63ode_seconds\x18\x14 \x01(\x01\x12\x1c\n\x14plain_decode_seconds\x18\x15 \x01(\x01\x12\x17\n\x0fprefill_seconds\x18\x16 \x01(\x01\x12\x1d\n\x15plain_prefill_seconds\x18\x17 \x01(\x01\x12\x18\n\x10\x63ommitted_tokens\x18\x18 \x01(\x04\x12\x0f\n\x07speedup\x18\x19 \x01(\x01\x12\x1c\n\x14seconds_saved_drafts\x18\x1a \x01(\x01\x12\x1b\n\x13seconds_saved_cache\x18\x1b \x01(\x01\x12\x19\n\x11tokens_per_second\x18\x1c \x01(\x01\x1a\x33\n\x11\x44rafterStepsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"*\n\x15IndexOperationRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\"~\n\x16IndexOperationResponse\x12(\n\x08progress\x18\x01 \x01(\x0b\x32\x14.reprise.v1.ProgressH\x00\x12\x32\n\x06result\x18\x02 \x01(\x0b\x32 .reprise.v1.IndexOperationResultH\x00\x42\x06\n\x04kind\"T\n\x14IndexOperationResult\x12+\n\x05stats\x18\x01 \x01(\x0b\x32\x1c.reprise.v1.TenantIndexStats\x12\x0f\n\x07seconds\x18\x02 \x01(\x01\"8\n\x12ImportCorpusHeader\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x0f\n\x07replace\x18\x02 \x01(\x08\"S\n\x0e\x43orpusDocument\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12&\n\x06tokens\x18\x02 \x01(\x0b\x32\x14.reprise.v1.TokenIdsH\x00\x42\t\n\x07\x63ontent\"\x7f\n\x13ImportCorpusRequest\x12\x30\n\x06header\x18\x01 \x01(\x0b\x32\x1e.reprise.v1.ImportCorpusHeaderH\x00\x12.\n\x08\x64ocument\x18\x02 \x01(\x0b\x32\x1a.reprise.v1.CorpusDocumentH\x00\x42\x06\n\x04item\"X\n\x14ImportCorpusResponse\x12\x15\n\rnum_documents\x18\x01 \x01(\x04\x12\x12\n\nnum_tokens\x18\x02 \x01(\x04\x12\x15\n\rcorpus_tokens\x18\x03 \x01(\x04\";\n\x14\x45xportHistoryRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x10\n\x08password\x18\x02 \x01(\t\"Y\n\x15\x45xportHistoryResponse\x12(\n\x08progress\x18\x01 \x01(\x0b\x32\x14.reprise.v1.ProgressH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04kind\"X\n\x13ImportHistoryHeader\x12\x10\n\x08password\x18\x01 \x01(\t\x12\x17\n\x0fnew_tenant_name\x18\x02 \x01(\t\x12\x16\n\x0einto_tenant_id\x18\x03 \x01(\t\"a\n\x14ImportHistoryRequest\x12\x31\n\x06header\x18\x01 \x01(\x0b\x32\x1f.reprise.v1.ImportHistoryHeaderH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04item\"\x8a\x01\n\x15ImportHistoryResponse\x12\"\n\x06tenant\x18\x01 \x01(\x0b\x32\x12.reprise.v1.Tenant\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\x12\x18\n\x10num_trajectories\x18\x03 \x01(\x04\x12\x11\n\tnum_blobs\x18\x04 \x01(\x04\x12\x0f\n\x07\x61pi_key\x18\x05 \x01(\t*i\n\x07KeyKind\x12\x18\n\x14KEY_KIND_UNSPECIFIED\x10\x00\x12\x14\n\x10KEY_KIND_API_KEY\x10\x01\x12\x15\n\x11KEY_KIND_DATA_KEY\x10\x02\x12\x17\n\x13KEY_KIND_MASTER_KEY\x10\x03\x32\xde\x06\n\x0c\x41\x64minService\x12Q\n\x0c\x43reateTenant\x12\x1f.reprise.v1.CreateTenantRequest\x1a .reprise.v1.CreateTenantResponse\x12N\n\x0bListTenants\x12\x1e.reprise.v1.ListTenantsRequest\x1a\x1f.reprise.v1.ListTenantsResponse\x12Q\n\x0c\x44\x65leteTenant\x12\x1f.reprise.v1.DeleteTenantRequest\x1a .reprise.v1.DeleteTenantResponse\x12M\n\nRotateKeys\x12\x1d.reprise.v1.RotateKeysRequest\x1a\x1e.reprise.v1.RotateKeysResponse0\x01\x12T\n\rGetIndexStats\x12 .reprise.v1.GetIndexStatsRequest\x1a!.reprise.v1.GetIndexStatsResponse\x12U\n\nBuildIndex\x12!.reprise.v1.IndexOperationRequest\x1a\".reprise.v1.IndexOperationResponse0\x01\x12W\n\x0c\x43ompactIndex\x12!.reprise.v1.IndexOperationRequest\x1a\".reprise.v1.IndexOperationResponse0\x01\x12S\n\x0cImportCorpus\x12\x1f.reprise.v1.ImportCorpusRequest\x1a .reprise.v1.ImportCorpusResponse(\x01\x12V\n\rExportHistory\x12 .reprise.v1.ExportHistoryRequest\x1a!.reprise.v1.ExportHistoryResponse0\x01\x12V\n\rImportHistory\x12 .reprise.v1.ImportHistoryRequest\x1a!.reprise.v1.ImportHistoryResponse(\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,8 +34,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_TENANTINDEXSTATS_DRAFTERSTEPSENTRY']._loaded_options = None
   _globals['_TENANTINDEXSTATS_DRAFTERSTEPSENTRY']._serialized_options = b'8\001'
-  _globals['_KEYKIND']._serialized_start=2550
-  _globals['_KEYKIND']._serialized_end=2655
+  _globals['_KEYKIND']._serialized_start=2789
+  _globals['_KEYKIND']._serialized_end=2894
   _globals['_TENANT']._serialized_start=65
   _globals['_TENANT']._serialized_end=131
   _globals['_CREATETENANTREQUEST']._serialized_start=133
@@ -61,33 +61,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETINDEXSTATSRESPONSE']._serialized_start=784
   _globals['_GETINDEXSTATSRESPONSE']._serialized_end=854
   _globals['_TENANTINDEXSTATS']._serialized_start=857
-  _globals['_TENANTINDEXSTATS']._serialized_end=1446
-  _globals['_TENANTINDEXSTATS_DRAFTERSTEPSENTRY']._serialized_start=1395
-  _globals['_TENANTINDEXSTATS_DRAFTERSTEPSENTRY']._serialized_end=1446
-  _globals['_INDEXOPERATIONREQUEST']._serialized_start=1448
-  _globals['_INDEXOPERATIONREQUEST']._serialized_end=1490
-  _globals['_INDEXOPERATIONRESPONSE']._serialized_start=1492
-  _globals['_INDEXOPERATIONRESPONSE']._serialized_end=1618
-  _globals['_INDEXOPERATIONRESULT']._serialized_start=1620
-  _globals['_INDEXOPERATIONRESULT']._serialized_end=1704
-  _globals['_IMPORTCORPUSHEADER']._serialized_start=1706
-  _globals['_IMPORTCORPUSHEADER']._serialized_end=1762
-  _globals['_CORPUSDOCUMENT']._serialized_start=1764
-  _globals['_CORPUSDOCUMENT']._serialized_end=1847
-  _globals['_IMPORTCORPUSREQUEST']._serialized_start=1849
-  _globals['_IMPORTCORPUSREQUEST']._serialized_end=1976
-  _globals['_IMPORTCORPUSRESPONSE']._serialized_start=1978
-  _globals['_IMPORTCORPUSRESPONSE']._serialized_end=2066
-  _globals['_EXPORTHISTORYREQUEST']._serialized_start=2068
-  _globals['_EXPORTHISTORYREQUEST']._serialized_end=2127
-  _globals['_EXPORTHISTORYRESPONSE']._serialized_start=2129
-  _globals['_EXPORTHISTORYRESPONSE']._serialized_end=2218
-  _globals['_IMPORTHISTORYHEADER']._serialized_start=2220
-  _globals['_IMPORTHISTORYHEADER']._serialized_end=2308
-  _globals['_IMPORTHISTORYREQUEST']._serialized_start=2310
-  _globals['_IMPORTHISTORYREQUEST']._serialized_end=2407
-  _globals['_IMPORTHISTORYRESPONSE']._serialized_start=2410
-  _globals['_IMPORTHISTORYRESPONSE']._serialized_end=2548
-  _globals['_ADMINSERVICE']._serialized_start=2658
-  _globals['_ADMINSERVICE']._serialized_end=3520
+  _globals['_TENANTINDEXSTATS']._serialized_end=1685
+  _globals['_TENANTINDEXSTATS_DRAFTERSTEPSENTRY']._serialized_start=1634
+  _globals['_TENANTINDEXSTATS_DRAFTERSTEPSENTRY']._serialized_end=1685
+  _globals['_INDEXOPERATIONREQUEST']._serialized_start=1687
+  _globals['_INDEXOPERATIONREQUEST']._serialized_end=1729
+  _globals['_INDEXOPERATIONRESPONSE']._serialized_start=1731
+  _globals['_INDEXOPERATIONRESPONSE']._serialized_end=1857
+  _globals['_INDEXOPERATIONRESULT']._serialized_start=1859
+  _globals['_INDEXOPERATIONRESULT']._serialized_end=1943
+  _globals['_IMPORTCORPUSHEADER']._serialized_start=1945
+  _globals['_IMPORTCORPUSHEADER']._serialized_end=2001
+  _globals['_CORPUSDOCUMENT']._serialized_start=2003
+  _globals['_CORPUSDOCUMENT']._serialized_end=2086
+  _globals['_IMPORTCORPUSREQUEST']._serialized_start=2088
+  _globals['_IMPORTCORPUSREQUEST']._serialized_end=2215
+  _globals['_IMPORTCORPUSRESPONSE']._serialized_start=2217
+  _globals['_IMPORTCORPUSRESPONSE']._serialized_end=2305
+  _globals['_EXPORTHISTORYREQUEST']._serialized_start=2307
+  _globals['_EXPORTHISTORYREQUEST']._serialized_end=2366
+  _globals['_EXPORTHISTORYRESPONSE']._serialized_start=2368
+  _globals['_EXPORTHISTORYRESPONSE']._serialized_end=2457
+  _globals['_IMPORTHISTORYHEADER']._serialized_start=2459
+  _globals['_IMPORTHISTORYHEADER']._serialized_end=2547
+  _globals['_IMPORTHISTORYREQUEST']._serialized_start=2549
+  _globals['_IMPORTHISTORYREQUEST']._serialized_end=2646
+  _globals['_IMPORTHISTORYRESPONSE']._serialized_start=2649
+  _globals['_IMPORTHISTORYRESPONSE']._serialized_end=2787
+  _globals['_ADMINSERVICE']._serialized_start=2897
+  _globals['_ADMINSERVICE']._serialized_end=3759
 # @@protoc_insertion_point(module_scope)
