@@ -7,8 +7,8 @@ Both engines feed the same arithmetic, per request per step:
   committed token plus one per draft node verified: ``attribute_step``). Without drafts each token
   the request committed would have needed a plain step (one row per request) at the batch size it ran
   in, whose cost the engine's step-cost model gives: ``tokens * plain_step_seconds / batch_size``.
-- **prefill**: the measured prefill time, and without the prefix cache that time plus the cached
-  tokens at the per-token prefill cost measured on the host (``attribute_prefill``).
+- **prefill**: the measured prefill time, and without the prefix cache that time plus what prefilling
+  the cached tokens costs on the host, as the engine's prefill fit prices them (``attribute_prefill``).
 
 A tenant's ``Savings`` sums them; ``speedup`` = (plain decode + plain prefill) / (decode + prefill),
 ``seconds_saved`` the difference, split into drafts and cache. The seconds are those of the engine's
@@ -51,11 +51,10 @@ def attribute_step(step_seconds: float, rows: Sequence[int], tokens: Sequence[in
     return costs
 
 
-def attribute_prefill(seconds: float, num_cached: int, per_token_seconds: float | None) -> RequestCost:
-    """A prefill that took ``seconds`` after ``num_cached`` prompt tokens came from the prefix cache;
-    without the cache those tokens cost ``per_token_seconds`` each (None: not measured yet)."""
-    extra = 0.0 if per_token_seconds is None else num_cached * per_token_seconds
-    return RequestCost(seconds, seconds + extra)
+def attribute_prefill(seconds: float, cached_seconds: float | None) -> RequestCost:
+    """A prefill that took ``seconds`` after some prompt tokens came from the prefix cache; without the
+    cache, prefilling those would have cost ``cached_seconds`` more (None: not measured yet)."""
+    return RequestCost(seconds, seconds + (cached_seconds or 0.0))
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +64,7 @@ class Savings:
     decode_seconds: float = 0.0  # measured: the tenant's share of its steps
     plain_decode_seconds: float = 0.0  # estimated: one plain step per token, at the batch size it ran in
     prefill_seconds: float = 0.0  # measured
-    plain_prefill_seconds: float = 0.0  # estimated: the prefill plus its cached tokens at the per-token cost
+    plain_prefill_seconds: float = 0.0  # estimated: the prefill plus the price of prefilling its cached tokens
     num_tokens: int = 0  # tokens committed in those steps
 
     def add_step(self, cost: RequestCost, num_tokens: int) -> Savings:
@@ -75,6 +74,10 @@ class Savings:
     def add_prefill(self, cost: RequestCost) -> Savings:
         return Savings(self.decode_seconds, self.plain_decode_seconds, self.prefill_seconds + cost.seconds,
                        self.plain_prefill_seconds + cost.plain_seconds, self.num_tokens)
+
+    def __add__(self, other: Savings) -> Savings:
+        """Two tenants' (or two runs') figures together."""
+        return Savings(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
 
     def __sub__(self, other: Savings) -> Savings:
         """The figures between two cumulative samples (an interval)."""

@@ -324,7 +324,7 @@ class Engine:
             cached = self.runner.num_reused(slot)
             if not cached:  # a fresh prefill prices a token (the root is the first step's)
                 self.prefill_costs.observe(len(request.prompt_ids) - 1, seconds)
-            prefill = attribute_prefill(seconds, cached, self.prefill_costs.per_token())
+            prefill = attribute_prefill(seconds, self.prefill_costs.cached_seconds(cached) if cached else 0.0)
             session = GuardedSession(self.proposer, request, handle.request_id)
             prompt_hidden = self.runner.take_prompt_hidden(slot)
             if prompt_hidden is not None:

@@ -1,12 +1,14 @@
-"""What prefilling a prompt token costs on the host the engine runs on, for the savings estimate.
+"""What prefilling prompt tokens costs on the host the engine runs on, for the savings estimate.
 
 A prompt token whose KV comes from the prefix cache is a token not prefilled; what it saved is what
-prefilling it would have cost. That price is fitted from the engine's own prefills: a least-squares
-line ``seconds = a + b * tokens`` over recent prefills (exponential forgetting), ``b`` the per-token
-price. ``calibrate`` times a few prefills of random prompts at start-up, so the price is known before
-the first request; every served prefill then refines it. Prefilling ``n`` tokens after ``m`` cached ones
-attends over ``m + n`` positions, so a long cached prefix makes the real price per token higher than
-the fresh prefills' line says; docs/service.md says how far that moved the estimate.
+prefilling it would have cost. Prefilling ``n`` tokens is a per-token part (the weights, the MLPs) and an
+attention part that grows with the context each token attends over (``n * n / 2`` positions for a fresh
+prompt), so the fit is ``seconds = a + b * n + c * n * n / 2``, by least squares over recent fresh
+prefills (exponential forgetting), and ``m`` cached tokens saved ``b * m + c * m * m / 2``: prefilling
+them first would have cost that much, while the tokens after them attend over the same context either
+way. ``calibrate`` times a few prefills of random prompts at start-up, so the price is known before the
+first request; every fresh prefill served then refines it. With too little spread in sizes for the
+attention term the fit is a line; with no spread, the mean price per token.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-CALIBRATION_SIZES = (32, 128, 384)
+CALIBRATION_SIZES = (32, 256, 768)
 
 
 class PrefillCostFit:
@@ -31,38 +33,49 @@ class PrefillCostFit:
         self.decay = decay
         self.min_prefills = min_prefills
         self.min_spread = min_spread
-        self._n = self._x = self._y = self._xx = self._xy = 0.0
+        self._xx = np.zeros((3, 3))  # decayed sums of x x^T, x = (1, n, n * n / 2)
+        self._xy = np.zeros(3)  # decayed sums of x * seconds
         self.num_observed = 0
+        self._coefficients: tuple[float, float, float] | None = None  # (a, b, c), refitted on observe
 
     def observe(self, num_tokens: int, seconds: float) -> None:
-        """A prefill of ``num_tokens`` tokens took ``seconds`` (a prefill of nothing teaches nothing)."""
+        """A fresh prefill (nothing cached) of ``num_tokens`` tokens took ``seconds``."""
         if num_tokens < 1 or seconds <= 0.0:
             return
-        d = self.decay
-        self._n = self._n * d + 1.0
-        self._x = self._x * d + num_tokens
-        self._y = self._y * d + seconds
-        self._xx = self._xx * d + num_tokens * num_tokens
-        self._xy = self._xy * d + num_tokens * seconds
+        x = np.array([1.0, num_tokens, num_tokens * num_tokens / 2])
+        self._xx = self._xx * self.decay + np.outer(x, x)
+        self._xy = self._xy * self.decay + x * seconds
         self.num_observed += 1
+        self._coefficients = self._fit()
 
-    def per_token(self) -> float | None:
-        """Seconds per prefilled token (the line's slope), or None until enough prefills of spread sizes
-        (then, with every prefill the same size, their mean time per token)."""
-        if self.num_observed < self.min_prefills or self._n <= 0.0:
+    def _fit(self) -> tuple[float, float, float] | None:
+        if self.num_observed < self.min_prefills:
             return None
-        mean_x, mean_y = self._x / self._n, self._y / self._n
-        var = self._xx / self._n - mean_x * mean_x
-        if var < self.min_spread * self.min_spread:
-            return mean_y / mean_x if mean_x > 0 else None
-        return max((self._xy / self._n - mean_x * mean_y) / var, 0.0)
+        n, sum_x, sum_xx = self._xx[0, 0], self._xx[0, 1], self._xx[1, 1]
+        mean_x, mean_y = sum_x / n, self._xy[0] / n
+        if sum_xx / n - mean_x * mean_x < self.min_spread * self.min_spread:
+            return (0.0, mean_y / mean_x, 0.0) if mean_x > 0 else None  # one size: the mean price per token
+        scale = np.array([1.0, mean_x, mean_x * mean_x])  # columns of similar size: a well-posed solve
+        xx = self._xx / np.outer(scale, scale)
+        a, b, c = np.linalg.lstsq(xx, self._xy / scale, rcond=1e-10)[0] / scale
+        if c < 0 or b < 0:  # no measurable attention term (or noise): a line
+            line = np.linalg.lstsq(self._xx[:2, :2], self._xy[:2], rcond=None)[0]
+            a, b, c = float(line[0]), max(float(line[1]), 0.0), 0.0
+        return float(a), float(b), float(c)
+
+    def cached_seconds(self, num_cached: int) -> float | None:
+        """What prefilling ``num_cached`` tokens from the start would have cost (None until fitted)."""
+        if self._coefficients is None:
+            return None
+        _, b, c = self._coefficients
+        return b * num_cached + c * num_cached * num_cached / 2
 
     def calibrate(self, runner: Any, *, sizes: Sequence[int] = CALIBRATION_SIZES, reps: int = 2,
                   seed: int = 1) -> None:  # fmt: skip
-        """Time ``reps`` prefills of random prompts of each size on a free slot of ``runner`` (nothing
-        cached: no cache scope, nothing kept)."""
+        """Time ``reps`` prefills of random prompts of each size (cut to the runner's context) on a free
+        slot of ``runner`` (nothing cached: no cache scope, nothing kept)."""
         rng = np.random.default_rng(seed)
-        sizes = [n for n in sizes if n + 1 < runner.max_len]
+        sizes = sorted({max(1, min(n, runner.max_len - 2)) for n in sizes})  # the largest a prompt may be
         for _ in range(reps):
             for n in sizes:
                 start = self.clock()

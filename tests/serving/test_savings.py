@@ -18,20 +18,20 @@ def test_a_step_is_shared_by_rows_and_priced_by_plain_steps() -> None:
 def test_without_a_cost_model_a_step_counts_as_no_saving() -> None:
     (only,) = attribute_step(0.2, [3], [2], plain_step_seconds=None)
     assert only.seconds == only.plain_seconds == pytest.approx(0.2)
-    assert attribute_prefill(0.4, 100, None) == RequestCost(0.4, 0.4)
+    assert attribute_prefill(0.4, None) == RequestCost(0.4, 0.4)
     with pytest.raises(ValueError, match="differ in length"):
         attribute_step(0.2, [3, 1], [2], 0.1)
 
 
 def test_a_cached_prompt_token_saves_its_prefill_price() -> None:
-    assert attribute_prefill(0.5, 300, 0.002) == RequestCost(0.5, pytest.approx(0.5 + 0.6))
+    assert attribute_prefill(0.5, 0.6) == RequestCost(0.5, pytest.approx(0.5 + 0.6))
 
 
 def test_known_costs_give_a_known_speedup() -> None:
     """A tenant decodes 100 tokens in 25 steps of 0.12 s alone (plain steps cost 0.1 s) after a 1 s
     prefill that found 400 tokens cached at 2 ms each: 4 s spent against 10 + 1.8 s without Reprise."""
     s = Savings()
-    s = s.add_prefill(attribute_prefill(1.0, 400, 0.002))
+    s = s.add_prefill(attribute_prefill(1.0, 400 * 0.002))
     for _ in range(25):
         (cost,) = attribute_step(0.12, [1 + 6], [4], plain_step_seconds=0.1)
         s = s.add_step(cost, 4)

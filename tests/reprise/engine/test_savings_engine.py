@@ -15,27 +15,32 @@ from verifier.runner import ModelRunner
 from verifier.testing import tiny_model
 
 
-def test_the_prefill_price_is_the_slope_of_recent_prefills() -> None:
+def test_the_prefill_price_has_a_per_token_and_an_attention_part() -> None:
     fit = PrefillCostFit(min_prefills=3)
-    assert fit.per_token() is None
-    for n in (32, 128, 384, 128):
-        fit.observe(n, 0.01 + 0.002 * n)  # a fixed cost and 2 ms a token
-    assert fit.per_token() == pytest.approx(0.002)
+    assert fit.cached_seconds(100) is None
+    price = lambda n: 0.01 + 0.002 * n + 1e-6 * n * n / 2  # a fixed cost, 2 ms a token, attention
+    for n in (32, 128, 384, 1024, 128):
+        fit.observe(n, price(n))
+    assert fit.cached_seconds(500) == pytest.approx(price(500) - 0.01, rel=1e-6)  # the fixed cost is paid anyway
     fit.observe(0, 5.0)  # nothing prefilled: nothing learned
-    assert fit.per_token() == pytest.approx(0.002)
+    assert fit.cached_seconds(500) == pytest.approx(price(500) - 0.01, rel=1e-6)
+    line = PrefillCostFit(min_prefills=3)
+    for n in (32, 128, 384):
+        line.observe(n, 0.01 + 0.002 * n - 1e-7 * n * n)  # cheaper per token as prompts grow: a line
+    assert line.cached_seconds(100) == pytest.approx(0.2, rel=0.1)
     same = PrefillCostFit(min_prefills=2)
     same.observe(100, 0.3)
     same.observe(100, 0.3)  # no spread in sizes: the mean price per token
-    assert same.per_token() == pytest.approx(0.003)
+    assert same.cached_seconds(10) == pytest.approx(0.03)
     with pytest.raises(ValueError, match="decay"):
         PrefillCostFit(decay=1.0)
 
 
 def test_calibration_prices_a_token_on_the_runner() -> None:
-    runner = ModelRunner(tiny_model("llama", vocab_size=64), max_len=512)
+    runner = ModelRunner(tiny_model("llama", vocab_size=64), max_len=1024)
     fit = PrefillCostFit()
     fit.calibrate(runner)
-    assert fit.num_observed == 6 and fit.per_token() is not None and fit.per_token() > 0
+    assert fit.num_observed == 6 and fit.cached_seconds(64) > 0
     assert runner.num_free_slots == runner.pool.num_slots  # nothing left behind
 
 
@@ -58,7 +63,7 @@ def test_reports_carry_each_requests_share_and_its_plain_estimate() -> None:
     engine = Engine(runner, make_proposer("prompt_lookup"), None,
                     EngineConfig(budget=DraftBudget(cost_model=frozen), observer=seen))
     assert engine.step_costs is not None and engine.step_costs.measured  # calibrated at start-up
-    assert engine.prefill_costs.per_token() is not None
+    assert engine.prefill_costs.cached_seconds(10) is not None
     prompt = [5, 6, 7, 8, 9] * 12
     engine.generate(prompt, max_new_tokens=24, tenant="t", ignore_eos=True)
     seen.steps.clear()
