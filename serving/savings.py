@@ -42,13 +42,16 @@ def attribute_step(step_seconds: float, rows: Sequence[int], tokens: Sequence[in
     if len(rows) != len(tokens):
         raise ValueError(f"rows and tokens differ in length: {len(rows)} != {len(tokens)}")
     total_rows = sum(rows)
-    batch = len(rows)
-    costs = []
-    for r, t in zip(rows, tokens):
-        seconds = step_seconds * r / total_rows if total_rows else step_seconds / max(batch, 1)
-        plain = seconds if plain_step_seconds is None else t * plain_step_seconds / batch
-        costs.append(RequestCost(seconds, plain))
-    return costs
+    return [share(step_seconds, r, total_rows, t, len(rows), plain_step_seconds) for r, t in zip(rows, tokens)]
+
+
+def share(step_seconds: float, rows: int, total_rows: int, tokens: int, batch_size: int,
+          plain_step_seconds: float | None) -> RequestCost:
+    """One request's part of a step of ``batch_size`` requests and ``total_rows`` rows (``attribute_step``
+    for an engine that sees one request at a time)."""
+    seconds = step_seconds * rows / total_rows if total_rows > 0 else step_seconds / max(batch_size, 1)
+    plain = seconds if plain_step_seconds is None else tokens * plain_step_seconds / max(batch_size, 1)
+    return RequestCost(seconds, plain)
 
 
 def attribute_prefill(seconds: float, cached_seconds: float | None) -> RequestCost:
