@@ -59,6 +59,7 @@ from serving.records import (
     Usage,
 )
 from serving.render import model_info
+from serving.savings import RequestCost
 
 log = logging.getLogger(__name__)
 
@@ -318,8 +319,9 @@ class VllmBackend:
             raw = self.engine.rpc("reprise_drain_steps")[0]
             steps = [StepRecord.from_wire(item) for item in raw]
             if steps and self._meter is not None:
-                self._meter.on_step([StepReport(s.tenant, s.num_draft, s.num_accepted, s.source, 0, None, True)
-                                     for s in steps])
+                self._meter.on_step([StepReport(s.tenant, s.num_draft, s.num_accepted, s.source, 0, None, True,
+                                                s.num_tokens, RequestCost(s.seconds, s.plain_seconds)
+                                                if s.num_tokens else None) for s in steps])
         return len(raw)
 
     def health(self) -> dict[str, int]:

@@ -78,8 +78,13 @@ def test_the_loop_reports_every_method(tmp_path) -> None:
     assert row["methods"]["engine_cache"]["cache_hit_rate"] > 0.3 and row["cache_hit_rate"] > 0.3
     assert row["methods"]["generate"]["speedup_cpu"] == 1.0
     assert row["ttft_ratio_later_calls"] is not None and "step_cost_model" in report
+    check = row["savings_check"]  # the service's estimate, fed by the drafted run, against the measured speedup
+    assert check["speedup_estimated"] > 0 and check["speedup_measured"] > 0 and check["clock"] == "thread_cpu"
+    assert check["error"] == pytest.approx(check["speedup_estimated"] / check["speedup_measured"] - 1, abs=2e-3)
+    assert check["seconds_saved_cache"] > 0  # later calls of a session found their prefix cached
     text = bench.format_report(report | {"proposer": "prompt_lookup"})
     assert all(f"  {m} " in text for m in bench.METHODS) and "fitted step cost" in text
+    assert "savings estimate: speedup" in text
 
 
 def test_bad_arguments_are_cli_errors(capsys) -> None:
