@@ -1,6 +1,7 @@
 """What key rotation (``privacy.rotation``), export/import (``privacy.transfer``) and the integrity check
-(``privacy.integrity``) need of the store they work on: ``SealedStore``, exactly the members they use. ``privacy.history.HistoryStore`` implements
-it and calls them; they import nothing of it, so the three modules form no import circle.
+(``privacy.integrity``) need of the store they work on: ``SealedStore``, exactly the members they use.
+``privacy.history.HistoryStore`` implements it and calls them; they import nothing of it, so none of them
+forms an import circle with the history store (``tools/import_graph.py`` checks, TYPE_CHECKING included).
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ from privacy.tenants import Tenant, TenantId
 
 
 class SealedStore(Protocol):
-    """The encrypted history store as rotation and transfer see it: its storage and keychain, opening a
-    sealed record, telling other processes a tenant's keys changed, and the public calls an import
-    replays (tenants, trajectories, blobs)."""
+    """The encrypted history store as rotation, transfer and the integrity check see it: its storage and
+    keychain, opening a sealed record, telling other processes a tenant's keys changed, and the public
+    calls an import replays (tenants, trajectories, blobs)."""
 
     storage: Storage
     keychain: Keychain
