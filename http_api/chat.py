@@ -17,7 +17,14 @@ from typing import Any
 
 from serving import errors
 from serving.core import ServingCore
-from serving.prepare import MAX_SESSION_CHARS, RawParams, ResponseFormat, ToolChoice, check_id
+from serving.prepare import (
+    MAX_SESSION_CHARS,
+    RawParams,
+    ResponseFormat,
+    ToolChoice,
+    check_id,
+    check_message_count,
+)
 from serving.records import ChatMessage, PromptInput, Request, Tool, ToolCall
 
 # Neutral field names as the OpenAI API spells them, for error messages and ``param``.
@@ -263,6 +270,7 @@ def chat_request(body: Any, core: ServingCore, tenant: str, session_header: str 
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise bad("messages", "must be a non-empty list")
+    check_message_count("messages", len(messages))
     request = core.prepare(
         tenant, prompt=PromptInput(messages=tuple(_message(i, m) for i, m in enumerate(messages))), raw=raw,
         tools=_tools(body), tool_choice=tool_choice(body.get("tool_choice")),
