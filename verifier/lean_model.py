@@ -1,0 +1,178 @@
+"""A lean forward of the Llama and Qwen2 families over the runner's KV pool (the runner's fast path).
+
+transformers' forward spends a fifth of a plain SmolLM2 step on a CPU outside the matrix products:
+module calls, a ``Cache`` object, mask plumbing, a rotary embedding recomputed per call. This forward
+reads the same weights (shared, not copied, except the fused projections) and does only the work:
+
+    per layer: x -> RMSNorm -> [q|k|v] = x @ W_qkv (one GEMM) -> RoPE (table lookup) -> write k, v into
+    the pool at the step's rows -> SDPA over the slot's rows -> o_proj -> residual -> RMSNorm ->
+    [gate|up] = x @ W_gu (one GEMM) -> silu(gate) * up -> down -> residual
+
+Attention masks: none at all for one request's plain row (it sees every cached row) and for a causal
+chunk from position 0; SDPA's causal kernel for a chain; the additive tree mask, built once per forward
+by the runner, only when a step has draft rows or packs requests of different lengths.
+
+Exactness: every op is transformers' op in the same dtype and order (RMSNorm in float32 then cast,
+RoPE ``q * cos + rotate_half(q) * sin`` with cos/sin computed as transformers computes them); fused
+projections only concatenate output columns, so each output is the same dot product. Greedy outputs
+equal ``generate``'s (tests/verifier/test_lean_model.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+LEAN_MODEL_TYPES = ("llama", "qwen2")
+
+
+def supports_lean(model: Any) -> bool:
+    """Whether :class:`LeanForward` can run ``model``: a Llama or Qwen2 causal LM with plain RoPE, SiLU
+    and no per-layer extras (sliding windows, scaled RoPE and the like go to transformers)."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    if getattr(config, "model_type", None) not in LEAN_MODEL_TYPES:
+        return False
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    if rope.get("rope_type", rope.get("type", "default")) != "default":
+        return False
+    if getattr(config, "hidden_act", "silu") != "silu" or getattr(config, "mlp_bias", False):
+        return False
+    if getattr(config, "use_sliding_window", False):
+        return False
+    return getattr(config, "pretraining_tp", 1) == 1
+
+
+@dataclass(frozen=True, slots=True)
+class _Layer:
+    """One decoder layer's weights (views of the model's, the fused matrices concatenated once)."""
+
+    norm1: torch.Tensor  # [d]
+    qkv: torch.Tensor  # [(Hq + 2 Hkv) D, d]
+    qkv_bias: torch.Tensor | None  # [(Hq + 2 Hkv) D] (Qwen2)
+    o: torch.Tensor  # [d, Hq D]
+    norm2: torch.Tensor  # [d]
+    gate_up: torch.Tensor  # [2 I, d]
+    down: torch.Tensor  # [d, I]
+
+
+class LeanForward:
+    """The base model's forward, returning the top hidden state (after the final norm, what ``lm_head``
+    reads) and writing every row's K and V into the runner's pool."""
+
+    def __init__(self, model: Any) -> None:
+        if not supports_lean(model):
+            raise ValueError(f"no lean forward for {type(model).__name__}; use the transformers forward")
+        base = model.base_model
+        config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        self.scale = self.head_dim**-0.5
+        self.eps = config.rms_norm_eps
+        self.embed = base.embed_tokens.weight
+        self.final_norm = base.norm.weight
+        rotary = base.rotary_emb
+        self.inv_freq = rotary.inv_freq.float()  # [D/2]
+        self.attention_scaling = float(getattr(rotary, "attention_scaling", 1.0))
+        with torch.no_grad():
+            self.layers = [self._layer(layer) for layer in base.layers]
+
+    @staticmethod
+    def _layer(layer: Any) -> _Layer:
+        att, mlp = layer.self_attn, layer.mlp
+        bias = None
+        if att.q_proj.bias is not None:
+            bias = torch.cat([att.q_proj.bias, att.k_proj.bias, att.v_proj.bias]).contiguous()
+        return _Layer(
+            norm1=layer.input_layernorm.weight,
+            qkv=torch.cat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight]).contiguous(),
+            qkv_bias=bias,
+            o=att.o_proj.weight,
+            norm2=layer.post_attention_layernorm.weight,
+            gate_up=torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).contiguous(),
+            down=mlp.down_proj.weight,
+        )  # fmt: skip
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """transformers' RMSNorm, op for op (float32 statistics, then the input dtype)."""
+        dtype = x.dtype
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return weight * h.to(dtype)
+
+    def _rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin ``[B, 1, Q, D]`` of the rows' positions, computed as transformers computes them."""
+        freqs = positions[..., None].float() * self.inv_freq  # [B, Q, D/2]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos = (emb.cos() * self.attention_scaling).to(dtype)
+        sin = (emb.sin() * self.attention_scaling).to(dtype)
+        return cos[:, None], sin[:, None]
+
+    def __call__(
+        self,
+        kv: torch.Tensor,
+        slots: list[int],
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        write_start: list[int],
+        kv_len: int,
+        mask: torch.Tensor | None,
+        causal: bool,
+    ) -> torch.Tensor:
+        """``input_ids``/``position_ids`` ``[B, Q]``; request b's rows are written to pool rows
+        ``write_start[b] ..+ Q`` of slot ``slots[b]`` (``kv [2, layers, slots, Hkv, rows, D]``), and
+        attention reads its slot's first ``kv_len`` rows under ``mask`` (additive ``[B, 1, Q, kv_len]``),
+        causally (``causal``: one chain from row 0, ``kv_len == Q``), or unmasked (``mask`` None). Returns
+        ``[B, Q, d]``."""
+        batch, q_len = input_ids.shape
+        hq, hkv, dh = self.num_heads, self.num_kv_heads, self.head_dim
+        x = F.embedding(input_ids, self.embed)  # [B, Q, d]
+        cos, sin = self._rope(position_ids, x.dtype)
+        first = slots[0]
+        # One request, or consecutive slots writing the same rows: slices. Otherwise index tensors,
+        # built once per forward and used by every layer.
+        sliced = slots == list(range(first, first + batch)) and len(set(write_start)) == 1
+        if not sliced:
+            slot_rows = torch.tensor(slots, device=x.device)  # [B]
+            write_rows = torch.tensor(write_start, device=x.device)[:, None] + torch.arange(
+                q_len, device=x.device
+            )
+        gqa = hkv != hq
+        for i, layer in enumerate(self.layers):
+            h = self._norm(x, layer.norm1)
+            qkv = F.linear(h, layer.qkv, layer.qkv_bias)  # [B, Q, (Hq + 2 Hkv) D]
+            q, k, v = qkv.split((hq * dh, hkv * dh, hkv * dh), dim=-1)
+            q = q.view(batch, q_len, hq, dh).transpose(1, 2)  # [B, Hq, Q, D]
+            k = k.view(batch, q_len, hkv, dh).transpose(1, 2)  # [B, Hkv, Q, D]
+            v = v.view(batch, q_len, hkv, dh).transpose(1, 2)
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+            keys, values = kv[0, i], kv[1, i]  # [S, Hkv, R, D]
+            if sliced:
+                start = write_start[0]
+                keys[first : first + batch, :, start : start + q_len] = k
+                values[first : first + batch, :, start : start + q_len] = v
+                k_all = keys[first : first + batch, :, :kv_len]
+                v_all = values[first : first + batch, :, :kv_len]
+            else:
+                keys[slot_rows[:, None], :, write_rows] = k.transpose(1, 2)  # [B, Q, Hkv, D]
+                values[slot_rows[:, None], :, write_rows] = v.transpose(1, 2)
+                k_all = keys[:, :, :kv_len].index_select(0, slot_rows)
+                v_all = values[:, :, :kv_len].index_select(0, slot_rows)
+            out = F.scaled_dot_product_attention(
+                q, k_all, v_all, attn_mask=mask, is_causal=causal, scale=self.scale, enable_gqa=gqa
+            )  # [B, Hq, Q, D]
+            out = out.transpose(1, 2).reshape(batch, q_len, hq * dh)
+            x = x + F.linear(out, layer.o)
+            h = self._norm(x, layer.norm2)
+            gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, layer.down)
+        return self._norm(x, self.final_norm)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
