@@ -66,9 +66,9 @@ def add_arguments(parser) -> None:
     a("--cache-bytes", type=int, default=GiB, help="prefix cache memory in bytes (default 1 GiB)")
     a("--warm-sessions", action="store_true", help="keep the cached KV from one session to the next")
     a("--threads", type=int, default=1, help="torch CPU threads (default 1)")
-    a("--dtype", default="float32", choices=("float32", "bfloat16"),
-      help="the model's dtype for every method, generate included (default float32; bfloat16 is fast on CPUs "
-           "with AMX)")
+    a("--dtype", default="float32", choices=("float32", "bfloat16", "auto"),
+      help="the model's dtype for every method, generate included (default float32; bfloat16 is fast only on CPUs "
+           "with AMX or AVX512-BF16; auto picks it there)")
 
 
 def run(args) -> int:

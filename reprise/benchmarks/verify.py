@@ -69,8 +69,8 @@ def add_arguments(parser) -> None:
     a("--proposer", default=None, help="drafter name (default: reprise)")
     a("--reps", type=int, default=5, help="repetitions per step-cost point (default 5)")
     a("--threads", type=int, default=1, help="torch CPU threads (default 1: fastest for these GEMMs)")
-    a("--dtype", default="float32", choices=("float32", "bfloat16"),
-      help="the model's dtype for every method (default float32; bfloat16 is fast on CPUs with AMX)")
+    a("--dtype", default="float32", choices=("float32", "bfloat16", "auto"),
+      help="the model's dtype for every method (default float32; bfloat16 is fast only on CPUs with AMX or AVX512-BF16; auto picks it there)")
     a("--skip-cost", action="store_true", help="skip the step-cost table")
     a("--skip-e2e", action="store_true", help="skip the end-to-end comparison")
     a("--out", type=Path, help="also write the JSON here, rewritten after every call")
