@@ -12,10 +12,15 @@ Attention masks: none at all for one request's plain row (it sees every cached r
 chunk from position 0; SDPA's causal kernel for a chain; the additive tree mask, built once per forward
 by the runner, only when a step has draft rows or packs requests of different lengths.
 
-Exactness: every op is transformers' op in the same dtype and order (RMSNorm in float32 then cast,
-RoPE ``q * cos + rotate_half(q) * sin`` with cos/sin computed as transformers computes them); fused
-projections only concatenate output columns, so each output is the same dot product. Greedy outputs
-equal ``generate``'s (tests/verifier/test_lean_model.py).
+Matrix products of more than one row (draft rows, packed requests, prefill chunks; the lm_head
+included) run on oneDNN with the weights prepacked once (:class:`Linear`), the largest saving on a CPU.
+
+Exactness: every other op is transformers' op in the same dtype and order (RMSNorm in float32 then
+cast, RoPE ``q * cos + rotate_half(q) * sin`` with cos/sin computed as transformers computes them);
+fused projections only concatenate output columns. Products of several rows are not bit-equal to a
+one-row GEMV under any BLAS (their reduction order differs, as it already did between transformers'
+own multi-row and one-row calls), so exactness is stated on outputs: greedy tokens equal
+``generate``'s (tests/verifier/test_lean_model.py; float32 end to end in ``reprise bench agent``).
 """
 
 from __future__ import annotations
@@ -45,24 +50,55 @@ def supports_lean(model: Any) -> bool:
     return getattr(config, "pretraining_tp", 1) == 1
 
 
+def can_pack(weight: torch.Tensor) -> bool:
+    """Whether oneDNN can hold ``weight`` prepacked: float32 on a CPU, or bfloat16 on one that computes it."""
+    if weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    if weight.dtype == torch.float32:
+        return True
+    return weight.dtype == torch.bfloat16 and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+class Linear:
+    """``x @ weight.T + bias``. On a CPU the weight is also held prepacked in oneDNN's blocked layout,
+    used for products of more than one row: a verification step's draft rows, packed requests, prefill
+    chunks. On this 2-core AVX2 host that product costs 0.6x MKL's for 9 rows (the lm_head 0.45x),
+    0.75x for a 512-row prefill chunk (docs/verifier.md). One row (a plain step of one request) stays
+    on MKL's GEMV, the kernel ``generate`` runs, as fast there; the packed copy costs the weight's
+    memory once more."""
+
+    __slots__ = ("bias", "packed", "weight")
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, pack: bool) -> None:
+        self.weight = weight  # [N, K]
+        self.bias = bias  # [N] or None
+        self.packed = (
+            torch.ops.mkldnn._reorder_linear_weight(weight, None) if pack and can_pack(weight) else None
+        )
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is not None and x.numel() > x.shape[-1]:
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        return F.linear(x, self.weight, self.bias)
+
+
 @dataclass(frozen=True, slots=True)
 class _Layer:
     """One decoder layer's weights (views of the model's, the fused matrices concatenated once)."""
 
     norm1: torch.Tensor  # [d]
-    qkv: torch.Tensor  # [(Hq + 2 Hkv) D, d]
-    qkv_bias: torch.Tensor | None  # [(Hq + 2 Hkv) D] (Qwen2)
-    o: torch.Tensor  # [d, Hq D]
+    qkv: Linear  # [(Hq + 2 Hkv) D, d], with the [(Hq + 2 Hkv) D] bias of Qwen2
+    o: Linear  # [d, Hq D]
     norm2: torch.Tensor  # [d]
-    gate_up: torch.Tensor  # [2 I, d]
-    down: torch.Tensor  # [d, I]
+    gate_up: Linear  # [2 I, d]
+    down: Linear  # [d, I]
 
 
 class LeanForward:
     """The base model's forward, returning the top hidden state (after the final norm, what ``lm_head``
     reads) and writing every row's K and V into the runner's pool."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, *, pack: bool = True) -> None:
         if not supports_lean(model):
             raise ValueError(f"no lean forward for {type(model).__name__}; use the transformers forward")
         base = model.base_model
@@ -78,22 +114,23 @@ class LeanForward:
         self.inv_freq = rotary.inv_freq.float()  # [D/2]
         self.attention_scaling = float(getattr(rotary, "attention_scaling", 1.0))
         with torch.no_grad():
-            self.layers = [self._layer(layer) for layer in base.layers]
+            self.layers = [self._layer(layer, pack) for layer in base.layers]
+            head = model.get_output_embeddings()
+            self.lm_head = Linear(head.weight, head.bias, pack)
 
     @staticmethod
-    def _layer(layer: Any) -> _Layer:
+    def _layer(layer: Any, pack: bool) -> _Layer:
         att, mlp = layer.self_attn, layer.mlp
         bias = None
         if att.q_proj.bias is not None:
             bias = torch.cat([att.q_proj.bias, att.k_proj.bias, att.v_proj.bias]).contiguous()
         return _Layer(
             norm1=layer.input_layernorm.weight,
-            qkv=torch.cat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight]).contiguous(),
-            qkv_bias=bias,
-            o=att.o_proj.weight,
+            qkv=Linear(torch.cat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight]).contiguous(), bias, pack),
+            o=Linear(att.o_proj.weight, None, pack),
             norm2=layer.post_attention_layernorm.weight,
-            gate_up=torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).contiguous(),
-            down=mlp.down_proj.weight,
+            gate_up=Linear(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).contiguous(), None, pack),
+            down=Linear(mlp.down_proj.weight, None, pack),
         )  # fmt: skip
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -143,7 +180,7 @@ class LeanForward:
         gqa = hkv != hq
         for i, layer in enumerate(self.layers):
             h = self._norm(x, layer.norm1)
-            qkv = F.linear(h, layer.qkv, layer.qkv_bias)  # [B, Q, (Hq + 2 Hkv) D]
+            qkv = layer.qkv(h)  # [B, Q, (Hq + 2 Hkv) D]
             q, k, v = qkv.split((hq * dh, hkv * dh, hkv * dh), dim=-1)
             q = q.view(batch, q_len, hq, dh).transpose(1, 2)  # [B, Hq, Q, D]
             k = k.view(batch, q_len, hkv, dh).transpose(1, 2)  # [B, Hkv, Q, D]
@@ -166,10 +203,10 @@ class LeanForward:
                 q, k_all, v_all, attn_mask=mask, is_causal=causal, scale=self.scale, enable_gqa=gqa
             )  # [B, Hq, Q, D]
             out = out.transpose(1, 2).reshape(batch, q_len, hq * dh)
-            x = x + F.linear(out, layer.o)
+            x = x + layer.o(out)
             h = self._norm(x, layer.norm2)
-            gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, layer.down)
+            gate, up = layer.gate_up(h).chunk(2, dim=-1)
+            x = x + layer.down(F.silu(gate) * up)
         return self._norm(x, self.final_norm)
 
 

@@ -305,7 +305,7 @@ class ModelRunner:
         batch = pack_steps(layouts, [st.context[-1] for st in states], [st.cached for st in states])
         with torch.inference_mode():
             hidden = self._forward(slots, batch)  # [B, Q, d]
-            logits = self._lm_head(hidden).float()  # [B, Q, V]
+            logits = self._logits(hidden)  # [B, Q, V]
             picks = self._accept(steps, states, layouts, logits)
             results = self._commit(steps, states, layouts, picks, hidden)
         return results
@@ -319,7 +319,7 @@ class ModelRunner:
         layouts = [layout_tree(s.tree) for s in steps]
         batch = pack_steps(layouts, [st.context[-1] for st in states], [st.cached for st in states])
         with torch.inference_mode():
-            logits = self._lm_head(self._forward([s.slot for s in steps], batch)).float()
+            logits = self._logits(self._forward([s.slot for s in steps], batch))
         return [logits[b, : lay.num_rows] for b, lay in enumerate(layouts)]
 
     def _accept(self, steps, states, layouts, logits) -> list[tuple[np.ndarray, int]]:
@@ -425,6 +425,11 @@ class ModelRunner:
             **kwargs,
         )
         return out.last_hidden_state
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """float32 logits ``[B, Q, V]`` of top hidden states ``[B, Q, d]``."""
+        head = self._lean.lm_head if self._lean is not None else self._lm_head
+        return head(hidden).float()
 
     def _lean_forward(self, slots: list[int], batch: StepBatch) -> torch.Tensor:
         """The lean forward (verifier/lean_model.py): no mask when every row sees all of its request's
