@@ -12,8 +12,8 @@ Attention masks: none at all for one request's plain row (it sees every cached r
 chunk from position 0; SDPA's causal kernel for a chain; the additive tree mask, built once per forward
 by the runner, only when a step has draft rows or packs requests of different lengths.
 
-Matrix products of more than one row (draft rows, packed requests, prefill chunks; the lm_head
-included) run on oneDNN with the weights prepacked once (:class:`Linear`), the largest saving on a CPU.
+Matrix products (the lm_head included) run on weights prepacked once for MKL (one row) and oneDNN
+(several rows) on a CPU in float32 (:class:`Linear`): the largest saving there.
 
 Exactness: every other op is transformers' op in the same dtype and order (RMSNorm in float32 then
 cast, RoPE ``q * cos + rotate_half(q) * sin`` with cos/sin computed as transformers computes them);
@@ -50,35 +50,37 @@ def supports_lean(model: Any) -> bool:
     return getattr(config, "pretraining_tp", 1) == 1
 
 
-def can_pack(weight: torch.Tensor) -> bool:
-    """Whether oneDNN can hold ``weight`` prepacked: float32 on a CPU, or bfloat16 on one that computes it."""
-    if weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
-        return False
-    if weight.dtype == torch.float32:
-        return True
-    return weight.dtype == torch.bfloat16 and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-
-
 class Linear:
-    """``x @ weight.T + bias``. On a CPU the weight is also held prepacked in oneDNN's blocked layout,
-    used for products of more than one row: a verification step's draft rows, packed requests, prefill
-    chunks. On this 2-core AVX2 host that product costs 0.6x MKL's for 9 rows (the lm_head 0.45x),
-    0.75x for a 512-row prefill chunk (docs/verifier.md). One row (a plain step of one request) stays
-    on MKL's GEMV, the kernel ``generate`` runs, as fast there; the packed copy costs the weight's
-    memory once more."""
+    """``x @ weight.T + bias``, with the weight also held prepacked on a CPU (float32), once per kernel:
+    in MKL's packed GEMM format for one row (a plain step of one request) and in oneDNN's blocked layout
+    for more (draft rows, packed requests, prefill chunks). Measured on this 2-core AVX2 host, one thread
+    (docs/verifier.md): one row through SmolLM2's 30 layers 0.75x of ``F.linear``'s GEMV and its lm_head
+    0.45x; 9 rows 0.6x of MKL's GEMM, the lm_head 0.45x; a 512-row chunk 0.75x. The packed copies cost
+    the weight's memory twice more (``pack=False``: plain ``F.linear``)."""
 
-    __slots__ = ("bias", "packed", "weight")
+    __slots__ = ("bias", "packed_many", "packed_one", "weight")
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, pack: bool) -> None:
         self.weight = weight  # [N, K]
         self.bias = bias  # [N] or None
-        self.packed = (
-            torch.ops.mkldnn._reorder_linear_weight(weight, None) if pack and can_pack(weight) else None
+        cpu32 = pack and weight.device.type == "cpu" and weight.dtype == torch.float32
+        self.packed_one = (
+            torch.ops.mkl._mkl_reorder_linear_weight(weight, 1)
+            if cpu32 and torch.backends.mkl.is_available()
+            else None
+        )
+        self.packed_many = (
+            torch.ops.mkldnn._reorder_linear_weight(weight, None)
+            if cpu32 and torch.backends.mkldnn.is_available()
+            else None
         )
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed is not None and x.numel() > x.shape[-1]:
-            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        if x.numel() > x.shape[-1]:
+            if self.packed_many is not None:
+                return torch.ops.mkldnn._linear_pointwise(x, self.packed_many, self.bias, "none", [], "")
+        elif self.packed_one is not None:
+            return torch.ops.mkl._mkl_linear(x, self.packed_one, self.weight, self.bias, 1)
         return F.linear(x, self.weight, self.bias)
 
 
