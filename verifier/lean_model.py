@@ -171,14 +171,14 @@ class LeanForward:
         x = F.embedding(input_ids, self.embed)  # [B, Q, d]
         cos, sin = self._rope(position_ids, x.dtype)
         first = slots[0]
-        # One request, or consecutive slots writing the same rows: slices. Otherwise index tensors,
-        # built once per forward and used by every layer.
-        sliced = slots == list(range(first, first + batch)) and len(set(write_start)) == 1
-        if not sliced:
-            slot_rows = torch.tensor(slots, device=x.device)  # [B]
-            write_rows = torch.tensor(write_start, device=x.device)[:, None] + torch.arange(
-                q_len, device=x.device
-            )
+        # Consecutive slots are read as a view (no copy of their rows); their writes are slices when
+        # every request writes the same rows. Otherwise index tensors, built once for every layer.
+        consecutive = slots == list(range(first, first + batch))
+        same_rows = len(set(write_start)) == 1
+        slot_rows = torch.tensor(slots, device=x.device)  # [B]
+        write_rows = torch.tensor(write_start, device=x.device)[:, None] + torch.arange(
+            q_len, device=x.device
+        )
         gqa = hkv != hq
         for i, layer in enumerate(self.layers):
             h = self._norm(x, layer.norm1)
@@ -190,15 +190,17 @@ class LeanForward:
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
             keys, values = kv[0, i], kv[1, i]  # [S, Hkv, R, D]
-            if sliced:
+            if consecutive and same_rows:
                 start = write_start[0]
                 keys[first : first + batch, :, start : start + q_len] = k
                 values[first : first + batch, :, start : start + q_len] = v
-                k_all = keys[first : first + batch, :, :kv_len]
-                v_all = values[first : first + batch, :, :kv_len]
             else:
                 keys[slot_rows[:, None], :, write_rows] = k.transpose(1, 2)  # [B, Q, Hkv, D]
                 values[slot_rows[:, None], :, write_rows] = v.transpose(1, 2)
+            if consecutive:
+                k_all = keys[first : first + batch, :, :kv_len]
+                v_all = values[first : first + batch, :, :kv_len]
+            else:
                 k_all = keys[:, :, :kv_len].index_select(0, slot_rows)
                 v_all = values[:, :, :kv_len].index_select(0, slot_rows)
             out = F.scaled_dot_product_attention(
