@@ -66,6 +66,8 @@ def add_arguments(parser) -> None:
     a("--cache-bytes", type=int, default=GiB, help="prefix cache memory in bytes (default 1 GiB)")
     a("--warm-sessions", action="store_true", help="keep the cached KV from one session to the next")
     a("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    a("--forward", default="auto", choices=("auto", "lean", "transformers"),
+      help="the engine's forward (default auto: the lean Llama/Qwen2 forward where it applies, verifier/lean_model.py)")
     a("--dtype", default="float32", choices=("float32", "bfloat16", "auto"),
       help="the model's dtype for every method, generate included (default float32; bfloat16 is fast only on CPUs "
            "with AMX or AVX512-BF16; auto picks it there)")
@@ -191,7 +193,8 @@ def make_methods(lm, args) -> tuple[dict[str, Callable[..., Any]], dict[str, Any
         proposer.set_vocabulary(lambda i: lm.tokenizer.decode([i]), lm.model.config.vocab_size)
 
     def runner(drafts: int, cache: int) -> ModelRunner:
-        return ModelRunner(lm.model, max_len=args.max_len, max_draft_nodes=drafts, prefix_cache_bytes=cache)
+        return ModelRunner(lm.model, max_len=args.max_len, max_draft_nodes=drafts, prefix_cache_bytes=cache,
+                           forward=getattr(args, "forward", "auto"))
 
     engines = {
         "engine": Engine(runner(0, 0), NoDrafts(), lm.tokenizer),
