@@ -25,6 +25,7 @@ own multi-row and one-row calls), so exactness is stated on outputs: greedy toke
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -212,6 +213,19 @@ class LeanForward:
             gate, up = layer.gate_up(h).chunk(2, dim=-1)
             x = x + layer.down(F.silu(gate) * up)
         return self._norm(x, self.final_norm)
+
+
+_SHARED: weakref.WeakKeyDictionary[Any, LeanForward] = weakref.WeakKeyDictionary()
+
+
+def lean_forward_of(model: Any) -> LeanForward:
+    """The model's lean forward with packed weights, built once and shared by every runner of the model
+    (the packed copies are the weights' size again, twice). The fused and packed matrices are copies
+    taken then: a model whose weights change afterwards needs ``LeanForward(model)`` anew."""
+    lean = _SHARED.get(model)
+    if lean is None:
+        lean = _SHARED[model] = LeanForward(model)
+    return lean
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

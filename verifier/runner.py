@@ -29,7 +29,7 @@ from verifier import acceptance
 from verifier.attention import META_KWARG, TreeAttentionMeta, register
 from verifier.kernels import compact_kv, triton_available
 from verifier.kv_cache import KVPool, StepCache
-from verifier.lean_model import LeanForward, supports_lean
+from verifier.lean_model import LeanForward, lean_forward_of, supports_lean
 from verifier.models import cache_keyword, check_supported
 from verifier.prefix_cache import DEFAULT_BLOCK_SIZE, Lease, PrefixCache
 from verifier.sampling import (
@@ -158,7 +158,7 @@ class ModelRunner:
                 f"(backend {backend!r}, model type {getattr(model.config, 'model_type', None)!r})"
             )
         lean = forward == "lean" or (forward == "auto" and backend == "torch" and supports_lean(model))
-        self._lean = LeanForward(model) if lean else None
+        self._lean: LeanForward | None = lean_forward_of(model) if lean else None
         self.forward_kind = "lean" if lean else "transformers"
         text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         self.vocab_size: int = text.vocab_size

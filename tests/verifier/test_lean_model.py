@@ -114,3 +114,10 @@ def test_prefix_cache_hits_decode_as_generate(model) -> None:
         (result,) = runner.verify([VerifyStep(slot, random_tree(rng, truth[len(out) :], 5, VOCAB, 0.6))])
         out += result.token_ids.tolist()
     assert out[:10] == truth
+
+
+def test_runners_of_one_model_share_its_packed_weights() -> None:
+    model = tiny_model("llama", vocab_size=VOCAB, seed=4)
+    a, b = ModelRunner(model, max_len=32), ModelRunner(model, max_len=32, num_slots=2)
+    assert a._lean is b._lean is not None
+    assert ModelRunner(tiny_model("llama", vocab_size=VOCAB, seed=4), max_len=32)._lean is not a._lean
