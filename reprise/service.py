@@ -72,7 +72,7 @@ def load_target_model(config: ServiceConfig) -> LoadedModel:
     m = config.model
     if m.path:
         return load_model(m.path, dtype=m.dtype, device=m.device, num_threads=m.num_threads)
-    return load_default_model(num_threads=m.num_threads, device=m.device)
+    return load_default_model(num_threads=m.num_threads, device=m.device, dtype=m.dtype)
 
 
 def make_private_dir(path: Path) -> None:

@@ -71,9 +71,11 @@ def add_arguments(parser) -> None:
     a("--cache-bytes", type=int, default=GiB, help="prefix cache memory in bytes (default 1 GiB)")
     a("--warm-sessions", action="store_true", help="keep the cached KV from one session to the next")
     a("--threads", type=int, default=1, help="torch CPU threads (default 1)")
-    a("--dtype", default="float32", choices=("float32", "bfloat16"),
-      help="the model's dtype for every method, generate included (default float32; bfloat16 is fast on CPUs "
-           "with AMX)")
+    a("--forward", default="auto", choices=("auto", "lean", "transformers"),
+      help="the engine's forward (default auto: the lean Llama/Qwen2 forward where it applies, verifier/lean_model.py)")
+    a("--dtype", default="float32", choices=("float32", "bfloat16", "auto"),
+      help="the model's dtype for every method, generate included (default float32; bfloat16 is fast only on CPUs "
+           "with AMX or AVX512-BF16; auto picks it there)")
 
 
 def run(args) -> int:
@@ -178,7 +180,8 @@ class _Figures:
     accepted: int = 0
     identical: int = 0
     calls: int = 0
-    first_differences: list[dict[str, int]] = field(default_factory=list)
+    first_differences: list[dict[str, Any]] = field(default_factory=list)
+    identical_to_plain: int = 0  # outputs equal to the engine's own plain decoding (``engine``) in its dtype
 
 
 def make_methods(lm, args) -> tuple[dict[str, Callable[..., Any]], dict[str, Any]]:
@@ -197,7 +200,8 @@ def make_methods(lm, args) -> tuple[dict[str, Callable[..., Any]], dict[str, Any
         proposer.set_vocabulary(lambda i: lm.tokenizer.decode([i]), lm.model.config.vocab_size)
 
     def runner(drafts: int, cache: int) -> ModelRunner:
-        return ModelRunner(lm.model, max_len=args.max_len, max_draft_nodes=drafts, prefix_cache_bytes=cache)
+        return ModelRunner(lm.model, max_len=args.max_len, max_draft_nodes=drafts, prefix_cache_bytes=cache,
+                           forward=getattr(args, "forward", "auto"))
 
     accounting = TenantAccounting()  # as the service meters: the estimate is the one operators see
     engines = {
@@ -297,14 +301,20 @@ def run_sessions(lm, traces: list[Path], args, report: dict[str, Any], save: Cal
                         f.steps += usage.steps
                         f.drafted += usage.drafted_tokens
                         f.accepted += usage.accepted_tokens
-                reference = outputs["generate"]
+                reference, plain = outputs["generate"], outputs["engine"]
                 for method, tokens in outputs.items():
                     f = figures[method]
                     f.identical += int(tokens == reference)
+                    f.identical_to_plain += int(tokens == plain)
                     if tokens != reference:  # say where: fp32 near-ties can flip an argmax between kernels
-                        at = next((j for j, (x, y) in enumerate(zip(tokens, reference)) if x != y),
-                                  min(len(tokens), len(reference)))  # fmt: skip
+                        at = _first_difference(tokens, reference)
                         f.first_differences.append({"session": s_index, "call": c_index, "at": at})
+                    if method.startswith("engine_") and tokens != plain:
+                        # Against the engine's own plain decoding: the top-2 margin of its logits there.
+                        at = _first_difference(tokens, plain)
+                        margin = _top2_margin(engines["engine"].runner, list(ids) + plain[:at])
+                        f.first_differences.append({"session": s_index, "call": c_index, "at": at,
+                                                    "vs": "engine", "margin": margin})  # fmt: skip
                 per_call.append(record)
                 report["traces"][trace.name] = summarise(figures, len(sessions), _savings(accounting, tenants) - before,
                                                        cpu_clock) | {
@@ -316,6 +326,31 @@ def run_sessions(lm, traces: list[Path], args, report: dict[str, Any], save: Cal
     fit = engines["engine_cache_drafts"].step_costs
     if fit is not None:
         report["step_cost_model"] = fit.report()
+    plain_fit = engines["engine"].step_costs
+    if plain_fit is not None:
+        report["plain_step_cost"] = plain_fit.report()
+    report["forward"] = engines["engine"].runner.forward_kind
+
+
+def _first_difference(tokens: list[int], reference: list[int]) -> int:
+    return next((j for j, (x, y) in enumerate(zip(tokens, reference)) if x != y), min(len(tokens), len(reference)))
+
+
+def _top2_margin(runner, ids: list[int]) -> float | None:
+    """The gap between the two largest next-token logits after ``ids`` (the runner's own dtype and
+    kernels): how near a tie the token where two decodings part was. None past the runner's context."""
+    from retrieval.draft_tree import DraftTree
+    from verifier.runner import VerifyStep
+
+    if len(ids) >= runner.max_len:
+        return None
+    slot = runner.start(ids)
+    try:
+        (logits,) = runner.score([VerifyStep(slot, DraftTree.empty())])
+    finally:
+        runner.release(slot, keep_cache=False)
+    top = logits[0].topk(2).values
+    return round(float(top[0] - top[1]), 4)
 
 
 def _savings(accounting: Any, tenants: set[str]) -> Any:
@@ -373,7 +408,11 @@ def summarise(figures: dict[str, _Figures], num_sessions: int, estimate: Any = N
             "ttft_ratio_later_calls_median": _ratio(f.ttft_later, f.ttft_first, statistics.median),
             "ttft_ratio_later_calls_wall": _ratio(f.ttft_later_wall, f.ttft_first_wall, _mean),
             "outputs_identical": f"{f.identical}/{f.calls}",
+            "outputs_identical_to_engine_plain": f"{f.identical_to_plain}/{f.calls}",
         }
+        margins = [d["margin"] for d in f.first_differences if d.get("margin") is not None]
+        if margins:  # every output that parts from the engine's plain decoding parts at a near-tie?
+            m["largest_margin_at_first_difference"] = max(margins)
         if method != "generate":
             m["cache_hit_rate"] = round(f.cached_tokens / f.prompt_tokens, 3) if f.prompt_tokens else 0.0
             m["tokens_per_step"] = round(f.tokens / f.steps, 3) if f.steps else 0.0
@@ -416,14 +455,24 @@ def format_report(report: dict[str, Any]) -> str:
             extra = f", {m['tokens_per_step']:.2f} tokens/step" if m.get("tokens_per_step") else ""
             extra += f", {m['accept_rate']:.0%} of drafts accepted" if "accept_rate" in m else ""
             extra += f", cache hit rate {m['cache_hit_rate']:.0%}" if m.get("cache_hit_rate") else ""
+            if method.startswith("engine_"):
+                extra += f", identical to the engine's plain decoding {m['outputs_identical_to_engine_plain']}"
+            if "largest_margin_at_first_difference" in m:
+                extra += f" (largest top-2 logit margin where one parts: {m['largest_margin_at_first_difference']})"
             lines.append(
                 f"  {method:<20} {m['tokens_per_s']:6.2f} tokens/s {m['speedup']:.2f}x, {m['tokens_per_cpu_s']:6.2f} "
                 f"tokens/CPU-s {m['speedup_cpu']:.2f}x, TTFT first {m['ttft_first_ms']:.0f} ms later "
                 f"{m['ttft_later_ms']:.0f} ms (ratio {m['ttft_ratio_later_calls']}), identical "
                 f"{m['outputs_identical']}{extra}"
             )
+    plain = report.get("plain_step_cost")
+    if plain and plain["points"]:
+        lines.append(f"engine ({report.get('forward', '?')} forward) plain step: {plain['points'][0]['ms']} ms "
+                     f"({plain['clock']}, {plain['points'][0]['steps']} steps)")  # fmt: skip
     fit = report.get("step_cost_model")
     if fit:
+        lines.append("tree step cost, ms by draft rows: " + " ".join(
+            f"{p['extra_rows']}:{p['ms']}" for p in fit["points"]))  # fmt: skip
         points = " ".join(f"{p['extra_rows']}:{p['ratio_to_plain']}" for p in fit["points"])
         lines.append(f"fitted step cost ({fit['clock']}, {fit['steps_observed']} steps), by rows beyond the "
                      f"first, relative to a plain step: {points}")  # fmt: skip

@@ -22,7 +22,7 @@ from reprise.server.index_budget import IndexedBackend
 from reprise.server.indexes import TenantIndexes
 from reprise.server.metering import StepMeter
 from reprise.server.tenant_config import apply_tenant_configs
-from verifier.models import served_model_name
+from verifier.models import resolve_dtype, served_model_name
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ def start_vllm(config: Any, store: Any, accounting: Any, metrics: Any, history_s
         log.warning("model.drafter %r: the vllm engine drafts with Reprise's proposer only; drafting is off",
                     m.drafter)
     engine = VllmEngine(VllmSettings(
-        model=folder, dtype=m.dtype, max_model_len=m.max_len, max_num_seqs=m.num_slots,
+        model=folder, dtype=resolve_dtype(m.dtype, m.device), max_model_len=m.max_len, max_num_seqs=m.num_slots,
         num_speculative_tokens=min(config.drafting.max_draft_tokens, MAX_SPECULATIVE_TOKENS),
         speculation="reprise" if drafting else "off", tensor_parallel_size=m.tensor_parallel_size))
     try:
