@@ -10,7 +10,9 @@ steps the model, in order with the requests added before them. That channel carr
   or a rebuild), ``reprise_record`` (a finished turn), ``reprise_add_corpus``, ``reprise_evict``,
   ``reprise_delete``, ``reprise_set_tenant_config``;
 - figures back to the service: ``reprise_drain_steps`` (per-step draft and accept counts per tenant),
-  ``reprise_index_stats``, ``reprise_health``.
+  ``reprise_index_stats``, ``reprise_health``;
+- on an engine running vLLM's own ``suffix`` drafter (``reprise bench engine``'s anchor):
+  ``reprise_reset_suffix_tree``, a fresh, empty suffix tree between benchmark passes.
 
 Arguments are plain values (token ids as int32 bytes) so vLLM's serialisation carries them without
 pickling. With tensor parallelism every rank runs the same proposer on the same calls; the service
@@ -118,3 +120,18 @@ class RepriseWorkerExtension:
 
     def reprise_health(self) -> dict[str, int]:
         return dataclasses.asdict(self._reprise_proposer().health)
+
+    def reprise_reset_suffix_tree(self) -> int:
+        """Replace vLLM's suffix drafter's cache (its global tree of past responses and the live requests'
+        prompt trees) with an empty one of the same shape; returns how many cached responses it held.
+        Only between requests: a live request's tree goes too (it would start again from its next step)."""
+        from arctic_inference.suffix_decoding import SuffixDecodingCache
+        from vllm.v1.spec_decode.suffix_decoding import SuffixDecodingProposer
+
+        drafter = getattr(self.model_runner, "drafter", None)
+        if not isinstance(drafter, SuffixDecodingProposer):
+            raise RuntimeError("vLLM's speculative proposer is not its suffix drafter (method 'suffix')")  # noqa: TRY004
+        old = drafter.suffix_cache
+        drafter.suffix_cache = SuffixDecodingCache(max_tree_depth=old.max_tree_depth,
+                                                   max_cached_requests=old.max_cached_requests)
+        return len(old.cached_requests)
