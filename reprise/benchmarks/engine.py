@@ -123,6 +123,7 @@ def run(args) -> int:
             args.out.write_text(json.dumps(report, indent=2))
 
     runners: dict[str, Any] = {}
+    target = None
     try:
         for method in methods:
             print(f"bench engine: starting {method}", file=sys.stderr, flush=True)
@@ -139,9 +140,14 @@ def run(args) -> int:
                 _interleaved_pass(live, trace, prompts, level, report["outputs"])
                 report["traces"] = _summarise(report["outputs"], calls, levels, args.dtype)
                 save()
-            plain_outputs = report["outputs"]["vllm_plain"][trace]["1"]["outputs"]
+            plain_outputs = report["outputs"]["vllm_plain"][trace][str(levels[0])]["outputs"]
+            if target is None:  # the target through transformers, for the headroom's re-rank figures
+                from verifier.models import load_model
+
+                target = load_model(folder, num_threads=1)
             report.setdefault("headroom", {})[trace] = _headroom(prompts, plain_outputs, tokenizer,
-                                                                 args.speculative_tokens)
+                                                                 args.speculative_tokens, target)
+            save()
     finally:
         for runner in runners.values():
             if not isinstance(runner, str):
@@ -386,18 +392,87 @@ def _summarise(outputs: dict[str, Any], calls: dict[str, Any], levels: tuple[int
     return traces
 
 
-def _headroom(prompts: list[list[int]], outputs: list[list[int]], tokenizer: Any, budget: int) -> dict[str, float]:
+def _headroom(prompts: list[list[int]], outputs: list[list[int]], tokenizer: Any, budget: int,
+              target: Any = None) -> dict[str, Any]:
     """Tokens per step a chain replay of vLLM plain's outputs gets from Reprise's proposer (history
     empty at first, each call recorded as it ends, as in the passes), and what better first tokens would
-    get (``replay_traces.headroom``): how much of these outputs the history can predict at all."""
-    from replay_traces.headroom import turns_headroom
+    get (``replay_traces.headroom``): how much of these outputs the history can predict at all.
+
+    With ``target`` (the model through transformers, float32) also ``reranked``: tau had each chain's
+    first token been re-ranked by the target's logits as vLLM + Reprise does it
+    (``first_token.FirstTokenRerank``, the logits the previous token was chosen from, computed here by
+    one forward pass over each call), and ``first_token_right``: the share of steps whose first draft
+    token is right as drafted, as re-ranked, and for the best root (an oracle)."""
+    import numpy as np
+
+    from replay_traces.replay import StepTally, decode_response
+    from reprise.backends.vllm.attach import FIRST_TOKEN
     from reprise.drafters import make_chain_proposer
     from retrieval.config import DraftingConfig
 
     chains = make_chain_proposer("reprise", DraftingConfig(max_draft_tokens=budget))  # trees as the worker's
     chains.set_vocabulary(lambda i: tokenizer.decode([i]), len(tokenizer))
-    taus = turns_headroom(chains, TENANT, zip(prompts, outputs), budget).taus()
-    return {name: round(tau, 3) for name, tau in taus.items()}
+    observer = _RerankHeadroom(budget, FIRST_TOKEN)
+    tally = StepTally()
+    for prompt, output in zip(prompts, outputs):
+        observer.logits = _choice_logits(target, prompt, output) if target is not None else None
+        session = chains.begin(TENANT, "", np.asarray(prompt, dtype=np.int32))
+        decode_response(session, np.asarray(output, dtype=np.int32), budget, tally, "headroom", observer.observe)
+        session.finish(record=True)
+    figures: dict[str, Any] = {name: round(tau, 3) for name, tau in observer.chains.taus().items()}
+    if target is not None and observer.steps:
+        figures["reranked"] = round(observer.reranked_tokens / observer.steps, 3)
+        figures["first_token_right"] = {name: round(n / observer.steps, 3) for name, n in observer.right.items()}
+    return figures
+
+
+def _choice_logits(target: Any, prompt: list[int], output: list[int]) -> Any:
+    """The target's logits each output token was chosen from ([len(output), vocab] float32): row ``j``
+    from the position before ``output[j]``."""
+    import torch
+
+    ids = torch.tensor([list(prompt) + list(output[:-1])])
+    with torch.inference_mode():
+        logits = target.model(ids).logits[0, len(prompt) - 1:]
+    return logits.float().numpy()
+
+
+class _RerankHeadroom:
+    """``ChainHeadroom``'s figures (``chains``) plus what the first-token re-rank would accept at each
+    step (``logits``: the current call's ``_choice_logits``, None to skip)."""
+
+    def __init__(self, budget: int, rerank: Any) -> None:
+        from replay_traces.headroom import ChainHeadroom
+
+        self.chains = ChainHeadroom(budget)
+        self.budget = budget
+        self.rerank = rerank
+        self.steps = 0
+        self.logits: Any = None
+        self.reranked_tokens = 0
+        self.right = {"drafted": 0, "reranked": 0, "any_root": 0}
+
+    def observe(self, session: Any, target: list[int], pos: int) -> None:
+        from replay_traces.replay import accepted_path
+        from retrieval.chain import root_paths
+
+        self.chains.observe(session, target, pos)
+        if self.logits is None:
+            return
+        self.steps += 1
+        tree, left = session.tree, len(target) - pos
+        paths, values = root_paths(tree, self.budget)
+        got = 0
+        if paths:
+            roots = tree.token_ids[[int(p[0]) for p in paths]]
+            # In vLLM the step's last token was chosen from these logits; the first step has none.
+            pick = self.rerank.choose(values, self.logits[pos - 1][roots]) if pos > 0 else 0
+            path = paths[pick]
+            got = len(accepted_path(tree.token_ids[path].tolist(), list(range(-1, len(path) - 1)), target, pos))
+            self.right["drafted"] += int(roots[0] == target[pos])
+            self.right["reranked"] += int(roots[pick] == target[pos])
+            self.right["any_root"] += int(target[pos] in roots.tolist())
+        self.reranked_tokens += min(got + 1, left)
 
 
 def _drafting(steps: list[tuple[str, int, int, str]]) -> dict[str, float]:
@@ -431,5 +506,8 @@ def format_report(report: dict[str, Any]) -> str:
                              f"{d['draft_tokens_per_step']} draft tokens sent per step, {d['acceptance']} accepted")
     for trace, taus in report.get("headroom", {}).items():
         lines.append(f"{trace}: chain replay of vllm_plain's outputs, tokens per step: "
-                     + ", ".join(f"{name} {tau}" for name, tau in taus.items()))
+                     + ", ".join(f"{name} {tau}" for name, tau in taus.items() if not isinstance(tau, dict)))
+        if "first_token_right" in taus:
+            lines.append(f"{trace}: first draft token right in "
+                         + ", ".join(f"{share:.1%} of steps {name}" for name, share in taus["first_token_right"].items()))
     return "\n".join(lines)

@@ -57,8 +57,11 @@ class RepriseWorkerExtension:
         return drafter
 
     def reprise_attach(self, drafting: dict[str, Any], vocabulary: list[str] | None, chain_factor: int,
-                       stall_timeout_s: float, adaptive: bool) -> int:
-        """Start drafting with these settings; returns the draft length vLLM verifies at most."""
+                       stall_timeout_s: float, adaptive: bool, first_token: tuple[int, float] | None = None) -> int:
+        """Start drafting with these settings; returns the draft length vLLM verifies at most.
+        ``first_token`` (top, weight): re-rank each chain's first token by the target's logits
+        (``first_token.FirstTokenRerank``); None keeps the drafter's order."""
+        from reprise.backends.vllm.first_token import FirstTokenRerank
         from reprise.engine.draft_budget import DraftBudget
         from retrieval.config import DraftingConfig
         from retrieval.proposer import RepriseProposer
@@ -70,8 +73,9 @@ class RepriseWorkerExtension:
             words = list(vocabulary)
             tenants.set_vocabulary(lambda i: words[i] if 0 <= i < len(words) else "", len(words))
         budget = DraftBudget(max_draft_tokens=proposer.num_speculative_tokens, adaptive=adaptive)
+        rerank = FirstTokenRerank(int(first_token[0]), float(first_token[1])) if first_token is not None else None
         proposer.attach(self.model_runner, tenants, chain_factor=chain_factor, stall_timeout_s=stall_timeout_s,
-                        budget=budget)
+                        budget=budget, first_token=rerank)
         return int(proposer.num_speculative_tokens)
 
     def reprise_load(self, tenant: str, trajectories: list[tuple[str, bytes, bytes]], first: bool) -> int:

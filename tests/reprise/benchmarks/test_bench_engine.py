@@ -268,3 +268,33 @@ def test_the_worker_replaces_the_suffix_tree_with_an_empty_one() -> None:
     fresh = drafter.suffix_cache
     assert len(fresh.cached_requests) == 0 and (fresh.max_tree_depth, fresh.max_cached_requests) == (24, 100)
     assert drafts(fresh, "r3") == []  # nothing of the earlier pass drafts
+
+
+def test_headroom_reranks_the_first_token_by_the_targets_logits() -> None:
+    """Two earlier calls continue their first token with "X..." and one with "Y...", so in the last call
+    the drafter's best root after its (unseen) first token is X; the target (a fake whose logits always
+    favour Y) moves the chain to Y, which is right."""
+    import numpy as np
+
+    class Chars:
+        def decode(self, ids):
+            return chr(ids[0])
+
+        def __len__(self):
+            return 256
+
+    class FavoursY:  # what _choice_logits reads: model(ids).logits [1, len, vocab]
+        def model(self, ids):
+            import torch
+
+            logits = torch.zeros(1, ids.shape[1], 256)
+            logits[..., ord("Y")] = 5.0
+            return type("Out", (), {"logits": logits})()
+
+    prompt = [ord(c) for c in "q:"]
+    outputs = [[ord(c) for c in text] for text in ("1XXXXXXXX", "2XXXXXXXX", "3YYYYYYYY", "4YYYYYYYY")]
+    figures = bench._headroom([prompt] * 4, outputs, Chars(), budget=8, target=FavoursY())
+    right = figures["first_token_right"]
+    assert right["reranked"] > right["drafted"] and right["any_root"] >= right["reranked"]
+    assert figures["reranked"] > figures["chain"]
+    assert np.isclose(figures["chain"], bench._headroom([prompt] * 4, outputs, Chars(), budget=8)["chain"])
