@@ -148,6 +148,8 @@ def run(args) -> int:
             report.setdefault("headroom", {})[trace] = _headroom(prompts, plain_outputs, tokenizer,
                                                                  args.speculative_tokens, target)
             save()
+        if isinstance(runners.get("vllm_reprise"), _Vllm):  # degraded steps would read as "no draft"
+            report["proposer_health"] = runners["vllm_reprise"].engine.rpc("reprise_health")[0]
     finally:
         for runner in runners.values():
             if not isinstance(runner, str):
@@ -504,6 +506,8 @@ def format_report(report: dict[str, Any]) -> str:
             for method, d in row.get("drafting", {}).items():
                 lines.append(f"  {method}: {d['tokens_per_step']} tokens per decoding step, "
                              f"{d['draft_tokens_per_step']} draft tokens sent per step, {d['acceptance']} accepted")
+    if "proposer_health" in report:
+        lines.append("vllm_reprise's proposer: " + ", ".join(f"{k} {v}" for k, v in report["proposer_health"].items()))
     for trace, taus in report.get("headroom", {}).items():
         lines.append(f"{trace}: chain replay of vllm_plain's outputs, tokens per step: "
                      + ", ".join(f"{name} {tau}" for name, tau in taus.items() if not isinstance(tau, dict)))
