@@ -150,6 +150,7 @@ def run(args) -> int:
             save()
         if isinstance(runners.get("vllm_reprise"), _Vllm):  # degraded steps would read as "no draft"
             report["proposer_health"] = runners["vllm_reprise"].engine.rpc("reprise_health")[0]
+            report["proposer_step_cost"] = runners["vllm_reprise"].engine.rpc("reprise_step_cost")[0]
     finally:
         for runner in runners.values():
             if not isinstance(runner, str):
@@ -508,6 +509,8 @@ def format_report(report: dict[str, Any]) -> str:
                              f"{d['draft_tokens_per_step']} draft tokens sent per step, {d['acceptance']} accepted")
     if "proposer_health" in report:
         lines.append("vllm_reprise's proposer: " + ", ".join(f"{k} {v}" for k, v in report["proposer_health"].items()))
+        lines.append("vllm_reprise's measured step cost: " + ", ".join(
+            f"{k} {v:.4g}" for k, v in report.get("proposer_step_cost", {}).items()))
     for trace, taus in report.get("headroom", {}).items():
         lines.append(f"{trace}: chain replay of vllm_plain's outputs, tokens per step: "
                      + ", ".join(f"{name} {tau}" for name, tau in taus.items() if not isinstance(tau, dict)))

@@ -125,6 +125,16 @@ class RepriseWorkerExtension:
     def reprise_health(self) -> dict[str, int]:
         return dataclasses.asdict(self._reprise_proposer().health)
 
+    def reprise_step_cost(self) -> dict[str, float]:
+        """The step cost the draft budget prices drafts with (``step_cost.StepCostMeter``): steady
+        steps seen, and the fitted ``seconds = a + b * rows`` (absent until fitted)."""
+        meter = self._reprise_proposer().step_cost
+        line = meter.line()
+        figures = {"steps": float(meter.num_steps)}
+        if line is not None:
+            figures |= {"a_s": line.a, "b_s_per_row": line.b}
+        return figures
+
     def reprise_reset_suffix_tree(self) -> int:
         """Replace vLLM's suffix drafter's cache (its global tree of past responses and the live requests'
         prompt trees) with an empty one of the same shape; returns how many cached responses it held.

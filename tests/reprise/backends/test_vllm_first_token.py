@@ -118,3 +118,21 @@ def test_the_chain_session_sends_another_root_path_and_commits_through_it() -> N
     assert chain.token_ids.tolist() == [2, 4] and chain.score == pytest.approx(0.9) and inner.chain is chain
     session.commit(Verified(np.array([2, 4, 9], dtype=np.int32), np.array([0, 1], dtype=np.int32), True))
     assert inner.committed == [1, 3]  # the tree's nodes of the chain that was sent
+
+
+def test_the_worker_reports_the_measured_step_cost() -> None:
+    from reprise.backends.vllm.worker import RepriseWorkerExtension
+
+    proposer = _proposer()
+    try:
+        worker = RepriseWorkerExtension()
+        worker.model_runner = SimpleNamespace(drafter=proposer)
+        assert worker.reprise_step_cost() == {"steps": 0.0}
+        for i in range(80):
+            rows = 1 + i % 9
+            proposer.step_cost.observe(rows, 0.05 + 0.002 * rows)
+        cost = worker.reprise_step_cost()
+        assert cost["steps"] == 80.0
+        assert cost["a_s"] == pytest.approx(0.05) and cost["b_s_per_row"] == pytest.approx(0.002)
+    finally:
+        proposer.close()
