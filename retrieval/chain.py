@@ -61,15 +61,21 @@ def best_path_per_root(tree: DraftTree, max_len: int) -> list[np.ndarray]:
     """For each root of ``tree``, the node indices of its best path (as ``best_path`` chooses among the
     paths under that root), best root first: what a chain verifier could be sent had the first token been
     chosen otherwise (``reprise replay --chain --headroom`` measures what that would win)."""
+    return root_paths(tree, max_len)[0]
+
+
+def root_paths(tree: DraftTree, max_len: int) -> tuple[list[np.ndarray], np.ndarray]:
+    """``best_path_per_root`` and each path's expected accepted tokens ([num_roots] float64, descending):
+    what a re-ranking of the first token trades against (``reprise.backends.vllm.first_token``)."""
     if len(tree) == 0 or max_len <= 0:
-        return []
+        return [], np.zeros(0)
     value, root = _path_values(tree, max_len)
     best: dict[int, int] = {}  # root -> its node with the highest value
     for i, r in enumerate(root.tolist()):
         if value[i] >= 0 and (r not in best or value[i] > value[best[r]]):
             best[r] = i
     leaves = sorted(best.values(), key=lambda i: (-value[i], i))  # first: best_path's (argmax: lowest index)
-    return [_root_path(tree.parents, leaf) for leaf in leaves]
+    return [_root_path(tree.parents, leaf) for leaf in leaves], value[leaves]
 
 
 def _path_values(tree: DraftTree, max_len: int) -> tuple[np.ndarray, np.ndarray]:
@@ -137,6 +143,20 @@ class ChainSession:
         chain, self._nodes = best_path_nodes(self.tree, budget)
         verify_only = getattr(self._inner, "verify_only", None)
         if verify_only is not None:  # its acceptance monitor must judge the chain, not the tree
+            verify_only(chain)
+        return chain
+
+    def send(self, nodes: np.ndarray) -> DraftTree:
+        """Send another root path of the last proposed ``tree`` instead of its best one (``nodes``: tree
+        node indices from a root down, e.g. one of ``root_paths``); returns it as a chain."""
+        idx = np.asarray(nodes, dtype=np.int64)
+        tree = self.tree
+        probs = tree.probs[idx]
+        chain = DraftTree(tree.token_ids[idx], np.arange(-1, len(idx) - 1, dtype=np.int32), probs,
+                          float(_path_probs(tree)[idx].sum()), tree.source, tree.match_len)
+        self._nodes = idx
+        verify_only = getattr(self._inner, "verify_only", None)
+        if verify_only is not None:
             verify_only(chain)
         return chain
 

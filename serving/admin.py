@@ -8,6 +8,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import BinaryIO, Literal, Protocol
 
+from serving.savings import Savings
+
 
 @dataclass(frozen=True, slots=True)
 class Progress:
@@ -51,6 +53,7 @@ class TenantStats:
     cached_prompt_tokens: int = 0  # of those, found (their KV reused instead of prefilled)
     index_resident: bool = True  # False: not in memory (evicted by the budget, or not used yet); loads on use
     quarantined_records: int = 0  # stored records skipped at the last load: they failed authentication or parsing
+    savings: Savings = field(default_factory=Savings)  # seconds spent against the estimate without Reprise
 
     @property
     def hit_rate(self) -> float:

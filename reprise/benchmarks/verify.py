@@ -69,8 +69,10 @@ def add_arguments(parser) -> None:
     a("--proposer", default=None, help="drafter name (default: reprise)")
     a("--reps", type=int, default=5, help="repetitions per step-cost point (default 5)")
     a("--threads", type=int, default=1, help="torch CPU threads (default 1: fastest for these GEMMs)")
-    a("--dtype", default="float32", choices=("float32", "bfloat16"),
-      help="the model's dtype for every method (default float32; bfloat16 is fast on CPUs with AMX)")
+    a("--dtype", default="float32", choices=("float32", "bfloat16", "auto"),
+      help="the model's dtype for every method (default float32; bfloat16 is fast only on CPUs with AMX or AVX512-BF16; auto picks it there)")
+    a("--forward", default="auto", choices=("auto", "lean", "transformers"),
+      help="the engine's forward (default auto: the lean Llama/Qwen2 forward where it applies, verifier/lean_model.py)")
     a("--skip-cost", action="store_true", help="skip the step-cost table")
     a("--skip-e2e", action="store_true", help="skip the end-to-end comparison")
     a("--out", type=Path, help="also write the JSON here, rewritten after every call")
@@ -86,10 +88,11 @@ def run(args) -> int:
     if missing and not args.skip_e2e:
         raise CliError(f"trace file not found: {missing[0]} (pass --trace FILE or --skip-e2e)")
     lm = _load(args)
-    report: dict[str, Any] = {"model": lm.source, "threads": args.threads, "device": "cpu", "dtype": args.dtype}
+    report: dict[str, Any] = {"model": lm.source, "threads": args.threads, "device": "cpu", "dtype": args.dtype,
+                              "forward": args.forward}  # fmt: skip
     if not args.skip_cost:
         sizes = (0, 1, 4, 16, 32, 64) if args.quick else (0, 1, 2, 4, 8, 16, 32, 64)
-        report["step_cost"] = measure_step_costs(lm.model, (256, 1500), sizes, args.reps)
+        report["step_cost"] = measure_step_costs(lm.model, (256, 1500), sizes, args.reps, forward=args.forward)
         _save(args, report)
     if not args.skip_e2e:
         report["end_to_end"] = {}
@@ -115,13 +118,14 @@ def _save(args, report: dict) -> None:
         write_atomic(args.out, json.dumps(report, indent=2))
 
 
-def measure_step_costs(model, prefixes, sizes, reps: int) -> dict[str, Any]:
+def measure_step_costs(model, prefixes, sizes, reps: int, forward: str = "auto") -> dict[str, Any]:
     """Median ms of one verify step per (prefix, draft tokens), and the fitted line a + b * d."""
     from verifier.runner import ModelRunner, VerifyStep
 
     runner = ModelRunner(
-        model, max_len=max(prefixes) + 4 * reps * len(sizes) + max(sizes) + 8, max_draft_nodes=max(sizes)
-    )
+        model, max_len=max(prefixes) + 4 * reps * len(sizes) + max(sizes) + 8, max_draft_nodes=max(sizes),
+        forward=forward,
+    )  # fmt: skip
     rng = np.random.default_rng(0)
     vocab = runner.vocab_size
     out: dict[str, Any] = {}
@@ -190,8 +194,8 @@ def run_end_to_end(lm, traces: list[Path], args, report: dict[str, Any], save) -
     proposer = make_proposer(name)
     if hasattr(proposer, "set_vocabulary"):  # as the service does: number tokens match by class
         proposer.set_vocabulary(lambda i: lm.tokenizer.decode([i]), lm.model.config.vocab_size)
-    spec = Engine(ModelRunner(lm.model, max_len=max_len, max_draft_nodes=32), proposer, lm.tokenizer, config)
-    plain = Engine(ModelRunner(lm.model, max_len=max_len, max_draft_nodes=0), NoDrafts(), lm.tokenizer)
+    spec = Engine(ModelRunner(lm.model, max_len=max_len, max_draft_nodes=32, forward=getattr(args, "forward", "auto")), proposer, lm.tokenizer, config)
+    plain = Engine(ModelRunner(lm.model, max_len=max_len, max_draft_nodes=0, forward=getattr(args, "forward", "auto")), NoDrafts(), lm.tokenizer)
     n = args.max_new_tokens
     eos = lm.model.generation_config.eos_token_id
 
@@ -305,7 +309,8 @@ def _summarise(stats, identical, num_calls, base) -> dict[str, Any]:
 
 
 def format_report(report: dict[str, Any]) -> str:
-    lines = [f"model {report['model']}, {report['threads']} thread(s), {report['device']}, {report.get('dtype', 'float32')}"]
+    lines = [(f"model {report['model']}, {report['threads']} thread(s), {report['device']}, {report.get('dtype', 'float32')}, "
+             f"forward {report.get('forward', 'auto')}")]  # fmt: skip
     for prefix, row in report.get("step_cost", {}).items():
         wall = " ".join(f"{d}:{ms:g}" for d, ms in row["ms"].items())
         cpu = " ".join(f"{d}:{ms:g}" for d, ms in row["cpu_ms"].items())

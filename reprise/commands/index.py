@@ -1,7 +1,8 @@
 """`reprise index`: per-tenant drafting indexes on a running server.
 
     reprise index stats [TENANT] [--json]    # index size, hit rate, tau, acceptance by position, drafter mix, KV cache,
-                                             # memory against the budget, evictions, quarantined records
+                                             # speedup and seconds saved, memory against the budget, evictions,
+                                             # quarantined records
     reprise index build TENANT               # rebuild the in-memory index from the encrypted history
     reprise index compact TENANT             # rewrite the stored history and snapshot compactly
     reprise index verify TENANT              # name the stored records that fail authentication or parsing
@@ -50,7 +51,7 @@ def add_parser(sub) -> None:
                             description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     actions = parser.add_subparsers(dest="action", metavar="ACTION")
 
-    p = actions.add_parser("stats", help="index size, hit rate, tau, acceptance by position, drafter mix")
+    p = actions.add_parser("stats", help="index size, hit rate, tau, acceptance by position, drafter mix, speedup and time saved")
     p.add_argument("tenant", nargs="?", help="tenant id or name (default: every tenant)")
     add_connection_arguments(p)
     p.set_defaults(func=run_stats)
@@ -112,7 +113,8 @@ def run_stats(args: argparse.Namespace) -> int:
         return 0
     width = max(6, *(len(names.get(s.tenant_id, s.tenant_id[:8])) for s in stats))
     print(f"{'tenant':<{width}} {'requests':>9} {'steps':>9} {'hit rate':>9} {'tau':>6} {'accept':>7} "
-          f"{'index tok':>10} {'memory':>9} {'corpus tok':>10} {'KV cache':>9} {'cached':>7} {'bad':>4}  drafter mix")
+          f"{'index tok':>10} {'memory':>9} {'corpus tok':>10} {'KV cache':>9} {'cached':>7} {'bad':>4} {'speedup':>8} "
+          f"{'saved s':>9}  drafter mix")
     for s in stats:
         accept = s.num_accepted_tokens / s.num_draft_tokens if s.num_draft_tokens else 0.0
         mix = ", ".join(f"{k} {v}" for k, v in sorted(s.drafter_steps.items(), key=lambda kv: -kv[1])) or "-"
@@ -120,11 +122,16 @@ def run_stats(args: argparse.Namespace) -> int:
         print(f"{names.get(s.tenant_id, s.tenant_id[:8]):<{width}} {s.num_requests:>9} {s.num_steps:>9} "
               f"{s.hit_rate:>8.1%} {s.tau:>6.2f} {accept:>6.1%} {s.index_tokens:>10} "
               f"{held:>9} {s.corpus_tokens:>10} {_bytes(s.prefix_cache_bytes):>9} "
-              f"{s.prefix_cache_hit_rate:>6.1%} {s.quarantined_records:>4}  {mix}")
+              f"{s.prefix_cache_hit_rate:>6.1%} {s.quarantined_records:>4} {_speedup(s.speedup):>8} {s.seconds_saved:>9.1f}  {mix}")
     since = min(s.counting_since_unix_ms for s in stats)
     if since:
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since / 1000))
         print(f"requests through drafter mix count since {started} (the server's start; the index persists)")
+    if len(stats) == 1 and stats[0].speedup is not None:
+        s = stats[0]
+        print(f"time saved  {s.seconds_saved:.1f} s of an estimated {s.plain_seconds:.1f} s without Reprise "
+              f"(drafts {s.seconds_saved_drafts:.1f} s, prefix cache {s.seconds_saved_cache:.1f} s); "
+              f"{s.tokens_per_second or 0.0:.1f} tokens/s delivered")
     if len(stats) == 1 and stats[0].acceptance_by_position:
         shown = ", ".join(f"{i + 1}: {a:.0%}" for i, a in enumerate(stats[0].acceptance_by_position[:16]))
         print(f"acceptance by position  {shown}")
@@ -135,6 +142,10 @@ def run_stats(args: argparse.Namespace) -> int:
         print(f"{memory.quarantined_records} stored records failed authentication or parsing and were skipped "
               f"(column 'bad'); `reprise index verify TENANT` names them, `reprise index repair TENANT` sets them aside")
     return 0
+
+
+def _speedup(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}x"
 
 
 def _bytes(n: int) -> str:

@@ -1,6 +1,6 @@
 """The admin plane's backend: tenants and keys (privacy.HistoryStore) and their indexes (retrieval).
 
-Implements ``grpc_api.backend.AdminBackend``. Privacy errors become statuses here: an unknown tenant
+Implements ``serving.admin.AdminBackend``. Privacy errors become statuses here: an unknown tenant
 NOT_FOUND, a taken name ALREADY_EXISTS, an integrity failure DATA_LOSS, a store outage UNAVAILABLE.
 """
 

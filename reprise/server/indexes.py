@@ -1,5 +1,6 @@
-"""The tenants' drafting indexes as the service sees them: loading history at start-up, recording turns,
-statistics, and the admin operations (build, compact, corpus).
+"""The tenants' drafting indexes as the service sees them: loading history (at start-up, and again for a
+tenant the memory budget evicted), recording turns, statistics, quarantine of bad records, and the admin
+operations (build, compact, corpus).
 
 The indexes live in the proposer (``retrieval.proposer.RepriseProposer``: per tenant, a suffix index of
 its past responses and one of its corpus); the encrypted store (privacy) is their source of truth. This
@@ -19,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from privacy.errors import IntegrityError, StorageError, UnknownTenantError
-from privacy.integrity import BadRecord
+from privacy.records import BadRecord
 from privacy.tenants import TenantId
 from reprise.server.admin import privacy_errors
 from reprise.server.index_budget import ResidentIndexes
@@ -125,7 +126,10 @@ class TenantIndexes:
     def after_request(self, tenant: str) -> None:
         """A request of the tenant ended (its turn may have grown the index): measure, enforce the budget."""
         if self.has_indexes and self.resident.touch(tenant):
-            self._measure(tenant)
+            try:
+                self._measure(tenant)
+            except KeyError:  # deleted meanwhile
+                self.resident.drop(tenant)
             self._enforce()
 
     def _load(self, tid: Any, progress: ProgressCallback) -> int:

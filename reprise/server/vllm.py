@@ -22,7 +22,7 @@ from reprise.server.index_budget import IndexedBackend
 from reprise.server.indexes import TenantIndexes
 from reprise.server.metering import StepMeter
 from reprise.server.tenant_config import apply_tenant_configs
-from verifier.models import served_model_name
+from verifier.models import resolve_dtype, served_model_name
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +48,11 @@ class DrainingAccounting:
 
 
 def start_vllm(config: Any, store: Any, accounting: Any, metrics: Any, history_sink: Any,
-               on_close: Any = None, on_fatal: Any = None) -> tuple[IndexedBackend, Any]:
-    """The started vLLM backend and the ``TenantIndexes`` over the worker's drafting state."""
+               on_close: Any = None, on_fatal: Any = None, engine: VllmEngine | None = None) -> tuple[IndexedBackend, Any]:
+    """The started vLLM backend and the ``TenantIndexes`` over the worker's drafting state. ``engine``:
+    one already started (tests start theirs with ``enforce_eager``); the backend then owns it all the same."""
+    if engine is not None:
+        return wire_vllm(engine, config, store, accounting, metrics, history_sink, on_close, on_fatal=on_fatal)
     m = config.model
     folder = model_folder(m.path)
     drafting = (m.drafter or "reprise") == "reprise"
@@ -57,7 +60,7 @@ def start_vllm(config: Any, store: Any, accounting: Any, metrics: Any, history_s
         log.warning("model.drafter %r: the vllm engine drafts with Reprise's proposer only; drafting is off",
                     m.drafter)
     engine = VllmEngine(VllmSettings(
-        model=folder, dtype=m.dtype, max_model_len=m.max_len, max_num_seqs=m.num_slots,
+        model=folder, dtype=resolve_dtype(m.dtype, m.device), max_model_len=m.max_len, max_num_seqs=m.num_slots,
         num_speculative_tokens=min(config.drafting.max_draft_tokens, MAX_SPECULATIVE_TOKENS),
         speculation="reprise" if drafting else "off", tensor_parallel_size=m.tensor_parallel_size))
     try:

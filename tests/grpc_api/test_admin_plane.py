@@ -61,6 +61,9 @@ def test_index_operations(server, fakes) -> None:
         stats = client.index_stats(tenant.tenant_id)[0]
         assert stats.hit_rate == pytest.approx(0.5) and stats.tau == pytest.approx(1.8)
         assert stats.acceptance_by_position == pytest.approx([0.8, 0.5]) and stats.drafter_steps == {"suffix": 5}
+        assert stats.speedup == pytest.approx(1.25 / 0.75) and stats.tokens_per_second == pytest.approx(24.0)
+        assert (stats.seconds_saved_drafts, stats.seconds_saved_cache) == pytest.approx((0.4, 0.1))
+        assert stats.seconds_saved == pytest.approx(0.5) and stats.plain_seconds == pytest.approx(1.25)
         assert len(client.index_stats()) == 1
         _, memory = client.index_stats_and_memory()
         assert (memory.budget_bytes, memory.resident_bytes, memory.resident_tenants) == (1 << 30, 1000, 1)

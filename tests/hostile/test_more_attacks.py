@@ -158,9 +158,12 @@ def test_parameters_at_their_extremes_are_refused_by_name(served, attacker, fiel
     assert doc["error"]["param"].split("[")[0].split(".")[0] == field, doc
 
 
-def test_extra_parameters_are_ignored_whatever_their_size(served, attacker) -> None:
-    status, doc = chat(served, attacker, logprobs=True, top_logprobs=10**9,
-                       logit_bias={str(i): 100 for i in range(50_000)}, frequency_penalty=1e308)
+def test_parameters_the_engine_cannot_honour_are_refused_by_name_whatever_their_size(served, tenant, attacker) -> None:
+    for extra in ({"logprobs": True, "top_logprobs": 10**9}, {"logit_bias": {str(i): 100 for i in range(50_000)}},
+                  {"frequency_penalty": 1e308}):
+        status, doc = chat(served, attacker, **extra)
+        assert status == 400 and doc["error"]["param"] in extra, (extra, status, doc)
+    status, doc = chat(served, tenant)
     assert status == 200 and doc["choices"][0]["finish_reason"] in ("length", "stop"), doc
 
 

@@ -28,6 +28,7 @@ from serving.core import ServingCore
 from serving.prepare import ServingSettings
 from serving.records import BackendEvent, Finished, ModelInfo, Principal, PromptInput, Request, Tokens, Usage
 from serving.render import PromptRenderer, model_info
+from serving.savings import Savings
 
 VOCAB = 64
 EOS = 0
@@ -208,7 +209,8 @@ class FakeAdmin:
         for t in ids:
             self._known(t)
         return [TenantStats(t, index_tokens=100, num_steps=10, num_drafted_steps=5, num_accepted_tokens=8,
-                            num_draft_tokens=20, acceptance_by_position=(0.8, 0.5), drafter_steps={"suffix": 5})
+                            num_draft_tokens=20, acceptance_by_position=(0.8, 0.5), drafter_steps={"suffix": 5},
+                            savings=Savings(0.5, 0.9, 0.25, 0.35, 18))
                 for t in ids]
 
     def build_index(self, tenant_id: str, progress) -> TenantStats:

@@ -133,3 +133,24 @@ def test_smollm2_tree_logits_and_greedy_match_generate() -> None:
         tree = DraftTree.chain(truth[k : k + 6]) if k % 2 else DraftTree.chain(rng.integers(0, 49152, 5))
         out += runner.verify([VerifyStep(slot, tree)])[0].token_ids.tolist()
     assert out[:24] == truth
+
+
+def test_auto_dtype_is_bfloat16_only_where_the_cpu_computes_it() -> None:
+    amx = "processor : 0\nflags\t\t: fpu sse avx2 avx512f amx_bf16 amx_tile\n"
+    avx512_bf16 = "flags\t\t: fpu avx2 avx512f avx512_bf16\n"
+    avx2 = "flags\t\t: fpu sse avx2 fma f16c\n"
+    assert models.cpu_has_bf16(amx) and models.cpu_has_bf16(avx512_bf16)
+    assert not models.cpu_has_bf16(avx2) and not models.cpu_has_bf16("")
+    assert models.resolve_dtype("float32") == "float32" and models.resolve_dtype("bfloat16") == "bfloat16"
+    assert models.resolve_dtype("auto", "cpu") == ("bfloat16" if models.cpu_has_bf16() else "float32")
+    with pytest.raises(ValueError, match="unknown dtype 'int8'"):
+        models.resolve_dtype("int8")
+
+
+def test_load_model_takes_auto_and_refuses_unknown_dtypes(tmp_path) -> None:
+    tiny_model("llama", vocab_size=64).save_pretrained(tmp_path)
+    lm = models.load_model(tmp_path, dtype="auto")
+    expected = torch.bfloat16 if models.cpu_has_bf16() else torch.float32
+    assert next(lm.model.parameters()).dtype == expected
+    with pytest.raises(ValueError, match="unknown dtype"):
+        models.load_model(tmp_path, dtype="float8")

@@ -96,7 +96,7 @@ class VllmEngine:
             max_num_seqs=s.max_num_seqs, enable_prefix_caching=True, seed=s.seed,
             tensor_parallel_size=s.tensor_parallel_size, enforce_eager=s.enforce_eager,
             speculative_config=s.speculative_config(),
-            worker_extension_cls=s.worker_extension if s.speculation == "reprise" else "",
+            worker_extension_cls=s.worker_extension,
             disable_log_stats=True, **s.extra,
         )
         return AsyncLLM.from_engine_args(args)

@@ -9,8 +9,11 @@ steps the model, in order with the requests added before them. That channel carr
 - each tenant's drafting state: ``reprise_load`` (its trajectories from the encrypted store, at start-up
   or a rebuild), ``reprise_record`` (a finished turn), ``reprise_add_corpus``, ``reprise_evict``,
   ``reprise_delete``, ``reprise_set_tenant_config``;
-- figures back to the service: ``reprise_drain_steps`` (per-step draft and accept counts per tenant),
-  ``reprise_index_stats``, ``reprise_health``.
+- figures back to the service: ``reprise_drain_steps`` (per-step draft and accept counts per tenant, and
+  each steady step's time shared by rows against its plain-step estimate),
+  ``reprise_index_stats``, ``reprise_health``;
+- on an engine running vLLM's own ``suffix`` drafter (``reprise bench engine``'s anchor):
+  ``reprise_reset_suffix_tree``, a fresh, empty suffix tree between benchmark passes.
 
 Arguments are plain values (token ids as int32 bytes) so vLLM's serialisation carries them without
 pickling. With tensor parallelism every rank runs the same proposer on the same calls; the service
@@ -55,8 +58,11 @@ class RepriseWorkerExtension:
         return drafter
 
     def reprise_attach(self, drafting: dict[str, Any], vocabulary: list[str] | None, chain_factor: int,
-                       stall_timeout_s: float, adaptive: bool) -> int:
-        """Start drafting with these settings; returns the draft length vLLM verifies at most."""
+                       stall_timeout_s: float, adaptive: bool, first_token: tuple[int, float] | None = None) -> int:
+        """Start drafting with these settings; returns the draft length vLLM verifies at most.
+        ``first_token`` (top, weight): re-rank each chain's first token by the target's logits
+        (``first_token.FirstTokenRerank``); None keeps the drafter's order."""
+        from reprise.backends.vllm.first_token import FirstTokenRerank
         from reprise.engine.draft_budget import DraftBudget
         from retrieval.config import DraftingConfig
         from retrieval.proposer import RepriseProposer
@@ -68,8 +74,9 @@ class RepriseWorkerExtension:
             words = list(vocabulary)
             tenants.set_vocabulary(lambda i: words[i] if 0 <= i < len(words) else "", len(words))
         budget = DraftBudget(max_draft_tokens=proposer.num_speculative_tokens, adaptive=adaptive)
+        rerank = FirstTokenRerank(int(first_token[0]), float(first_token[1])) if first_token is not None else None
         proposer.attach(self.model_runner, tenants, chain_factor=chain_factor, stall_timeout_s=stall_timeout_s,
-                        budget=budget)
+                        budget=budget, first_token=rerank)
         return int(proposer.num_speculative_tokens)
 
     def reprise_load(self, tenant: str, trajectories: list[tuple[str, bytes, bytes]], first: bool) -> int:
@@ -113,8 +120,33 @@ class RepriseWorkerExtension:
     def reprise_index_stats(self, tenant: str) -> dict[str, int]:
         return {k: int(v) for k, v in dataclasses.asdict(self._reprise_proposer().tenants.index_stats(tenant)).items()}
 
-    def reprise_drain_steps(self) -> list[tuple[str, int, int, str]]:
+    def reprise_drain_steps(self) -> list[tuple[str, int, int, str, int, float, float]]:
         return self._reprise_proposer().drain_steps()
 
     def reprise_health(self) -> dict[str, int]:
         return dataclasses.asdict(self._reprise_proposer().health)
+
+    def reprise_step_cost(self) -> dict[str, float]:
+        """The step cost the draft budget prices drafts with (``step_cost.StepCostMeter``): steady
+        steps seen, and the fitted ``seconds = a + b * rows`` (absent until fitted)."""
+        meter = self._reprise_proposer().step_cost
+        line = meter.line()
+        figures = {"steps": float(meter.num_steps)}
+        if line is not None:
+            figures |= {"a_s": line.a, "b_s_per_row": line.b}
+        return figures
+
+    def reprise_reset_suffix_tree(self) -> int:
+        """Replace vLLM's suffix drafter's cache (its global tree of past responses and the live requests'
+        prompt trees) with an empty one of the same shape; returns how many cached responses it held.
+        Only between requests: a live request's tree goes too (it would start again from its next step)."""
+        from arctic_inference.suffix_decoding import SuffixDecodingCache
+        from vllm.v1.spec_decode.suffix_decoding import SuffixDecodingProposer
+
+        drafter = getattr(self.model_runner, "drafter", None)
+        if not isinstance(drafter, SuffixDecodingProposer):
+            raise RuntimeError("vLLM's speculative proposer is not its suffix drafter (method 'suffix')")  # noqa: TRY004
+        old = drafter.suffix_cache
+        drafter.suffix_cache = SuffixDecodingCache(max_tree_depth=old.max_tree_depth,
+                                                   max_cached_requests=old.max_cached_requests)
+        return len(old.cached_requests)

@@ -47,6 +47,8 @@ def test_request_tags_round_trip_and_untagged_requests_draft_nothing():
     assert RequestTag.from_extra_args({"other": 1}) is None
     assert RequestTag.from_extra_args({EXTRA_ARGS_KEY: {"tenant": ""}}) is None
     assert StepRecord.from_wire(StepRecord("acme", 8, 3, "reprise:history").to_wire()).num_accepted == 3
+    timed = StepRecord("acme", 8, 3, "reprise:history", num_tokens=4, seconds=0.02, plain_seconds=0.05)
+    assert StepRecord.from_wire(timed.to_wire()) == timed
 
 
 def test_cache_salts_are_keyed_per_tenant():
@@ -121,3 +123,20 @@ def test_a_tenants_tuned_budget_does_not_narrow_the_tree_its_chains_come_from():
         assert proposer.tenants.tenant_config("tuned") is None
     finally:
         proposer.close()
+
+
+def test_vllms_suffix_anchor_is_installed_beside_vllm():
+    """`make install-arctic` (part of `make test`) builds arctic-inference's suffix module wherever vLLM
+    is installed: `reprise bench engine`'s vllm_suffix anchor must never report itself unavailable."""
+    try:
+        versions.require_vllm()
+    except versions.VllmUnavailableError as exc:
+        pytest.skip(str(exc))
+    from vllm.utils.import_utils import has_arctic_inference
+
+    assert has_arctic_inference(), "arctic-inference's suffix module is missing: run `make install-arctic`"
+    from arctic_inference.suffix_decoding import SuffixDecodingCache
+
+    cache = SuffixDecodingCache(max_tree_depth=24, max_cached_requests=4)
+    cache.start_request("r", [1, 2, 3, 1, 2])
+    assert list(cache.speculate("r", [1, 2], max_spec_tokens=4).token_ids)[:1] == [3]

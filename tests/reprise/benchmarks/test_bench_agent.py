@@ -78,8 +78,30 @@ def test_the_loop_reports_every_method(tmp_path) -> None:
     assert row["methods"]["engine_cache"]["cache_hit_rate"] > 0.3 and row["cache_hit_rate"] > 0.3
     assert row["methods"]["generate"]["speedup_cpu"] == 1.0
     assert row["ttft_ratio_later_calls"] is not None and "step_cost_model" in report
+    check = row["savings_check"]  # the service's estimate, fed by the drafted run, against the measured speedup
+    assert check["speedup_estimated"] > 0 and check["speedup_measured"] > 0 and check["clock"] == "thread_cpu"
+    assert check["error"] == pytest.approx(check["speedup_estimated"] / check["speedup_measured"] - 1, abs=2e-3)
+    assert check["seconds_saved_cache"] > 0  # later calls of a session found their prefix cached
+    assert report["forward"] == "lean" and report["plain_step_cost"]["points"][0]["extra_rows"] == 0
+    drafts = row["methods"]["engine_cache_drafts"]
+    assert drafts["outputs_identical_to_engine_plain"] == f"{num_calls}/{num_calls}"
     text = bench.format_report(report | {"proposer": "prompt_lookup"})
     assert all(f"  {m} " in text for m in bench.METHODS) and "fitted step cost" in text
+    assert "plain step:" in text and "tree step cost, ms by draft rows" in text
+    assert "savings estimate: speedup" in text
+
+
+def test_top2_margin_is_the_gap_of_the_next_token_logits() -> None:
+    from verifier.runner import ModelRunner
+    from verifier.testing import full_logits
+
+    model = tiny_model("llama", vocab_size=VOCAB, seed=11)
+    runner = ModelRunner(model, max_len=64)
+    ids = [5, 9, 13, 2, 7]
+    top = full_logits(model, ids)[-1].topk(2).values
+    assert abs(bench._top2_margin(runner, ids) - float(top[0] - top[1])) < 1e-3
+    assert runner.num_free_slots == 1  # the slot it took is back
+    assert bench._top2_margin(runner, list(range(64))) is None
 
 
 def test_bad_arguments_are_cli_errors(capsys) -> None:

@@ -8,6 +8,9 @@ known exactly.
 from __future__ import annotations
 
 import argparse
+import gzip
+import json
+from pathlib import Path
 
 import pytest
 
@@ -25,11 +28,22 @@ def _args(*argv: str) -> argparse.Namespace:
 def test_defaults_follow_the_service() -> None:
     args = _args()
     assert args.speculative_tokens == MAX_SPECULATIVE_TOKENS  # what `reprise serve --engine vllm` runs with
-    assert (args.calls, args.trials, args.max_new_tokens, args.concurrency) == (12, 4, 128, 8)
+    assert (args.tasks, args.trials, args.max_new_tokens) == (3, 4, 128)
+    assert bench.in_flight_levels(args.in_flight) == (1, 8, 16)
+
+
+def test_in_flight_levels_are_sorted_and_distinct() -> None:
+    assert bench.in_flight_levels("16, 1,8,8") == (1, 8, 16)
+    assert bench.in_flight_levels("4") == (4,)
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--calls", "0"], "--calls must be >= 1"),
+    (["--tasks", "0"], "--tasks must be >= 1"),
+    (["--trials", "0"], "--trials must be >= 1"),
+    (["--call-index", "-1"], "--call-index must be >= 0"),
+    (["--in-flight", "1,eight"], "--in-flight must be comma-separated whole numbers"),
+    (["--in-flight", "0,8"], "--in-flight must name levels >= 1"),
+    (["--in-flight", ","], "--in-flight must name levels >= 1"),
     (["--speculative-tokens", "0"], "--speculative-tokens must be >= 1"),
     (["--methods", "vllm_reprise"], "--methods must include vllm_plain"),
     (["--methods", "vllm_plain,bogus"], "--methods must include vllm_plain"),
@@ -108,3 +122,179 @@ def test_headroom_replays_plain_outputs_through_the_proposer() -> None:
     taus = bench._headroom([prompt, prompt], [output, output], Chars(), budget=8)
     assert list(taus) == ["chain", "best_of_2", "best_of_4", "any_root", "tree"]
     assert 1.5 < taus["chain"] <= taus["any_root"] <= taus["tree"]  # the second call repeats the first
+
+
+def test_suffix_ratio_is_reported_beside_the_others() -> None:
+    plain = [[1, 2, 3, 4]]
+    outputs = {"vllm_plain": {"t": {"1": _result(4.0, plain)}}, "vllm_suffix": {"t": {"1": _result(2.0, plain)}},
+               "vllm_reprise": {"t": {"1": _result(1.0, plain)}}}
+    row = bench._summarise(outputs, {"t": []}, (1,), "bfloat16")["t"]["1"]
+    assert row["reprise_vs_suffix"] == 2.0 and row["reprise_vs_plain"] == 4.0
+    report = {"model": "m", "vllm": "0.32.0", "dtype": "bfloat16", "max_new_tokens": 4, "eager": False,
+              "speculative_tokens": 32, "load_before": 1.0, "load_after": 2.0, "traces": {"t": {"1": row}}}
+    assert "reprise_vs_suffix 2.0, reprise_vs_plain 4.0" in bench.format_report(report)
+
+
+# ---- which calls a trace gives -----------------------------------------------------------------------
+
+def _trace(path: Path, tasks: int, trials: int, calls_per_session: int = 3) -> Path:
+    """A trace in the shared format: ``tasks`` tasks of ``trials`` sessions (``taskN-trialM``) each."""
+    with gzip.open(path, "wt") as f:
+        for task in range(tasks):
+            for trial in range(trials):
+                messages = [{"role": "system", "content": f"task {task}"}]
+                for k in range(calls_per_session):
+                    messages += [{"role": "user", "content": f"step {k}"},
+                                 {"role": "assistant", "content": f"answer {task}.{trial}.{k}"}]
+                f.write(json.dumps({"tenant": "a", "session": f"task{task}-trial{trial}", "messages": messages}) + "\n")
+    return path
+
+
+def test_calls_are_tasks_times_trials(tmp_path) -> None:
+    calls, trials = bench.select_trace_calls(_trace(tmp_path / "t.jsonl.gz", 5, 4), tasks=2, trials=4, call_index=1)
+    assert trials == 4
+    assert [(c.session, c.response) for c in calls] == [
+        (f"task{t}-trial{k}", f"answer {t}.{k}.1") for t in range(2) for k in range(4)]
+
+
+def test_a_trace_with_fewer_trials_gives_what_it_has(tmp_path) -> None:
+    calls, trials = bench.select_trace_calls(_trace(tmp_path / "t.jsonl.gz", 4, 3), tasks=3, trials=4, call_index=1)
+    assert trials == 3 and len(calls) == 9  # 3 tasks x the 3 trials each has, not an empty selection
+    assert {c.session.split("-")[0] for c in calls} == {"task0", "task1", "task2"}
+
+
+def test_a_trace_without_the_call_says_why(tmp_path) -> None:
+    with pytest.raises(CliError, match="no session has a call 5"):
+        bench.select_trace_calls(_trace(tmp_path / "t.jsonl.gz", 2, 4), tasks=3, trials=4, call_index=5)
+
+
+# ---- every pass starts from nothing ------------------------------------------------------------------
+
+class _FakeRunner:
+    def __init__(self, log: list[str], name: str) -> None:
+        self.log, self.name = log, name
+
+    def reset(self) -> None:
+        self.log.append(f"reset {self.name}")
+
+    def run(self, prompts):
+        self.log.append(f"run {self.name} {len(prompts)}")
+        return [list(p) for p in prompts]
+
+    def drain_steps(self):
+        return []
+
+
+def test_every_pass_resets_every_method_first() -> None:
+    log: list[str] = []
+    runners = {m: _FakeRunner(log, m) for m in ("vllm_plain", "vllm_suffix")}
+    outputs: dict = {}
+    for level in (1, 16):
+        bench._interleaved_pass(runners, "t", [[1], [2], [3]], level, outputs)
+    assert log == ["reset vllm_plain", "reset vllm_suffix",
+                   "run vllm_plain 1", "run vllm_suffix 1", "run vllm_suffix 1", "run vllm_plain 1",
+                   "run vllm_plain 1", "run vllm_suffix 1",
+                   "reset vllm_plain", "reset vllm_suffix", "run vllm_plain 3", "run vllm_suffix 3"]
+    assert outputs["vllm_suffix"]["t"]["16"]["outputs"] == [[1], [2], [3]]
+
+
+class _FakeEngine:
+    """What ``_Vllm.reset`` reaches: the worker calls and vLLM's prefix-cache reset."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+        class Llm:
+            async def reset_prefix_cache(inner_self):
+                self.calls.append("reset_prefix_cache")
+                return True
+
+        self.llm = Llm()
+
+    def rpc(self, method, *args):
+        self.calls.append(method)
+        return [[]]
+
+    def call(self, coro):
+        import asyncio
+
+        return asyncio.run(coro)
+
+
+@pytest.mark.parametrize("method, expected", [
+    ("vllm_suffix", ["reprise_reset_suffix_tree", "reset_prefix_cache"]),
+    ("vllm_reprise", ["reprise_evict", "reprise_drain_steps", "reset_prefix_cache"]),
+    ("vllm_plain", ["reset_prefix_cache"]),
+])
+def test_vllm_reset_empties_the_methods_history(method, expected) -> None:
+    runner = object.__new__(bench._Vllm)
+    runner.engine, runner.method, runner.drafting = _FakeEngine(), method, method == "vllm_reprise"
+    runner.reset()
+    assert runner.engine.calls == expected
+
+
+def test_the_worker_replaces_the_suffix_tree_with_an_empty_one() -> None:
+    pytest.importorskip("vllm", reason="vLLM is not installed (make install-vllm)")
+    cache_module = pytest.importorskip("arctic_inference.suffix_decoding",
+                                       reason="arctic-inference's suffix module is not installed (make install-arctic)")
+    import numpy as np
+    from vllm.v1.spec_decode.suffix_decoding import SuffixDecodingProposer
+
+    from reprise.backends.vllm.worker import RepriseWorkerExtension
+
+    cache = cache_module.SuffixDecodingCache(max_tree_depth=24, max_cached_requests=100)
+    cache.start_request("r1", np.array([1, 2, 3], dtype=np.int32))
+    cache.add_active_response("r1", [4, 5, 6, 7, 8])
+    cache.stop_request("r1")
+    context = np.array([9, 4, 5], dtype=np.int32)
+
+    def drafts(suffix_cache, req_id: str) -> list[int]:
+        suffix_cache.start_request(req_id, np.array([9], dtype=np.int32))
+        ids = list(suffix_cache.speculate(req_id, context, max_spec_tokens=8).token_ids)
+        suffix_cache.stop_request(req_id)
+        return ids
+
+    assert drafts(cache, "r2") == [6, 7]  # from r1's response (2 matched tokens x max_spec_factor 1)
+    drafter = object.__new__(SuffixDecodingProposer)
+    drafter.suffix_cache = cache
+
+    class Runner:
+        pass
+
+    worker = RepriseWorkerExtension()
+    worker.model_runner = Runner()
+    worker.model_runner.drafter = drafter
+    assert worker.reprise_reset_suffix_tree() == 2  # r1 and r2
+    fresh = drafter.suffix_cache
+    assert len(fresh.cached_requests) == 0 and (fresh.max_tree_depth, fresh.max_cached_requests) == (24, 100)
+    assert drafts(fresh, "r3") == []  # nothing of the earlier pass drafts
+
+
+def test_headroom_reranks_the_first_token_by_the_targets_logits() -> None:
+    """Two earlier calls continue their first token with "X..." and one with "Y...", so in the last call
+    the drafter's best root after its (unseen) first token is X; the target (a fake whose logits always
+    favour Y) moves the chain to Y, which is right."""
+    import numpy as np
+
+    class Chars:
+        def decode(self, ids):
+            return chr(ids[0])
+
+        def __len__(self):
+            return 256
+
+    class FavoursY:  # what _choice_logits reads: model(ids).logits [1, len, vocab]
+        def model(self, ids):
+            import torch
+
+            logits = torch.zeros(1, ids.shape[1], 256)
+            logits[..., ord("Y")] = 5.0
+            return type("Out", (), {"logits": logits})()
+
+    prompt = [ord(c) for c in "q:"]
+    outputs = [[ord(c) for c in text] for text in ("1XXXXXXXX", "2XXXXXXXX", "3YYYYYYYY", "4YYYYYYYY")]
+    figures = bench._headroom([prompt] * 4, outputs, Chars(), budget=8, target=FavoursY())
+    right = figures["first_token_right"]
+    assert right["reranked"] > right["drafted"] and right["any_root"] >= right["reranked"]
+    assert figures["reranked"] > figures["chain"]
+    assert np.isclose(figures["chain"], bench._headroom([prompt] * 4, outputs, Chars(), budget=8)["chain"])
