@@ -18,7 +18,16 @@ from typing import Any
 
 from grpc_api.v1 import admin_pb2, admin_pb2_grpc, common_pb2
 from serving import errors
-from serving.admin import AdminBackend, CorpusDocument, Progress, TenantStats
+from serving.admin import (
+    AdminBackend,
+    BadRecordInfo,
+    CorpusDocument,
+    HistoryCheck,
+    HistoryExport,
+    IndexMemory,
+    Progress,
+    TenantStats,
+)
 from serving.admission import Admission
 
 _TENANT_ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
@@ -39,6 +48,7 @@ def check_tenant_id(tenant_id: str, field: str = "tenant_id") -> str:
 
 
 def stats_message(s: TenantStats) -> admin_pb2.TenantIndexStats:
+    v = s.savings
     return admin_pb2.TenantIndexStats(
         tenant_id=s.tenant_id, index_tokens=s.index_tokens, index_sequences=s.index_sequences,
         index_memory_bytes=s.index_memory_bytes, corpus_tokens=s.corpus_tokens, num_requests=s.num_requests,
@@ -48,7 +58,22 @@ def stats_message(s: TenantStats) -> admin_pb2.TenantIndexStats:
         counting_since_unix_ms=s.counting_since_unix_ms,
         prefix_cache_bytes=s.prefix_cache_bytes, prompt_tokens=s.prompt_tokens,
         cached_prompt_tokens=s.cached_prompt_tokens, prefix_cache_hit_rate=s.prefix_cache_hit_rate,
+        index_resident=s.index_resident, quarantined_records=s.quarantined_records,
+        decode_seconds=v.decode_seconds, plain_decode_seconds=v.plain_decode_seconds,
+        prefill_seconds=v.prefill_seconds, plain_prefill_seconds=v.plain_prefill_seconds,
+        committed_tokens=v.num_tokens, speedup=v.speedup or 0.0, seconds_saved_drafts=v.seconds_saved_drafts,
+        seconds_saved_cache=v.seconds_saved_cache, tokens_per_second=v.tokens_per_second or 0.0,
     )
+
+
+def bad_record_message(b: BadRecordInfo) -> admin_pb2.BadRecord:
+    return admin_pb2.BadRecord(kind=b.kind, record_id=b.record_id, cursor=b.cursor, reason=b.reason)
+
+
+def memory_message(m: IndexMemory) -> admin_pb2.IndexMemory:
+    return admin_pb2.IndexMemory(budget_bytes=m.budget_bytes, resident_bytes=m.resident_bytes,
+                                 resident_tenants=m.resident_tenants, num_evictions=m.num_evictions,
+                                 quarantined_records=m.quarantined_records)
 
 
 def _progress(p: Progress) -> common_pb2.Progress:
@@ -128,7 +153,9 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
     async def GetIndexStats(self, request, context):
         tenant_id = check_tenant_id(request.tenant_id) if request.tenant_id else None
         stats = await self._call(self._backend.index_stats, tenant_id)
-        return admin_pb2.GetIndexStatsResponse(tenants=[stats_message(s) for s in stats])
+        memory = await self._call(self._backend.index_memory)
+        return admin_pb2.GetIndexStatsResponse(tenants=[stats_message(s) for s in stats],
+                                               memory=memory_message(memory))
 
     async def _index_op(self, fn: Callable[..., Any], request):
         tenant_id = check_tenant_id(request.tenant_id)
@@ -146,6 +173,23 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
 
     def CompactIndex(self, request, context):
         return self._index_op(self._backend.compact_index, request)
+
+    async def _history_check(self, fn: Callable[..., Any], request):
+        tenant_id = check_tenant_id(request.tenant_id)
+        async for item in self._stream(fn, tenant_id):
+            if isinstance(item, Progress):
+                yield admin_pb2.HistoryCheckResponse(progress=_progress(item))
+            else:
+                c: HistoryCheck = item[1]
+                yield admin_pb2.HistoryCheckResponse(result=admin_pb2.HistoryCheckResult(
+                    tenant_id=c.tenant_id, num_records=c.num_records, bad=[bad_record_message(b) for b in c.bad],
+                    repaired=c.repaired, num_quarantined=c.num_quarantined))
+
+    def VerifyHistory(self, request, context):
+        return self._history_check(self._backend.verify_history, request)
+
+    def RepairHistory(self, request, context):
+        return self._history_check(self._backend.repair_history, request)
 
     async def ImportCorpus(self, request_iterator, context):
         first = await anext(aiter(request_iterator), None)
@@ -208,7 +252,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
             raise errors.InvalidArgument("password is empty: the export file is sealed with it")
         piece = self._max_piece
 
-        def run(tid: str, password: str, emit: Callable[[Any], None]) -> int:
+        def run(tid: str, password: str, emit: Callable[[Any], None]) -> HistoryExport:
             def write(data: bytes) -> None:
                 for i in range(0, len(data), piece):
                     emit(bytes(data[i:i + piece]))
@@ -220,6 +264,11 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
                 yield admin_pb2.ExportHistoryResponse(progress=_progress(item))
             elif isinstance(item, bytes):
                 yield admin_pb2.ExportHistoryResponse(data=item)
+            else:
+                r: HistoryExport = item[1]
+                yield admin_pb2.ExportHistoryResponse(summary=admin_pb2.ExportSummary(
+                    num_bytes=r.num_bytes, num_trajectories=r.num_trajectories,
+                    skipped=[bad_record_message(b) for b in r.skipped]))
 
     async def ImportHistory(self, request_iterator, context):
         first = await anext(aiter(request_iterator), None)

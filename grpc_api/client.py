@@ -501,14 +501,73 @@ class IndexStats:
     prompt_tokens: int = 0
     cached_prompt_tokens: int = 0
     prefix_cache_hit_rate: float = 0.0
+    index_resident: bool = True
+    quarantined_records: int = 0
+    # What Reprise saved (docs/service.md, "What Reprise saves"): seconds spent against the estimate
+    # without drafts and prefix cache; speedup and tokens_per_second are None before any step.
+    speedup: float | None = None
+    seconds_saved: float = 0.0
+    seconds_saved_drafts: float = 0.0
+    seconds_saved_cache: float = 0.0
+    seconds: float = 0.0
+    plain_seconds: float = 0.0
+    tokens_per_second: float | None = None
 
     @classmethod
     def from_message(cls, m: Any) -> IndexStats:
+        spent = m.decode_seconds + m.prefill_seconds
+        plain = m.plain_decode_seconds + m.plain_prefill_seconds
         return cls(m.tenant_id, m.index_tokens, m.index_sequences, m.index_memory_bytes, m.corpus_tokens,
                    m.num_requests, m.num_steps, m.num_drafted_steps, m.hit_rate, m.tau, m.num_draft_tokens,
                    m.num_accepted_tokens, list(m.acceptance_by_position), dict(m.drafter_steps),
                    m.counting_since_unix_ms,
-                   m.prefix_cache_bytes, m.prompt_tokens, m.cached_prompt_tokens, m.prefix_cache_hit_rate)
+                   m.prefix_cache_bytes, m.prompt_tokens, m.cached_prompt_tokens, m.prefix_cache_hit_rate,
+                   m.index_resident, m.quarantined_records,
+                   m.speedup if spent > 0 else None, plain - spent, m.seconds_saved_drafts, m.seconds_saved_cache,
+                   spent, plain, m.tokens_per_second if spent > 0 else None)
+
+
+@dataclass(frozen=True, slots=True)
+class IndexMemory:
+    """All tenants' in-memory indexes against the server's memory budget (0: none)."""
+
+    budget_bytes: int
+    resident_bytes: int
+    resident_tenants: int
+    num_evictions: int
+    quarantined_records: int
+
+
+@dataclass(frozen=True, slots=True)
+class BadRecord:
+    """A stored record that failed authentication or parsing."""
+
+    kind: str
+    record_id: str
+    cursor: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryCheck:
+    """VerifyHistory's or RepairHistory's result (``bad``: dropped into quarantine when ``repaired``)."""
+
+    tenant_id: str
+    num_records: int
+    bad: list[BadRecord]
+    repaired: bool
+    num_quarantined: int
+
+
+@dataclass(frozen=True, slots=True)
+class ExportSummary:
+    num_bytes: int
+    num_trajectories: int
+    skipped: list[BadRecord]
+
+
+def _bad(m: Any) -> BadRecord:
+    return BadRecord(m.kind, m.record_id, m.cursor, m.reason)
 
 
 def _progress(p: common_pb2.Progress) -> Progress:
@@ -558,8 +617,26 @@ class AdminClient(_SyncClient):
         return results[-1]
 
     def index_stats(self, tenant_id: str | None = None) -> list[IndexStats]:
+        return self.index_stats_and_memory(tenant_id)[0]
+
+    def index_stats_and_memory(self, tenant_id: str | None = None) -> tuple[list[IndexStats], IndexMemory]:
+        """Per-tenant figures and the service-wide index memory figures."""
         r = self._call(self._stub.GetIndexStats, admin_pb2.GetIndexStatsRequest(tenant_id=tenant_id or ""))
-        return [IndexStats.from_message(t) for t in r.tenants]
+        m = r.memory
+        return [IndexStats.from_message(t) for t in r.tenants], IndexMemory(
+            m.budget_bytes, m.resident_bytes, m.resident_tenants, m.num_evictions, m.quarantined_records)
+
+    def verify_history(self, tenant_id: str, on_progress: ProgressFn | None = None) -> HistoryCheck:
+        """Name the tenant's stored records that fail authentication or parsing (writes nothing)."""
+        return self._history_check(self._stub.VerifyHistory, tenant_id, on_progress)
+
+    def repair_history(self, tenant_id: str, on_progress: ProgressFn | None = None) -> HistoryCheck:
+        """Move the tenant's bad records into its quarantine and rebuild its index; what was dropped."""
+        return self._history_check(self._stub.RepairHistory, tenant_id, on_progress)
+
+    def _history_check(self, method: Callable[..., Any], tenant_id: str, on_progress: ProgressFn | None) -> HistoryCheck:
+        r = list(self._stream(method, admin_pb2.HistoryCheckRequest(tenant_id=tenant_id), on_progress))[-1]
+        return HistoryCheck(r.tenant_id, r.num_records, [_bad(b) for b in r.bad], r.repaired, r.num_quarantined)
 
     def build_index(self, tenant_id: str, on_progress: ProgressFn | None = None) -> tuple[IndexStats, float]:
         """Rebuild a tenant's index from its history; its stats and the seconds it took."""
@@ -592,14 +669,18 @@ class AdminClient(_SyncClient):
         return self._call(self._stub.ImportCorpus, requests())
 
     def export_history(self, tenant_id: str, out: BinaryIO, password: str,
-                       on_progress: ProgressFn | None = None) -> int:
-        """Write the tenant's history, sealed with ``password``, to ``out``; return the bytes written."""
-        written = 0
+                       on_progress: ProgressFn | None = None) -> ExportSummary:
+        """Write the tenant's history, sealed with ``password``, to ``out``; the bytes written and the
+        records left out (they failed authentication or parsing)."""
+        written, skipped, num = 0, [], 0
         request = admin_pb2.ExportHistoryRequest(tenant_id=tenant_id, password=password)
-        for data in self._stream(self._stub.ExportHistory, request, on_progress):
-            out.write(data)
-            written += len(data)
-        return written
+        for item in self._stream(self._stub.ExportHistory, request, on_progress):
+            if isinstance(item, bytes):
+                out.write(item)
+                written += len(item)
+            else:
+                skipped, num = [_bad(b) for b in item.skipped], item.num_trajectories
+        return ExportSummary(written, num, skipped)
 
     def import_history(self, source: BinaryIO, password: str, *, new_tenant_name: str = "",
                        into_tenant_id: str = "", on_bytes: Callable[[int], None] | None = None,

@@ -14,7 +14,7 @@ from grpc_api.interceptors import current_principal
 from grpc_api.v1 import common_pb2, decoding_pb2, decoding_pb2_grpc
 from serving import errors
 from serving.core import ServingCore
-from serving.prepare import MAX_ID_CHARS, RawParams, ResponseFormat, ToolChoice, check_id
+from serving.prepare import MAX_ID_CHARS, RawParams, ResponseFormat, ToolChoice, check_id, check_message_count
 from serving.records import ChatMessage, Finished, PromptInput, Request, TextDelta, Tool, ToolCall
 
 FINISH = {
@@ -57,6 +57,7 @@ def prompt_input(message: Any, field: str) -> PromptInput:
         if not message.text:
             raise errors.InvalidArgument(f"{field}.text is empty", f"{field}.text")
         return PromptInput(text=message.text)
+    check_message_count(f"{field}.messages", len(message.messages.messages))
     return PromptInput(messages=tuple(chat_message(m) for m in message.messages.messages))
 
 

@@ -1,7 +1,8 @@
 """OpenAI request bodies (``/v1/chat/completions``, ``/v1/completions``) into ``ServingCore.prepare``.
 
-Unknown parameters are ignored, as OpenAI-compatible servers do; a known one with a bad value is a
-400 whose message and ``param`` name it as sent (``messages[2].tool_calls[0].function.arguments``,
+Unknown parameters are ignored, as OpenAI-compatible servers do; a known one that no engine here can
+honour (``logprobs``, ``audio``, ``store``, ... : ``UNSUPPORTED``) is a 400 when set, and one with a bad
+value is a 400 whose message and ``param`` name it as sent (``messages[2].tool_calls[0].function.arguments``,
 ``max_completion_tokens``). Reprise's own extras, beside OpenAI's: ``top_k``, ``repetition_penalty``,
 ``min_tokens``, ``ignore_eos``, ``speculation`` (``auto`` / ``off``: the same output, off decodes one
 token per step). The Responses API's bodies share these helpers (``http_api.responses``).
@@ -16,7 +17,14 @@ from typing import Any
 
 from serving import errors
 from serving.core import ServingCore
-from serving.prepare import MAX_SESSION_CHARS, RawParams, ResponseFormat, ToolChoice, check_id
+from serving.prepare import (
+    MAX_SESSION_CHARS,
+    RawParams,
+    ResponseFormat,
+    ToolChoice,
+    check_id,
+    check_message_count,
+)
 from serving.records import ChatMessage, PromptInput, Request, Tool, ToolCall
 
 # Neutral field names as the OpenAI API spells them, for error messages and ``param``.
@@ -29,12 +37,14 @@ FIELDS = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens", "tool_
 @dataclass(frozen=True, slots=True)
 class ApiCall:
     """A prepared request with what the HTTP front needs to answer it: whether to stream, whether a
-    stream ends with usage, and the field names errors after preparation use."""
+    stream ends with usage, the field names errors after preparation use, and whether the reply may
+    carry several tool calls (``parallel_tool_calls`` false: the first call only)."""
 
     request: Request
     stream: bool
     include_usage: bool
     names: Mapping[str, str]
+    parallel_tool_calls: bool = True
 
 
 def bad(field: str, message: str) -> errors.InvalidArgument:
@@ -195,6 +205,9 @@ def sampling(body: Mapping[str, Any], max_tokens_field: str) -> RawParams:
         top_k=opt(body, "top_k", int, "an integer"),
         seed=opt(body, "seed", int, "an integer"),
         repetition_penalty=opt(body, "repetition_penalty", (int, float), "a number"),
+        presence_penalty=opt(body, "presence_penalty", (int, float), "a number"),
+        frequency_penalty=opt(body, "frequency_penalty", (int, float), "a number"),
+        logit_bias=opt(body, "logit_bias", dict, "an object of token id -> bias"),
         max_new_tokens=opt(body, max_tokens_field, int, "an integer"),
         min_new_tokens=opt(body, "min_tokens", int, "an integer") or 0,
         stop=_stop(body),
@@ -209,9 +222,36 @@ def session(body: Mapping[str, Any], header: str | None) -> str:
     return check_id("prompt_cache_key", value, MAX_SESSION_CHARS)
 
 
+# What no engine of this server can honour, refused when set to anything but its default (the value
+# that asks for nothing): name -> (defaults, what to do instead).
+UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
+    "logprobs": ((None, False, 0), "this server returns no log probabilities"),
+    "top_logprobs": ((None, 0), "this server returns no log probabilities"),
+    "best_of": ((None, 1), "one completion per request"),
+    "suffix": ((None, ""), "send the whole prompt"),
+    "audio": ((None,), "the served model writes text only"),
+    "modalities": ((None, ["text"]), "the served model writes text only"),
+    "prediction": ((None,), "predicted outputs are not supported: Reprise drafts from the tenant's history"),
+    "web_search_options": ((None,), "this server runs no web search"),
+    "reasoning_effort": ((None,), "the served model does not reason in a separate channel"),
+    "functions": ((None,), "send tools"),
+    "function_call": ((None,), "send tools and tool_choice"),
+    "store": ((None, False), "chat completions are not stored here; /v1/responses stores responses"),
+}
+
+
+def refuse_unsupported(body: Mapping[str, Any]) -> None:
+    """A 400 naming the first parameter set that this server cannot honour (never silently ignored)."""
+    for name, (defaults, instead) in UNSUPPORTED.items():
+        value = body.get(name)
+        if not any(value == d and type(value) is type(d) for d in defaults):
+            raise bad(name, f"{json.dumps(value)[:40]} is not supported: {instead}")
+
+
 def _common(body: Any) -> tuple[RawParams, dict[str, str], bool, bool]:
     if not isinstance(body, dict):
         raise errors.InvalidArgument("the body must be a JSON object")
+    refuse_unsupported(body)
     n = opt(body, "n", int, "an integer")
     if n is not None and n != 1:
         raise bad("n", f"must be 1 (one choice per request), got {n}")
@@ -230,12 +270,14 @@ def chat_request(body: Any, core: ServingCore, tenant: str, session_header: str 
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise bad("messages", "must be a non-empty list")
+    check_message_count("messages", len(messages))
     request = core.prepare(
         tenant, prompt=PromptInput(messages=tuple(_message(i, m) for i, m in enumerate(messages))), raw=raw,
         tools=_tools(body), tool_choice=tool_choice(body.get("tool_choice")),
         response_format=response_format(body.get("response_format")), session_id=session(body, session_header),
         names=names)
-    return ApiCall(request, stream, include_usage, names)
+    parallel = opt(body, "parallel_tool_calls", bool, "a boolean") is not False
+    return ApiCall(request, stream, include_usage, names, parallel)
 
 
 def completion_request(body: Any, core: ServingCore, tenant: str, session_header: str | None) -> ApiCall:

@@ -49,7 +49,7 @@ from http_api.errors import error_body
 from http_api.routes import check_model, sse, unless_disconnected, until_started
 from serving import errors
 from serving.core import ServingCore
-from serving.prepare import check_id
+from serving.prepare import check_id, check_message_count
 from serving.records import (
     Authenticator,
     ChatMessage,
@@ -95,6 +95,7 @@ def input_items(body: Mapping[str, Any]) -> list[dict[str, Any]]:
         return [{"type": "message", "role": "user", "content": raw}]
     if not isinstance(raw, list) or not raw:
         raise bad("input", "must be a non-empty string or a non-empty list of items")
+    check_message_count("input", len(raw))
     return raw
 
 

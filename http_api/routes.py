@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
@@ -114,6 +115,8 @@ def openai_router(core: ServingCore, authenticator: Authenticator, max_body_byte
                 if isinstance(event, Finished):
                     end = event
         assert end is not None
+        if not call.parallel_tool_calls and len(end.tool_calls) > 1:
+            end = dataclasses.replace(end, tool_calls=end.tool_calls[:1])
         if chat:
             content = (end.content or None) if end.tool_calls else end.content
             message: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None}
@@ -158,6 +161,8 @@ def openai_router(core: ServingCore, authenticator: Authenticator, max_body_byte
                         if item.text:
                             yield delta(item.text)
                     elif isinstance(item, ToolCallDelta):
+                        if item.index and not call.parallel_tool_calls:
+                            continue  # parallel_tool_calls false: the first call only
                         yield delta(calls=[{"index": item.index, **tool_calls((item.call,))[0]}])
                     elif isinstance(item, Finished):
                         yield delta(finish=FINISH.get(item.finish_reason, "stop"))

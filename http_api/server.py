@@ -10,8 +10,12 @@ Every connection is held to (``GuardedH11Protocol``):
 - a **header deadline**: a request's headers must arrive within ``header_timeout_s`` of its first
   byte (or of the connection, for a connection that sends nothing), and its body within
   ``body_timeout_s`` of its headers; past either the connection is closed;
-- **caps** on open connections per client address and in total: beyond them a new connection is
-  closed at once, before it can hold a file descriptor for long.
+- **caps** on open connections per client address and in total: beyond a client's own cap its new
+  connection is closed at once, before it can hold a file descriptor for long; at the total cap a new
+  connection displaces the connection that has waited longest for a request's headers (one that sent
+  nothing, or only part of its headers). Otherwise clients spread over many addresses would fill the
+  total with half-open connections and shut everyone else out until the header deadline, again and
+  again; this way a client that sends its request at once always gets in.
 
 With the caps below the process's descriptor limit, a flood of half-open connections cannot starve
 the gRPC port or the log: refusals are counted and reported once a minute (``StormLog``), as is the
@@ -26,6 +30,7 @@ import logging
 import resource
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,23 +97,41 @@ _COLLAPSE = _CollapseRepeats()
 
 
 class ConnectionGuard:
-    """The open connections per client address and in total, shared by every connection's protocol."""
+    """The open connections per client address and in total, shared by every connection's protocol, and
+    those waiting for a request's headers, oldest first (what the total cap displaces)."""
 
     def __init__(self, limits: HttpLimits) -> None:
         self.limits = limits
         self.by_client: dict[str, int] = {}
         self.total = 0
-        self.refused = StormLog(log, "HTTP connections refused at the connection caps")
+        self.waiting: dict[int, Callable[[], None]] = {}  # id -> close it; insertion order = oldest first
+        self.refused = StormLog(log, "HTTP connections refused at the per-client connection cap")
+        self.displaced = StormLog(log, "HTTP connections waiting for headers closed at the total connection cap")
         self.timed_out = StormLog(log, "HTTP connections closed for not finishing a request in time")
 
     def admit(self, client: str) -> bool:
         mine = self.by_client.get(client, 0)
-        if self.total >= self.limits.max_connections or mine >= self.limits.max_connections_per_client:
-            self.refused.hit(f"{self.total} open")
+        if mine >= self.limits.max_connections_per_client:
+            self.refused.hit(f"{mine} open from {client}")
             return False
+        if self.total >= self.limits.max_connections:
+            if not self.waiting:  # every connection is busy with a request: nothing to displace
+                self.refused.hit(f"{self.total} open, all with requests")
+                return False
+            ident = next(iter(self.waiting))
+            close = self.waiting.pop(ident)
+            self.displaced.hit(f"{self.total} open")
+            close()  # its connection_lost releases its count; until then the total runs one over
         self.by_client[client] = mine + 1
         self.total += 1
         return True
+
+    def wait_for_headers(self, ident: int, close: Callable[[], None]) -> None:
+        self.waiting.pop(ident, None)
+        self.waiting[ident] = close
+
+    def not_waiting(self, ident: int) -> None:
+        self.waiting.pop(ident, None)
 
     def release(self, client: str) -> None:
         mine = self.by_client.get(client, 0) - 1
@@ -161,16 +184,33 @@ def guarded_protocol(guard: ConnectionGuard) -> type[asyncio.Protocol]:
             self._disarm()
             self._waiting_for = what
             self._deadline = self.loop.call_later(seconds, self._expired)
+            if what == "headers":
+                guard.wait_for_headers(id(self), self._displace)
 
         def _disarm(self) -> None:
             if self._deadline is not None:
                 self._deadline.cancel()
+            if self._waiting_for in ("headers", "next request"):
+                guard.not_waiting(id(self))
             self._deadline = None
             self._waiting_for = ""
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            # Kept alive and idle (uvicorn's keep-alive timeout closes it): displaceable like a half-open one.
+            if not self.transport.is_closing() and self.conn.their_state is h11.IDLE and not self._waiting_for:
+                self._waiting_for = "next request"
+                guard.wait_for_headers(id(self), self._displace)
+
+        def _displace(self) -> None:
+            self._disarm()
+            with contextlib.suppress(Exception):
+                self.transport.abort()
 
         def _expired(self) -> None:
             self._deadline = None
             guard.timed_out.hit(f"waiting for {self._waiting_for}")
+            self._disarm()
             with contextlib.suppress(Exception):
                 self.transport.abort()
 

@@ -9,10 +9,20 @@
     python -m privacy keys rotate-data ID           # re-encrypt a tenant's records under a new data key
     python -m privacy export ID --out FILE (--password-env VAR | --key-file FILE)
     python -m privacy import FILE (--password-env VAR | --key-file FILE) [--name N | --into ID]
+    python -m privacy verify [ID]                   # the SQLite file's pages, then every record; writes nothing
+    python -m privacy repair [ID]                   # salvage a damaged SQLite file, then quarantine bad records
 
 The store comes from the same settings as the service (``--backend``, ``--data-dir``, ``--redis-url``,
 or ``REPRISE_STORE_*`` / ``REPRISE_HOME``); the master key from ``REPRISE_MASTER_KEY`` or the key file.
 While a server runs on the same store, prefer its admin plane: it also evicts in-memory indexes.
+
+``verify`` and ``repair`` are for a store the service cannot use (run them with the service stopped;
+with it running, `reprise index verify|repair TENANT` does the record part through the admin plane).
+On SQLite, ``verify`` first runs SQLite's integrity check of the whole file; ``repair`` copies every
+readable row of a damaged file into a new one (``privacy.salvage``; the damaged file is kept beside it as
+``history.db.damaged-<time>``). Both then open every record of every tenant (or of ID) with the master
+key; ``repair`` moves those that fail authentication or parsing into the tenant's quarantine
+(``privacy.integrity``). Each says what it found and dropped; ``verify`` exits 1 when anything is wrong.
 """
 
 from __future__ import annotations
@@ -31,6 +41,7 @@ from typing import Any
 from privacy.bootstrap import open_store
 from privacy.config import StoreConfig
 from privacy.errors import PrivacyError
+from privacy.salvage import check_sqlite, salvage_sqlite
 from privacy.tenants import Progress, TenantId
 
 
@@ -78,6 +89,12 @@ def build_parser() -> argparse.ArgumentParser:
         secret = p.add_mutually_exclusive_group()
         secret.add_argument("--password-env", metavar="VAR", help="read the password from this environment variable")
         secret.add_argument("--key-file", type=Path, help="file holding a base64 256-bit key")
+
+    for name, text in (("verify", "check the store's file and every record (or one tenant's); writes nothing"),
+                       ("repair", "salvage a damaged SQLite file, then move bad records into quarantine")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("tenant_id", nargs="?", help="only this tenant's records (default: every tenant)")
+        p.add_argument("--json", action="store_true", help="print the findings as JSON on stdout")
     return parser
 
 
@@ -120,6 +137,8 @@ def _progress(p: Progress) -> None:
 def run(args: argparse.Namespace, env: dict[str, str] | None = None) -> int:
     """Run one parsed command against the store ``args``/``env`` name; returns the exit code."""
     env = dict(os.environ) if env is None else env
+    if args.group in ("verify", "repair"):
+        return check_store(_config(args, env), env, args.tenant_id, repair=args.group == "repair", as_json=args.json)
     store = open_store(_config(args, env), env=env)
     try:
         return _dispatch(store, args, env)
@@ -164,6 +183,8 @@ def _dispatch(store: Any, args: argparse.Namespace, env: dict[str, str]) -> int:
         with os.fdopen(os.open(args.out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as sink:
             report = store.export_tenant(TenantId(args.tenant_id), sink, progress=_progress, **_secret(args, env))
         print(f"{args.out}: {report.num_trajectories} trajectories, {report.num_blobs} blobs, {report.num_bytes} bytes")
+        for bad in report.skipped:
+            print(f"left out {bad.describe()}", file=sys.stderr)
     elif command == "import":
         into = TenantId(args.into) if args.into else None
         with open(args.file, "rb") as source:
@@ -171,6 +192,77 @@ def _dispatch(store: Any, args: argparse.Namespace, env: dict[str, str]) -> int:
         print(f"tenant {report.tenant.id} ({report.tenant.name}): {report.num_trajectories} trajectories, "
               f"{report.num_blobs} blobs imported")
     return 0
+
+
+def check_store(config: StoreConfig, env: dict[str, str], tenant: str | None, *, repair: bool,
+                as_json: bool = False) -> int:
+    """``verify`` / ``repair``: the file (SQLite), then the records; prints what it found and did. Exit 1
+    when ``verify`` found anything wrong, or a tenant could not be checked at all."""
+    out: dict[str, Any] = {"file": None, "tenants": []}
+    failed = False
+    if config.backend == "sqlite":
+        path = config.sqlite.path
+        problems = check_sqlite(path)
+        out["file"] = {"path": str(path), "problems": problems}
+        if problems and repair:
+            report = salvage_sqlite(path)
+            out["file"]["salvaged"] = dataclasses.asdict(report) | {"path": str(report.path), "kept": str(report.kept)}
+        failed = bool(problems) and not repair
+    store = open_store(config, env=env)
+    try:
+        ids = [TenantId(tenant).value] if tenant else store.storage.tenant_ids()
+        for tid in ids:
+            try:
+                check = (store.repair_history if repair else store.verify_history)(TenantId(tid))
+            except (PrivacyError, LookupError) as exc:
+                out["tenants"].append({"tenant_id": tid, "error": str(exc)})
+                failed = True
+                continue
+            failed |= bool(check.bad) and not repair
+            out["tenants"].append({"tenant_id": tid, "num_records": check.num_records, "repaired": check.repaired,
+                                   "num_quarantined": check.num_quarantined,
+                                   "bad": [dataclasses.asdict(b) for b in check.bad]})
+    finally:
+        store.close()
+    print(json.dumps(out, indent=2) if as_json else _check_text(out, repair))
+    return 1 if failed else 0
+
+
+def _check_text(out: dict[str, Any], repair: bool) -> str:
+    lines = []
+    f = out["file"]
+    if f is not None:
+        if not f["problems"]:
+            lines.append(f"{f['path']}: sound (SQLite integrity check: ok)")
+        else:
+            n = len(f["problems"])
+            lines.append(f"{f['path']}: damaged; SQLite's integrity check reports {n} problem{'s' * (n != 1)}:")
+            lines += [f"  {p}" for p in f["problems"][:10]]
+            salvaged = f.get("salvaged")
+            if salvaged is None:
+                lines.append("  `python -m privacy repair` copies every readable row into a new file")
+            else:
+                copied = sum(t["num_rows"] for t in salvaged["tables"])
+                lines.append(f"salvaged {copied} rows into a new {salvaged['path']}; the damaged file is kept as "
+                             f"{salvaged['kept']}")
+                for t in salvaged["tables"]:
+                    for after, upto in t["lost"]:
+                        lines.append(f"  {t['table']}: rows with rowid in ({after}, {upto}] were unreadable and are "
+                                     f"not in the new file")
+    for t in out["tenants"]:
+        if "error" in t:
+            lines.append(f"tenant {t['tenant_id']}: cannot be checked: {t['error']}")
+            continue
+        kept = f"; {t['num_quarantined']} records in its quarantine" if t["num_quarantined"] else ""
+        if not t["bad"]:
+            lines.append(f"tenant {t['tenant_id']}: all {t['num_records']} records authenticate and parse{kept}")
+            continue
+        verb = "moved to quarantine" if repair else "fail their check"
+        lines.append(f"tenant {t['tenant_id']}: {len(t['bad'])} of {t['num_records']} records {verb}{kept}:")
+        for b in t["bad"]:
+            where = f" (cursor {b['cursor']})" if b["cursor"] else ""
+            lines.append(f"  {b['kind']} {b['record_id']}{where}: {b['reason']}")
+    return "\n".join(lines)
 
 
 def _status_text(data: dict[str, Any]) -> str:

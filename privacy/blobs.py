@@ -21,7 +21,14 @@ import numpy as np
 
 from privacy.config import StoreConfig
 from privacy.errors import IntegrityError
+from privacy.integrity import BLOB_PARSE_ERRORS, blob_bad_record
 from privacy.records import (
+    BLOB_KINDS,
+    KIND_CORPUS,
+    KIND_HIDDEN,
+    KIND_RESPONSE,
+    KIND_SNAPSHOT,
+    BadRecordCallback,
     CorpusInfo,
     IndexSnapshot,
     as_token_ids,
@@ -36,11 +43,7 @@ from privacy.tenants import TenantId
 if TYPE_CHECKING:
     from privacy.keychain import Keychain, TenantKeys
 
-KIND_SNAPSHOT = "snapshot"
-KIND_CORPUS = "corpus"
-KIND_HIDDEN = "hidden"
-KIND_RESPONSE = "response"
-BLOB_KINDS = (KIND_SNAPSHOT, KIND_CORPUS, KIND_HIDDEN, KIND_RESPONSE)
+__all__ = ["BLOB_KINDS", "KIND_CORPUS", "KIND_HIDDEN", "KIND_RESPONSE", "KIND_SNAPSHOT", "BlobRecords", "blob_record_id"]
 
 
 def _check_name(value: object, what: str) -> str:
@@ -133,9 +136,21 @@ class BlobRecords:
         self._put_blob(tk, KIND_CORPUS, os.urandom(16), head, encode_documents(docs))
         return next(c for c in self.list_corpora(tenant) if c.name == name)
 
-    def _corpus_parts(self, tk: TenantKeys, name: str | None) -> list[tuple[StoredBlob, dict[str, Any]]]:
-        parts = [(b, self._blob_head(tk, KIND_CORPUS, b)) for b in self.storage.blob_list(tk.tenant.value, KIND_CORPUS)]
-        return sorted([(b, h) for b, h in parts if name is None or h["name"] == name], key=lambda p: p[1]["part"])
+    def _corpus_parts(self, tk: TenantKeys, name: str | None,
+                      on_bad: BadRecordCallback | None = None) -> list[tuple[StoredBlob, dict[str, Any]]]:
+        parts = []
+        for b in self.storage.blob_list(tk.tenant.value, KIND_CORPUS):
+            try:
+                head = self._blob_head(tk, KIND_CORPUS, b)
+                part, part_name = int(head["part"]), str(head["name"])
+            except BLOB_PARSE_ERRORS as exc:
+                if on_bad is None:
+                    raise
+                on_bad(blob_bad_record(KIND_CORPUS, b.tag, exc))
+                continue
+            if name is None or part_name == name:
+                parts.append((part, b, head))
+        return [(b, h) for _, b, h in sorted(parts, key=lambda p: p[0])]
 
     def list_corpora(self, tenant: TenantId) -> list[CorpusInfo]:
         """The tenant's corpora with their document and token counts, by name."""
@@ -147,17 +162,25 @@ class BlobRecords:
                                         c.num_tokens + h["num_tokens"], c.num_parts + 1)
         return sorted(out.values(), key=lambda c: c.name)
 
-    def iter_corpus(self, tenant: TenantId, name: str = "default") -> Iterator[np.ndarray]:
-        """The corpus's documents (int32 arrays) in the order they were added."""
+    def iter_corpus(self, tenant: TenantId, name: str = "default",
+                    on_bad: BadRecordCallback | None = None) -> Iterator[np.ndarray]:
+        """The corpus's documents (int32 arrays) in the order they were added. A part that fails
+        authentication or parsing raises IntegrityError, or, with ``on_bad``, is skipped and reported."""
         _check_name(name, "corpus name")
         tk = self.keychain.tenant_keys(tenant)
-        return self._iter_corpus(tk, name)
+        return self._iter_corpus(tk, name, on_bad)
 
-    def _iter_corpus(self, tk: TenantKeys, name: str) -> Iterator[np.ndarray]:
-        for blob, _ in self._corpus_parts(tk, name):
-            got = self._get_blob(tk, KIND_CORPUS, blob.tag)
-            if got is not None:
-                yield from decode_documents(got[1])
+    def _iter_corpus(self, tk: TenantKeys, name: str, on_bad: BadRecordCallback | None = None) -> Iterator[np.ndarray]:
+        for blob, _ in self._corpus_parts(tk, name, on_bad):
+            try:
+                got = self._get_blob(tk, KIND_CORPUS, blob.tag)
+                documents = decode_documents(got[1]) if got is not None else []
+            except IntegrityError as exc:
+                if on_bad is None:
+                    raise
+                on_bad(blob_bad_record(KIND_CORPUS, blob.tag, exc))
+                continue
+            yield from documents
 
     def delete_corpus(self, tenant: TenantId, name: str = "default") -> int:
         """Delete every part of corpus ``name``; returns the number of parts deleted."""

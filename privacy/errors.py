@@ -34,3 +34,8 @@ class TenantExistsError(PrivacyError, ValueError):
 
 class StorageError(PrivacyError):
     """The backing store (SQLite file, Redis server) failed or holds an unexpected schema."""
+
+
+class StoreDamagedError(StorageError):
+    """The store's file is damaged (SQLite reports a malformed page or a file that is not a database).
+    The message names the file and the offline repair command (``python -m privacy repair``)."""

@@ -25,18 +25,22 @@ from typing import TYPE_CHECKING, BinaryIO
 import numpy as np
 
 from privacy import credentials as creds
-from privacy import envelope, rotation, transfer
+from privacy import envelope, integrity, rotation, transfer
 from privacy.blobs import BLOB_KINDS, KIND_CORPUS, KIND_HIDDEN, KIND_SNAPSHOT, BlobRecords
 from privacy.config import StoreConfig
 from privacy.errors import AuthenticationError, IntegrityError, UnknownTenantError
+from privacy.integrity import HistoryCheck, trajectory_bad_record
 from privacy.keychain import Keychain, TenantKeys, dek_version
 from privacy.keyring import MasterKeyring
 from privacy.records import (
     KIND_TENANT,
     KIND_TRAJECTORY,
     TENANT_RECORD_ID,
+    BadRecordCallback,
+    DeletionReport,
     Trajectory,
     TrajectoryRecord,
+    TrajectoryRef,
     as_token_ids,
     decode_trajectory,
     encode_trajectory,
@@ -61,23 +65,6 @@ log = logging.getLogger(__name__)
 _DUMMY_DIGEST = bytes(32)
 __all__ = ["BLOB_KINDS", "KIND_CORPUS", "KIND_HIDDEN", "KIND_SNAPSHOT", "KIND_TENANT", "KIND_TRAJECTORY",
            "DeletionReport", "HistoryStore", "KeyStatus", "RotationReport", "TenantKeyStatus", "TrajectoryRef"]
-
-
-@dataclass(frozen=True, slots=True)
-class TrajectoryRef:
-    """Where an appended trajectory landed: its commit-order ``cursor`` and random ``record_id`` (hex)."""
-
-    cursor: str
-    record_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class DeletionReport:
-    """``num_records``: trajectories and blobs deleted (or that would be, with ``dry_run``)."""
-
-    tenant: TenantId
-    num_records: int
-    deleted: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -322,28 +309,46 @@ class HistoryStore(BlobRecords):
         return [TrajectoryRef(c, rid.hex()) for c, (rid, _, _) in zip(cursors, items)]
 
     def iter_trajectories(
-        self, tenant: TenantId, after: str | None = None, session_id: str | None = None, batch_size: int = 512
+        self, tenant: TenantId, after: str | None = None, session_id: str | None = None, batch_size: int = 512,
+        on_bad: BadRecordCallback | None = None,
     ) -> Iterator[TrajectoryRecord]:
         """The tenant's trajectories in commit order (after ``after``, a cursor), optionally one session's.
 
-        Reads in batches, so appends may continue meanwhile; an altered record raises IntegrityError.
+        Reads in batches, so appends may continue meanwhile. A record that fails authentication or
+        parsing raises IntegrityError, or, with ``on_bad``, is skipped and reported to it
+        (``privacy.integrity``: what an index load or an export does, so one bad record costs only itself).
         """
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         tk = self.keychain.tenant_keys(tenant)
         tag = tk.tag("session", session_id) if session_id is not None else None
-        return self._iter(tk, after, tag, batch_size)
+        return self._iter(tk, after, tag, batch_size, on_bad)
 
-    def _iter(self, tk: TenantKeys, after: str | None, tag: bytes | None, batch_size: int) -> Iterator[TrajectoryRecord]:
+    def _iter(self, tk: TenantKeys, after: str | None, tag: bytes | None, batch_size: int,
+              on_bad: BadRecordCallback | None = None) -> Iterator[TrajectoryRecord]:
         cursor = after
         while True:
             rows = self.storage.traj_scan(tk.tenant.value, cursor, batch_size, tag)
             for row in rows:
-                body = self._open(tk, KIND_TRAJECTORY, row.record_id, row.sealed)
-                yield TrajectoryRecord(row.cursor, row.record_id.hex(), decode_trajectory(body))
+                try:
+                    trajectory = decode_trajectory(self._open(tk, KIND_TRAJECTORY, row.record_id, row.sealed))
+                except IntegrityError as exc:
+                    if on_bad is None:
+                        raise
+                    on_bad(trajectory_bad_record(row.cursor, row.record_id, exc))
+                    continue
+                yield TrajectoryRecord(row.cursor, row.record_id.hex(), trajectory)
             if len(rows) < batch_size:
                 return
             cursor = rows[-1].cursor
+
+    def verify_history(self, tenant: TenantId, progress: ProgressCallback | None = None) -> HistoryCheck:
+        """Open and parse every record of ``tenant``; report those that fail (``privacy.integrity``)."""
+        return integrity.verify_history(self, tenant, progress)
+
+    def repair_history(self, tenant: TenantId, progress: ProgressCallback | None = None) -> HistoryCheck:
+        """``verify_history``, then move each bad record to the tenant's quarantine (``privacy.integrity``)."""
+        return integrity.repair_history(self, tenant, progress)
 
     def count_trajectories(self, tenant: TenantId) -> int:
         """How many trajectories the tenant has."""

@@ -9,15 +9,22 @@ from __future__ import annotations
 
 import struct
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from privacy.errors import IntegrityError
+from privacy.tenants import TenantId
 
 KIND_TENANT = "tenant"  # the sealed tenant record (its name and settings)
 KIND_TRAJECTORY = "trajectory"
+# Blob kinds (privacy.blobs): index snapshots, corpus parts, hidden-state sets, stored responses.
+KIND_SNAPSHOT = "snapshot"
+KIND_CORPUS = "corpus"
+KIND_HIDDEN = "hidden"
+KIND_RESPONSE = "response"
+BLOB_KINDS = (KIND_SNAPSHOT, KIND_CORPUS, KIND_HIDDEN, KIND_RESPONSE)
 TENANT_RECORD_ID = b"tenant-info"  # the tenant record's id in its associated data
 
 _MAX_TOKEN_ID = 2**31 - 1
@@ -228,3 +235,39 @@ def decode_hidden_states(body: bytes) -> tuple[np.ndarray, np.ndarray]:
     states = np.frombuffer(r.take(2 * n * d), dtype="<f2").astype(np.float16).reshape(n, d)
     r.done()
     return positions, states
+
+
+@dataclass(frozen=True, slots=True)
+class TrajectoryRef:
+    """Where an appended trajectory landed: its commit-order ``cursor`` and random ``record_id`` (hex)."""
+
+    cursor: str
+    record_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class DeletionReport:
+    """``num_records``: trajectories and blobs deleted (or that would be, with ``dry_run``)."""
+
+    tenant: TenantId
+    num_records: int
+    deleted: bool
+
+
+@dataclass(frozen=True, slots=True)
+class BadRecord:
+    """A stored record that failed authentication or parsing. ``kind`` is ``trajectory`` or a blob kind
+    (``snapshot``, ``corpus``, ``hidden``, ``response``); ``record_id`` the trajectory's record id or the
+    blob's tag (hex); ``cursor`` the trajectory's commit-order position ("" for blobs)."""
+
+    kind: str
+    record_id: str
+    cursor: str
+    reason: str
+
+    def describe(self) -> str:
+        where = f" at cursor {self.cursor}" if self.cursor else ""
+        return f"{self.kind} {self.record_id}{where}: {self.reason}"
+
+
+BadRecordCallback = Callable[[BadRecord], None]

@@ -316,6 +316,18 @@ class RedisStorage:
         p.execute()
 
     @_wrap_errors
+    def traj_delete(self, tid: str, items: Sequence[tuple[str, bytes]]) -> int:
+        if not items:
+            return 0
+        for cursor, _ in items:
+            if not _STREAM_ID_RE.match(cursor):
+                raise ValueError(f"cursor must be a value returned by this store, got {cursor!r}")
+        p = self._tx()
+        p.xdel(self._k(tid, "traj"), *[c for c, _ in items])
+        p.hdel(self._k(tid, "trajdata"), *[rid for _, rid in items])
+        return int(p.execute()[0])
+
+    @_wrap_errors
     def traj_count(self, tid: str) -> int:
         return int(self.r.xlen(self._k(tid, "traj")))
 

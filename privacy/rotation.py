@@ -16,17 +16,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from privacy import envelope
 from privacy.blobs import BLOB_KINDS, blob_record_id
 from privacy.errors import MasterKeyError
 from privacy.keychain import CHECK_PREFIX, SYSTEM_KEY_PREFIX, TenantKeys
 from privacy.records import KIND_TENANT, KIND_TRAJECTORY, TENANT_RECORD_ID
+from privacy.sealed import SealedStore
 from privacy.tenants import Progress, ProgressCallback, TenantId
-
-if TYPE_CHECKING:  # annotations only: the store calls these functions (HistoryStore.rotate_*)
-    from privacy.history import HistoryStore
 
 log = logging.getLogger(__name__)
 _BATCH = 256
@@ -45,7 +42,7 @@ def _report(progress: ProgressCallback | None, phase: str, done: int, total: int
         progress(Progress(phase, done, total, unit))
 
 
-def rotate_data_key(store: HistoryStore, tenant: TenantId, progress: ProgressCallback | None = None) -> RotationReport:
+def rotate_data_key(store: SealedStore, tenant: TenantId, progress: ProgressCallback | None = None) -> RotationReport:
     """See ``HistoryStore.rotate_data_key`` and the module docstring."""
     kc, storage = store.keychain, store.storage
     tk = kc.tenant_keys(tenant)
@@ -71,7 +68,7 @@ def rotate_data_key(store: HistoryStore, tenant: TenantId, progress: ProgressCal
     return RotationReport(new, done)
 
 
-def _reencrypt_trajectories(store: HistoryStore, tk: TenantKeys, new: int, cursor: str | None,
+def _reencrypt_trajectories(store: SealedStore, tk: TenantKeys, new: int, cursor: str | None,
                             progress: ProgressCallback | None, done: int, total: int) -> tuple[int, str | None]:
     """Re-seal every trajectory after ``cursor`` not under ``new``; returns (count, last cursor seen)."""
     moved = 0
@@ -92,7 +89,7 @@ def _reencrypt_trajectories(store: HistoryStore, tk: TenantKeys, new: int, curso
             return moved, cursor
 
 
-def _reencrypt_blobs(store: HistoryStore, tk: TenantKeys, new: int, kinds: tuple[str, ...]) -> int:
+def _reencrypt_blobs(store: SealedStore, tk: TenantKeys, new: int, kinds: tuple[str, ...]) -> int:
     moved = 0
     for kind in kinds:
         for listed in store.storage.blob_list(tk.tenant.value, kind):
@@ -112,7 +109,7 @@ def _reencrypt_blobs(store: HistoryStore, tk: TenantKeys, new: int, kinds: tuple
     return moved
 
 
-def rotate_master_key(store: HistoryStore, progress: ProgressCallback | None = None,
+def rotate_master_key(store: SealedStore, progress: ProgressCallback | None = None,
                       retire_old: bool = True) -> RotationReport:
     """See ``HistoryStore.rotate_master_key`` and the module docstring. A keyring from a file gets a new
     version written first; one from the environment must already hold the new version as primary."""
@@ -152,7 +149,7 @@ def rotate_master_key(store: HistoryStore, progress: ProgressCallback | None = N
     return RotationReport(primary, num)
 
 
-def _needs_rewrap(store: HistoryStore, primary: int) -> bool:
+def _needs_rewrap(store: SealedStore, primary: int) -> bool:
     storage = store.storage
     if any(envelope.sealed_version(w, n) != primary for n, w in storage.meta_items(SYSTEM_KEY_PREFIX).items()):
         return True
@@ -161,7 +158,7 @@ def _needs_rewrap(store: HistoryStore, primary: int) -> bool:
     )
 
 
-def retire_master_versions(store: HistoryStore, versions: list[int]) -> None:
+def retire_master_versions(store: SealedStore, versions: list[int]) -> None:
     """Forget master key versions that no longer wrap anything: delete their check values and remove them
     from the key file (if Reprise owns it). Refuses while a key is still wrapped by one of them."""
     if not versions:

@@ -17,10 +17,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from privacy.config import SqliteConfig
-from privacy.errors import StorageError, TenantExistsError, UnknownTenantError
+from privacy.errors import StorageError, StoreDamagedError, TenantExistsError, UnknownTenantError
 from privacy.storage import CredentialRow, StoredBlob, StoredTrajectory, TenantRow
 
 SCHEMA_VERSION = b"1"
+_DAMAGED_CODES = (11, 26)  # SQLITE_CORRUPT ("database disk image is malformed"), SQLITE_NOTADB
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS tenants (
@@ -73,6 +74,8 @@ class SqliteStorage:
                 elif bytes(row[0]) != SCHEMA_VERSION:
                     raise StorageError(f"{self.path} has schema {bytes(row[0])!r}, this Reprise reads {SCHEMA_VERSION!r}")
         except sqlite3.DatabaseError as exc:
+            if is_damage(exc):
+                raise damaged(self.path, exc) from None
             raise StorageError(f"cannot open SQLite store {self.path}: {exc}") from None
 
     def __repr__(self) -> str:
@@ -80,7 +83,7 @@ class SqliteStorage:
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
+        with self._lock, self._damage_reported():
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 yield self._db
@@ -89,12 +92,23 @@ class SqliteStorage:
                 raise
             self._db.execute("COMMIT")
 
+    @contextmanager
+    def _damage_reported(self) -> Iterator[None]:
+        """A damaged page or file becomes ``StoreDamagedError`` naming the file and the repair command
+        (other SQLite errors, a taken name among them, pass unchanged)."""
+        try:
+            yield
+        except sqlite3.DatabaseError as exc:
+            if is_damage(exc):
+                raise damaged(self.path, exc) from None
+            raise
+
     def _one(self, sql: str, args: tuple = ()) -> tuple | None:
-        with self._lock:
+        with self._lock, self._damage_reported():
             return self._db.execute(sql, args).fetchone()
 
     def _all(self, sql: str, args: tuple = ()) -> list[tuple]:
-        with self._lock:
+        with self._lock, self._damage_reported():
             return self._db.execute(sql, args).fetchall()
 
     def close(self) -> None:
@@ -243,6 +257,11 @@ class SqliteStorage:
         with self._tx() as db:
             db.executemany("UPDATE trajectories SET sealed=? WHERE tid=? AND record_id=?", [(s, tid, r) for r, s in items])
 
+    def traj_delete(self, tid: str, items: Sequence[tuple[str, bytes]]) -> int:
+        with self._tx() as db:
+            return sum(db.execute("DELETE FROM trajectories WHERE tid=? AND record_id=?", (tid, rid)).rowcount
+                       for _, rid in items)
+
     def traj_count(self, tid: str) -> int:
         return self._one("SELECT count(*) FROM trajectories WHERE tid=?", (tid,))[0]  # type: ignore[index]
 
@@ -275,12 +294,29 @@ class SqliteStorage:
 
     def shred_sync(self) -> None:
         """Fold the WAL into the database and truncate it, so deleted values leave the WAL file."""
-        with self._lock:
+        with self._lock, self._damage_reported():
             self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
     def files(self) -> list[Path]:
         """The database file and its WAL/shared-memory companions that exist now."""
         return [p for p in (self.path, Path(f"{self.path}-wal"), Path(f"{self.path}-shm")) if p.exists()]
+
+
+def is_damage(exc: sqlite3.DatabaseError) -> bool:
+    """Whether SQLite reports a damaged page or a file that is not a database."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in _DAMAGED_CODES
+    return "malformed" in str(exc) or "not a database" in str(exc)
+
+
+def damaged(path: Path, exc: sqlite3.DatabaseError) -> StoreDamagedError:
+    """The error that names the damaged file and what to run."""
+    return StoreDamagedError(
+        f"the SQLite store {path} is damaged ({exc}); stop the service, copy the file somewhere safe, then run "
+        f"`python -m privacy verify --data-dir {path.parent}` to see what is affected and "
+        f"`python -m privacy repair --data-dir {path.parent}` to salvage every readable record into a new file "
+        f"(the damaged one is kept beside it)")
 
 
 def _parse_cursor(after: str | None) -> int:

@@ -153,6 +153,10 @@ class Storage(Protocol):
     def traj_replace(self, tid: str, items: Sequence[tuple[bytes, bytes]]) -> None:
         """Replace the sealed bytes of ``(record id, sealed)`` records in place (re-encryption)."""
 
+    def traj_delete(self, tid: str, items: Sequence[tuple[str, bytes]]) -> int:
+        """Delete the ``(cursor, record id)`` records in one atomic write (repair sets bad records
+        aside this way); returns how many existed."""
+
     def traj_count(self, tid: str) -> int:
         """How many trajectories the tenant has."""
 

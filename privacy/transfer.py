@@ -23,7 +23,7 @@ import struct
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import Any, BinaryIO
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -31,17 +31,17 @@ from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
 
 from privacy.blobs import BLOB_KINDS
 from privacy.errors import IntegrityError
+from privacy.integrity import BLOB_PARSE_ERRORS, blob_bad_record, check_blob
 from privacy.records import (
+    BadRecord,
     Trajectory,
     decode_documents,
     decode_hidden_states,
     decode_trajectory,
     encode_trajectory,
 )
+from privacy.sealed import SealedStore
 from privacy.tenants import Progress, ProgressCallback, Tenant, TenantId
-
-if TYPE_CHECKING:  # annotations only: the store calls these functions (HistoryStore.export_tenant, ...)
-    from privacy.history import HistoryStore
 
 MAGIC = b"REPRISE-EXPORT\x00\x01"
 _HEADER = struct.Struct(">BBBB16s8s")
@@ -57,11 +57,12 @@ _BATCH = 256
 
 @dataclass(frozen=True, slots=True)
 class ExportReport:
-    """What an export wrote."""
+    """What an export wrote, and what it left out."""
 
     num_trajectories: int
     num_blobs: int
     num_bytes: int
+    skipped: tuple[BadRecord, ...] = ()  # records left out: they failed authentication or parsing
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,14 +129,21 @@ def _split_lp(buf: bytes, pos: int) -> tuple[bytes, int]:
     return buf[pos + 4:pos + 4 + n], pos + 4 + n
 
 
-def export_tenant(store: HistoryStore, tenant: TenantId, sink: BinaryIO, *, password: str | None = None,
+def export_tenant(store: SealedStore, tenant: TenantId, sink: BinaryIO, *, password: str | None = None,
                   key: bytes | None = None, progress: ProgressCallback | None = None) -> ExportReport:
-    """Write ``tenant``'s history to ``sink`` (a binary file object) as a sealed export."""
+    """Write ``tenant``'s history to ``sink`` (a binary file object) as a sealed export. A record that
+    fails authentication or parsing is left out and listed in the report's ``skipped``."""
     _check_secret(password, key)
     info = store.get_tenant(tenant)
     tk = store.keychain.tenant_keys(tenant)
-    blobs = [(kind, b) for kind in BLOB_KINDS for b in store.storage.blob_list(tenant.value, kind)]
-    heads = [(kind, b, store._blob_head(tk, kind, b)) for kind, b in blobs]
+    skipped: list[BadRecord] = []
+    heads = []
+    for kind in BLOB_KINDS:
+        for blob in store.storage.blob_list(tenant.value, kind):
+            try:
+                heads.append((kind, blob, store._blob_head(tk, kind, blob)))
+            except BLOB_PARSE_ERRORS as exc:
+                skipped.append(blob_bad_record(kind, blob.tag, exc))
     total = store.count_trajectories(tenant)
     w = _Writer(sink, password, key)
     w.frame(T_TENANT, json.dumps({
@@ -143,19 +151,25 @@ def export_tenant(store: HistoryStore, tenant: TenantId, sink: BinaryIO, *, pass
         "snapshot_cursors": [h["cursor"] for kind, _, h in heads if kind == "snapshot" and h.get("cursor")],
     }).encode())
     n = 0
-    for rec in store.iter_trajectories(tenant):
+    for rec in store.iter_trajectories(tenant, on_bad=skipped.append):
         w.frame(T_TRAJECTORY, _lp(rec.cursor.encode()) + encode_trajectory(rec.trajectory))
         n += 1
         if progress is not None and n % _BATCH == 0:
             progress(Progress("export", n, total, "records"))
+    num_blobs = 0
     for kind, blob, head in heads:
-        got = store._get_blob(tk, kind, blob.tag)
+        try:
+            got = check_blob(store, tk, kind, blob)
+        except BLOB_PARSE_ERRORS as exc:
+            skipped.append(blob_bad_record(kind, blob.tag, exc))
+            continue
         if got is not None:
             w.frame(T_BLOB, _lp(kind.encode()) + _lp(json.dumps(got[0]).encode()) + got[1])
-    w.frame(T_END, json.dumps({"num_trajectories": n, "num_blobs": len(heads)}).encode(), final=True)
+            num_blobs += 1
+    w.frame(T_END, json.dumps({"num_trajectories": n, "num_blobs": num_blobs}).encode(), final=True)
     if progress is not None:
         progress(Progress("export", n, total, "records"))
-    return ExportReport(n, len(heads), w.num_bytes)
+    return ExportReport(n, num_blobs, w.num_bytes, tuple(skipped))
 
 
 def _frames(source: BinaryIO, password: str | None, key: bytes | None) -> Iterator[tuple[int, bytes]]:
@@ -197,7 +211,7 @@ def _frames(source: BinaryIO, password: str | None, key: bytes | None) -> Iterat
         yield plain[0], plain[1:]
 
 
-def import_tenant(store: HistoryStore, source: BinaryIO, *, password: str | None = None, key: bytes | None = None,
+def import_tenant(store: SealedStore, source: BinaryIO, *, password: str | None = None, key: bytes | None = None,
                   into: TenantId | None = None, name: str | None = None,
                   progress: ProgressCallback | None = None) -> ImportReport:
     """Import an export into a new tenant (``name``, default the exported name) or append it to ``into``.
@@ -230,7 +244,7 @@ def import_tenant(store: HistoryStore, source: BinaryIO, *, password: str | None
     return ImportReport(store.get_tenant(tenant.id), created, n_traj, n_blob)
 
 
-def _import_entries(store: HistoryStore, tenant: TenantId, frames: Iterator[tuple[int, bytes]], wanted: set[str],
+def _import_entries(store: SealedStore, tenant: TenantId, frames: Iterator[tuple[int, bytes]], wanted: set[str],
                     fresh: bool, progress: ProgressCallback | None) -> tuple[int, int]:
     cursor_map: dict[str, str] = {}
     batch: list[tuple[str, Trajectory]] = []
@@ -268,7 +282,7 @@ def _import_entries(store: HistoryStore, tenant: TenantId, frames: Iterator[tupl
     return n_traj, n_blob
 
 
-def _import_blob(store: HistoryStore, tenant: TenantId, kind: str, head: dict[str, Any], body: bytes,
+def _import_blob(store: SealedStore, tenant: TenantId, kind: str, head: dict[str, Any], body: bytes,
                  cursor_map: dict[str, str], fresh: bool) -> None:
     if kind == "snapshot":
         if fresh:  # an old snapshot would not cover the trajectories an existing tenant already has

@@ -97,6 +97,18 @@ class ServerConfig:
         "open HTTP connections at most (at most half the process's file descriptors); more are closed at once"))
     http_max_connections_per_client: int = field(default=256, metadata=_help(
         "open HTTP connections at most per client address"))
+    append_calls_per_s: float = field(default=20.0, metadata=_help(
+        "AppendTrajectory calls per second per tenant (a token bucket; more get RESOURCE_EXHAUSTED with a "
+        "retry delay); 0 = no limit"))
+    append_burst_calls: int = field(default=100, metadata=_help(
+        "AppendTrajectory calls a tenant may make at once before append_calls_per_s applies"))
+    append_tokens_per_minute: int = field(default=1_000_000, metadata=_help(
+        "tokens per minute per tenant that AppendTrajectory may add to its history (also the largest "
+        "single turn); more get RESOURCE_EXHAUSTED with a retry delay; 0 = no limit"))
+    index_memory_bytes: int = field(default=4 * 1024 * MiB, metadata=_help(
+        "memory for all tenants' in-memory drafting indexes together; beyond it the least recently used "
+        "tenants' indexes are evicted and rebuilt from their encrypted history on next use (0 = no limit; "
+        "replicas use cluster.index_memory_bytes)"))
 
     def __post_init__(self) -> None:
         for name in ("grpc_port", "http_port"):
@@ -118,6 +130,12 @@ class ServerConfig:
                      "http_body_timeout_s", "http_keepalive_timeout_s", "http_max_connections",
                      "http_max_connections_per_client"):
             _positive(f"server.{name}", getattr(self, name))
+        for name in ("append_calls_per_s", "append_burst_calls", "append_tokens_per_minute", "index_memory_bytes"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"server.{name} must be >= 0, got {getattr(self, name)}")
+        if self.append_calls_per_s and self.append_burst_calls < 1:
+            raise ValueError(f"server.append_burst_calls must be >= 1 when append_calls_per_s is set, "
+                             f"got {self.append_burst_calls}")
         if self.grace_seconds < 0:
             raise ValueError(f"server.grace_seconds must be >= 0, got {self.grace_seconds}")
         if not 0 <= self.response_retention_days <= 3650:

@@ -1,6 +1,6 @@
 """The whole service, assembled in one typed place from one ``ServiceConfig``: what `reprise serve` runs.
 
-    service = Service(config)            # or Service(config, model=LoadedModel(...)) in tests
+    service = Service(config)            # tests: Service(config, model=LoadedModel(...)) or vllm_engine=...
     await service.start()                # store, model, engine, serving core, gRPC, HTTP, stats sampler
     await service.wait()                 # until SIGTERM/SIGINT (install_signal_handlers) or stop()
     sys.exit(service.exit_code)          # not 0 when the engine died: an orchestrator replaces the process
@@ -34,6 +34,7 @@ from privacy import HistoryStore, ensure_admin_key, open_store
 from reprise import __version__
 from reprise.backends.engine import EngineBackend
 from reprise.backends.vllm.backend import VllmBackend
+from reprise.backends.vllm.engine import VllmEngine
 from reprise.cluster.backend import ReplicaBackend
 from reprise.cluster.indexes import ReplicatedIndexes
 from reprise.cluster.node import ClusterNode
@@ -46,6 +47,7 @@ from reprise.server.auth import StoreAuthenticator
 from reprise.server.dashboard import StatsHistory, dashboard_router
 from reprise.server.hidden_store import ReuseWiring
 from reprise.server.history_writer import HistoryWriter
+from reprise.server.index_budget import IndexedBackend
 from reprise.server.indexes import TenantIndexes
 from reprise.server.metering import StepMeter, TenantAccounting
 from reprise.server.metrics import ServiceMetrics
@@ -61,7 +63,7 @@ from verifier.runner import ModelRunner
 log = logging.getLogger(__name__)
 EXIT_ENGINE_FAILED = 70  # EX_SOFTWARE: the engine died; restart the process
 
-Backend = EngineBackend | VllmBackend | ReplicaBackend
+Backend = EngineBackend | VllmBackend | ReplicaBackend | IndexedBackend
 Indexes = TenantIndexes | ReplicatedIndexes
 
 
@@ -98,7 +100,9 @@ def serving_settings(config: ServiceConfig) -> ServingSettings:
     s = config.server
     return ServingSettings(default_max_new_tokens=s.default_max_new_tokens, stream_chunk_tokens=s.stream_chunk_tokens,
                            max_concurrent_requests=s.max_concurrent_requests,
-                           max_requests_per_tenant=s.max_requests_per_tenant)
+                           max_requests_per_tenant=s.max_requests_per_tenant,
+                           append_calls_per_s=s.append_calls_per_s, append_burst_calls=s.append_burst_calls,
+                           append_tokens_per_minute=s.append_tokens_per_minute)
 
 
 def http_limits(config: ServiceConfig) -> HttpLimits:
@@ -123,9 +127,11 @@ class Decoding:
 class Service:
     """Store + engine + serving core + gRPC + HTTP, started and stopped together (module docstring)."""
 
-    def __init__(self, config: ServiceConfig, *, model: LoadedModel | None = None, model_name: str = "") -> None:
+    def __init__(self, config: ServiceConfig, *, model: LoadedModel | None = None, model_name: str = "",
+                 vllm_engine: VllmEngine | None = None) -> None:
         self.config = config
         self._model = model
+        self._vllm_engine = vllm_engine  # with model.engine "vllm": an engine already started (tests)
         self._model_name = model_name
         self.store: HistoryStore | None = None
         self.metrics = ServiceMetrics()
@@ -237,7 +243,8 @@ class Service:
             indexes = self.cluster.indexes(accounting, self.metrics, tokenize)
         else:
             proposer = inner
-            indexes = TenantIndexes(store, inner, accounting, self.metrics, tokenize)
+            indexes = TenantIndexes(store, inner, accounting, self.metrics, tokenize,
+                                    memory_budget_bytes=c.server.index_memory_bytes)
         indexes.load_all()
         found = ReuseWiring.find(inner)
         reuse = ReuseWiring(found, store) if found is not None else None
@@ -273,13 +280,15 @@ class Service:
                                          on_store_wait=self.metrics.observe_store_wait, on_fatal=self._engine_died)
         if self.cluster is not None:
             backend = self.cluster.backend(backend)
+        else:  # a request's tenant is loaded (off the engine thread) and pinned while it decodes
+            backend = IndexedBackend(backend, indexes)
         return Decoding(backend, indexes, history, engine, reuse)
 
     def _vllm(self, store: HistoryStore, invalidate: Callable[[], None]) -> Decoding:
         """The ``vllm`` decode backend, its tenants' indexes in vLLM's worker, the history writer."""
         history = HistoryWriter(store)
         backend, indexes = start_vllm(self.config, store, TenantAccounting(), self.metrics, history.put,
-                                      on_close=history.close, on_fatal=self._engine_died)
+                                      on_close=history.close, on_fatal=self._engine_died, engine=self._vllm_engine)
 
         def on_deleted(tid: object) -> None:
             invalidate()

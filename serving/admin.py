@@ -8,6 +8,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import BinaryIO, Literal, Protocol
 
+from serving.savings import Savings
+
 
 @dataclass(frozen=True, slots=True)
 class Progress:
@@ -49,6 +51,9 @@ class TenantStats:
     prefix_cache_bytes: int = 0  # the tenant's KV held in the engine's prefix cache
     prompt_tokens: int = 0  # prompt tokens looked up in the prefix cache
     cached_prompt_tokens: int = 0  # of those, found (their KV reused instead of prefilled)
+    index_resident: bool = True  # False: not in memory (evicted by the budget, or not used yet); loads on use
+    quarantined_records: int = 0  # stored records skipped at the last load: they failed authentication or parsing
+    savings: Savings = field(default_factory=Savings)  # seconds spent against the estimate without Reprise
 
     @property
     def hit_rate(self) -> float:
@@ -63,6 +68,50 @@ class TenantStats:
     def tau(self) -> float:
         """Tokens committed per step: accepted draft tokens plus the bonus token."""
         return (self.num_accepted_tokens + self.num_steps) / self.num_steps if self.num_steps else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class IndexMemory:
+    """Service-wide index figures: the memory budget (0: none), what the in-memory indexes hold, how
+    many tenants' indexes were evicted to keep to it, and records quarantined at load over all tenants."""
+
+    budget_bytes: int = 0
+    resident_bytes: int = 0
+    resident_tenants: int = 0
+    num_evictions: int = 0
+    quarantined_records: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class BadRecordInfo:
+    """A stored record that failed authentication or parsing: ``kind`` (trajectory, snapshot, corpus,
+    hidden, response), its record id or blob tag (hex), the trajectory's cursor, and why."""
+
+    kind: str
+    record_id: str
+    cursor: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryCheck:
+    """A tenant's history verified (``repaired``: its bad records were moved to quarantine and dropped
+    from the history). ``num_quarantined``: records in its quarantine afterwards."""
+
+    tenant_id: str
+    num_records: int
+    bad: tuple[BadRecordInfo, ...]
+    repaired: bool
+    num_quarantined: int
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryExport:
+    """An export written: its size, and the records left out because they failed their check."""
+
+    num_bytes: int
+    num_trajectories: int = 0
+    skipped: tuple[BadRecordInfo, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +166,18 @@ class AdminBackend(Protocol):
         """One tenant's figures, or every tenant's when ``tenant_id`` is None."""
         ...
 
+    def index_memory(self) -> IndexMemory:
+        """The service-wide index figures (budget, resident memory, evictions, quarantine)."""
+        ...
+
+    def verify_history(self, tenant_id: str, progress: ProgressCallback) -> HistoryCheck:
+        """Open and parse every stored record of the tenant; name those that fail. Writes nothing."""
+        ...
+
+    def repair_history(self, tenant_id: str, progress: ProgressCallback) -> HistoryCheck:
+        """``verify_history``, then set the bad records aside (quarantine) and rebuild the tenant's index."""
+        ...
+
     def build_index(self, tenant_id: str, progress: ProgressCallback) -> TenantStats: ...
 
     def compact_index(self, tenant_id: str, progress: ProgressCallback) -> TenantStats: ...
@@ -127,8 +188,9 @@ class AdminBackend(Protocol):
         ...
 
     def export_history(self, tenant_id: str, password: str, write: Callable[[bytes], None],
-                       progress: ProgressCallback) -> int:
-        """Write the tenant's export file, sealed with ``password``, through ``write``; return its size."""
+                       progress: ProgressCallback) -> HistoryExport:
+        """Write the tenant's export file, sealed with ``password``, through ``write``; records that fail
+        their check are left out and listed."""
         ...
 
     def import_history(self, source: BinaryIO, password: str, new_tenant_name: str, into_tenant_id: str,

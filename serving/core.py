@@ -51,6 +51,7 @@ from serving.prepare import (
     param_name,
     prepare,
 )
+from serving.quotas import AppendQuotas
 from serving.records import Event, Finished, PromptInput, Request, Started, Tool
 from serving.render import PromptRenderer
 from serving.stream import ReplyStream
@@ -66,6 +67,8 @@ class ServingMetrics(Protocol):
 
     def set_requests_running(self, num: int) -> None: ...
 
+    def observe_append_refused(self, quota: str) -> None: ...
+
 
 class NullMetrics:
     """Reports nothing."""
@@ -78,6 +81,9 @@ class NullMetrics:
         pass
 
     def set_requests_running(self, num: int) -> None:
+        pass
+
+    def observe_append_refused(self, quota: str) -> None:
         pass
 
 
@@ -93,6 +99,9 @@ class ServingCore:
         self.renderer = PromptRenderer(backend.tokenizer, self.info)
         self.admission = Admission(settings.max_concurrent_requests, settings.max_requests_per_tenant,
                                    on_change=self.metrics.set_requests_running)
+        self.append_quotas = AppendQuotas(settings.append_calls_per_s, settings.append_burst_calls,
+                                          settings.append_tokens_per_minute,
+                                          on_refused=self.metrics.observe_append_refused)
         self._render_pool = concurrent.futures.ThreadPoolExecutor(render_threads, thread_name_prefix="reprise-render")
 
     # ---- requests -----------------------------------------------------------------------------------
@@ -167,10 +176,12 @@ class ServingCore:
 
     async def append_trajectory(self, tenant: str, session_id: str, content: PromptInput,
                                 names: Mapping[str, str] | None = None) -> int:
-        """Add a turn that did not go through ``generate`` to the tenant's history."""
+        """Add a turn that did not go through ``generate`` to the tenant's history, within the tenant's
+        quotas (``serving.quotas``: the call rate first, before any work; the tokens once counted)."""
         field = (names or {}).get("content", "content")
         if self.admission.draining:
             raise errors.Unavailable("server is shutting down; retry on another replica")
+        self.append_quotas.admit_call(tenant)
         check_id((names or {}).get("session_id", "session_id"), session_id, MAX_SESSION_CHARS)
         if content.token_ids is not None:
             check_token_ids(f"{field}.tokens.ids", content.token_ids, self.info.vocab_size)
@@ -178,6 +189,7 @@ class ServingCore:
             raise errors.FailedPrecondition("the served model has no chat template: send text or tokens", field)
         check_size(content, self.info, field)
         ids = await self._render(content, add_generation_prompt=False)
+        self.append_quotas.admit_tokens(tenant, len(ids), field)
         return await self.backend.append_trajectory(tenant, session_id, ids)
 
     def abort(self, tenant: str, request_id: str) -> bool:

@@ -39,6 +39,7 @@ MAX_SESSION_CHARS = 256
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 512
 MAX_STOP_TOKEN_IDS = 256
+MAX_LOGIT_BIAS = 300  # as OpenAI
 MAX_CHUNK_TOKENS = 4096
 MAX_TOOLS = 128
 MAX_SCHEMA_CHARS = 64 * 1024
@@ -61,6 +62,9 @@ class ServingSettings:
     stream_chunk_tokens: int = 1
     max_concurrent_requests: int = 64
     max_requests_per_tenant: int = 16
+    append_calls_per_s: float = 20.0
+    append_burst_calls: int = 100
+    append_tokens_per_minute: int = 1_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +76,9 @@ class RawParams:
     top_k: int | None = None
     seed: int | None = None
     repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: Mapping[str, float] | None = None
     max_new_tokens: int | None = None
     min_new_tokens: int = 0
     stop: Sequence[str] = ()
@@ -153,14 +160,16 @@ def check_token_ids(name: str, ids: Sequence[int], vocab_size: int) -> None:
 
 def json_depth(value: Any, limit: int) -> int:
     """Nesting depth of a parsed JSON value, walked iteratively; stops counting past ``limit``."""
+    if not isinstance(value, (dict, list)):
+        return 0
     depth, stack = 0, [(value, 1)]
-    while stack:
+    while stack:  # only containers are pushed: a body of many strings costs one isinstance each
         node, d = stack.pop()
-        if isinstance(node, (dict, list)):
-            depth = max(depth, d)
-            if depth > limit:
-                return depth
-            stack.extend((child, d + 1) for child in (node.values() if isinstance(node, dict) else node))
+        depth = max(depth, d)
+        if depth > limit:
+            return depth
+        children = node.values() if isinstance(node, dict) else node
+        stack.extend([(child, d + 1) for child in children if isinstance(child, (dict, list))])
     return depth
 
 
@@ -181,12 +190,18 @@ def parse_schema(field: str, text: str) -> dict:
     return value
 
 
+def check_message_count(field: str, count: int) -> None:
+    """At most ``MAX_MESSAGES``: the fronts call this before converting a wire's messages, whose cost
+    grows with their number (30,000 messages took 0.4 s of the event loop to convert, then were refused)."""
+    if count > MAX_MESSAGES:
+        raise errors.InvalidArgument(f"{field} has {count} messages; at most {MAX_MESSAGES}", field)
+
+
 def check_messages(field: str, messages: Sequence[ChatMessage]) -> tuple[ChatMessage, ...]:
     """Roles known, tool messages answering a call; ``developer`` is read as ``system`` (OpenAI's rename)."""
     if not messages:
         raise errors.InvalidArgument(f"{field} is empty", field)
-    if len(messages) > MAX_MESSAGES:
-        raise errors.InvalidArgument(f"{field} has {len(messages)} messages; at most {MAX_MESSAGES}", field)
+    check_message_count(field, len(messages))
     out = []
     for i, m in enumerate(messages):
         if m.role not in CHAT_ROLES:
@@ -253,6 +268,13 @@ def check_params(raw: RawParams, info: ModelInfo, names: Mapping[str, str] | Non
     low, high = REPETITION_PENALTY_RANGE
     if not (math.isfinite(penalty) and low <= penalty <= high):
         raise n.bad("repetition_penalty", f"must be in [{low:g}, {high:g}] (1 = off), got {penalty}")
+    penalties = {}
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = getattr(raw, name)
+        penalties[name] = 0.0 if value is None else float(value)
+        if not (math.isfinite(penalties[name]) and -2.0 <= penalties[name] <= 2.0):
+            raise n.bad(name, f"must be in [-2, 2] (0 = off), got {value}")
+    bias = check_logit_bias(n("logit_bias"), raw.logit_bias or {}, info.vocab_size)
     explicit = raw.max_new_tokens is not None
     max_new = int(raw.max_new_tokens) if raw.max_new_tokens is not None else 0
     ctx = info.max_context_tokens
@@ -275,10 +297,30 @@ def check_params(raw: RawParams, info: ModelInfo, names: Mapping[str, str] | Non
     params = GenerateParams(
         max_new_tokens=max_new, temperature=temperature, top_p=top_p, top_k=top_k,
         seed=None if raw.seed is None else int(raw.seed), repetition_penalty=penalty,
+        presence_penalty=penalties["presence_penalty"], frequency_penalty=penalties["frequency_penalty"],
+        logit_bias=bias,
         min_new_tokens=int(raw.min_new_tokens), stop=tuple(raw.stop), stop_token_ids=tuple(raw.stop_token_ids),
         ignore_eos=raw.ignore_eos, include_stop_str_in_output=raw.include_stop_str_in_output,
         speculate=raw.speculate, record=raw.record, constraint=constraint)
     return params, explicit
+
+
+def check_logit_bias(field: str, raw: Mapping[str, float], vocab_size: int) -> tuple[tuple[int, float], ...]:
+    """OpenAI's ``logit_bias`` (token id as a string -> bias in [-100, 100]) as sorted pairs."""
+    if len(raw) > MAX_LOGIT_BIAS:
+        raise errors.InvalidArgument(f"{field} has {len(raw)} entries; at most {MAX_LOGIT_BIAS}", field)
+    pairs = []
+    for key, value in raw.items():
+        try:
+            token = int(key)
+        except (TypeError, ValueError):
+            raise errors.InvalidArgument(f"{field} keys must be token ids, got {str(key)!r:.40}", field) from None
+        if not 0 <= token < vocab_size:
+            raise errors.InvalidArgument(f"{field} token {token} is not in [0, {vocab_size})", field)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not -100 <= value <= 100:
+            raise errors.InvalidArgument(f"{field}[{key!r}] must be a number in [-100, 100], got {value!r:.40}", field)
+        pairs.append((token, float(value)))
+    return tuple(sorted(pairs))
 
 
 # ---- tools and structured output -------------------------------------------------------------------
@@ -308,13 +350,16 @@ def output_constraint(tools: Sequence[Tool], choice: ToolChoice, response_format
                       tool_format: str, names: Mapping[str, str] | None = None) -> OutputConstraint | None:
     """The grammar a request's output must follow, if any: a forced tool call (``required``, a named
     function, or ``allowed`` tools with mode ``required``) in the model's own tool-call format, or the
-    JSON of ``response_format``."""
+    JSON of ``response_format``. A forced call wins over ``response_format``, as on OpenAI: the format
+    shapes a text reply, and a forced turn has none (pydantic-ai sends its ``NativeOutput`` format with
+    every request of a run, the forced tool-calling steps included). With ``auto`` and tools, the format's
+    JSON or one tool call (an agent with tools and a typed output: the Agents SDK, pydantic-ai)."""
     n = _Names(names or {})
     forced = choice.mode in ("required", "function")
     if forced and not tools:
         raise n.bad("tool_choice", f"is {choice.mode!r} but the request has no tools")
-    if forced and response_format.type != "text":
-        raise n.bad("response_format", f"and a forced {n('tool_choice')} cannot both shape the output")
+    if response_format.type == "json_schema":  # a bad schema is refused even in a turn it does not shape
+        parse_schema(n("json_schema"), response_format.schema)
     if choice.mode == "function":
         chosen = [t for t in tools if t.name == choice.name]
         if not chosen:
@@ -322,11 +367,13 @@ def output_constraint(tools: Sequence[Tool], choice: ToolChoice, response_format
         return FORMATS[tool_format].constraint(chosen)
     if choice.mode == "required":
         return FORMATS[tool_format].constraint(tools)
+    # With tools the model may call (auto), a call stays possible beside the formatted answer.
+    call = FORMATS[tool_format].constraint(tools) if tools and choice.mode == "auto" else None
     if response_format.type == "json_object":
-        return OutputConstraint('{"type": "object"}', name="json_object", param=n("response_format"))
+        return OutputConstraint('{"type": "object"}', name="json_object", param=n("response_format"),
+                                alternative=call)
     if response_format.type == "json_schema":
-        parse_schema(n("json_schema"), response_format.schema)
-        return OutputConstraint(response_format.schema, name="json_schema", param=n("json_schema"))
+        return OutputConstraint(response_format.schema, name="json_schema", param=n("json_schema"), alternative=call)
     return None
 
 

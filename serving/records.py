@@ -80,13 +80,16 @@ class OutputConstraint:
     """A grammar the output must follow: the literal ``prefix``, then a JSON value valid under ``schema``
     (JSON Schema text), then the literal ``suffix``, then end of sequence. ``name`` says what asked for
     it (``json_object``, ``json_schema``, ``tool_calls``) and ``param`` the request field it came from
-    (error messages name it)."""
+    (error messages name it). ``alternative``: an output of that constraint is allowed instead (a tool
+    call the model may make rather than the formatted answer: ``tool_choice`` auto with tools and a
+    ``response_format``)."""
 
     schema: str
     prefix: str = ""
     suffix: str = ""
     name: str = "json_schema"
     param: str = "response_format"
+    alternative: OutputConstraint | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +97,9 @@ class GenerateParams:
     """Validated sampling and stopping parameters of one request (defaults filled in).
 
     ``temperature`` 0 is greedy; ``speculate`` False decodes one token per step (the same output);
-    ``record`` False keeps the turn out of the tenant's history.
+    ``record`` False keeps the turn out of the tenant's history. ``presence_penalty``,
+    ``frequency_penalty`` (OpenAI's, 0 = off) and ``logit_bias`` ((token id, bias) pairs) are applied
+    by vLLM; the own engine refuses them when set (its ``check``).
     """
 
     max_new_tokens: int
@@ -103,6 +108,9 @@ class GenerateParams:
     top_k: int = 0
     seed: int | None = None
     repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
     min_new_tokens: int = 0
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()

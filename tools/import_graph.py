@@ -5,10 +5,12 @@ docs/architecture.md. Static: it reads the source with ``ast`` and runs none of 
     python tools/import_graph.py --edges  # print every project-internal edge
 
 An edge is every ``import``/``from ... import`` of a project module, at module top or inside a
-function (a lazy import is still a dependency), except imports under ``if TYPE_CHECKING:`` (they
-never run). ``from pkg import name`` is an edge to ``pkg.name`` when that is a module, else to
-``pkg``; importing ``a.b`` also runs ``a/__init__.py``, but that implicit edge is not counted (it
-would make every package's ``__init__`` part of a cycle with its own submodules).
+function (a lazy import is still a dependency). Imports under ``if TYPE_CHECKING:`` never run, but
+they count too, for the layering and for cycles (reported apart): an annotation that names a module
+above is still a dependency on it, and an annotation-only circle is still two modules that cannot be
+read, or changed, one without the other. ``from pkg import name`` is an edge to ``pkg.name`` when that
+is a module, else to ``pkg``; importing ``a.b`` also runs ``a/__init__.py``, but that implicit edge is
+not counted (it would make every package's ``__init__`` part of a cycle with its own submodules).
 """
 
 from __future__ import annotations
@@ -80,13 +82,13 @@ def modules(root: Path = ROOT) -> dict[str, Path]:
     return found
 
 
-def _imports(tree: ast.Module) -> Iterator[ast.Import | ast.ImportFrom]:
-    """Every import statement that runs: not the ones under ``if TYPE_CHECKING:``."""
+def _imports(tree: ast.Module, annotations: bool = False) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Every import statement that runs, and with ``annotations`` those under ``if TYPE_CHECKING:``."""
     stack: list[ast.AST] = [tree]
     while stack:
         node = stack.pop()
         for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+            if not annotations and isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
                 stack.extend(child.orelse)
                 continue
             if isinstance(child, (ast.Import, ast.ImportFrom)):
@@ -102,14 +104,14 @@ def _owner(name: str, known: dict[str, Path]) -> str | None:
     return name or None
 
 
-def edges(known: dict[str, Path]) -> dict[str, set[str]]:
-    """Module -> the project modules it imports."""
+def edges(known: dict[str, Path], annotations: bool = False) -> dict[str, set[str]]:
+    """Module -> the project modules it imports (``annotations``: ``TYPE_CHECKING`` imports too)."""
     graph: dict[str, set[str]] = {name: set() for name in known}
     for name, path in known.items():
         if path.suffix != ".py":
             continue
         is_package = path.name == "__init__.py"
-        for node in _imports(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        for node in _imports(ast.parse(path.read_text(encoding="utf-8"), str(path)), annotations):
             targets: list[str] = []
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
@@ -217,11 +219,15 @@ def problems(root: Path = ROOT) -> list[str]:
     """One line per cycle and per forbidden import; empty when the graph is clean."""
     known = modules(root)
     graph = edges(known)
+    annotated = edges(known, annotations=True)
     lines = [f"cycle: {' -> '.join(cycle)}" for cycle in cycles(graph)]
+    runtime = {frozenset(cycle) for cycle in cycles(graph)}
+    lines += [f"cycle through TYPE_CHECKING imports: {' -> '.join(cycle)}" for cycle in cycles(annotated)
+              if frozenset(cycle) not in runtime]
     lines += [f"layering rule for {prefix} names no module (moved? update MUST_NOT_IMPORT)"
               for prefix in MUST_NOT_IMPORT if (root / "reprise").is_dir() and not any(_within(m, prefix) for m in known)]
     lines += [f"forbidden import: {source} imports {target} (docs/architecture.md, Layers)"
-              for source, target in forbidden(graph)]
+              for source, target in forbidden(annotated)]
     return lines
 
 

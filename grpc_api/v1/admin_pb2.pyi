@@ -104,13 +104,29 @@ class GetIndexStatsRequest(_message.Message):
     def __init__(self, tenant_id: _Optional[str] = ...) -> None: ...
 
 class GetIndexStatsResponse(_message.Message):
-    __slots__ = ("tenants",)
+    __slots__ = ("tenants", "memory")
     TENANTS_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_FIELD_NUMBER: _ClassVar[int]
     tenants: _containers.RepeatedCompositeFieldContainer[TenantIndexStats]
-    def __init__(self, tenants: _Optional[_Iterable[_Union[TenantIndexStats, _Mapping]]] = ...) -> None: ...
+    memory: IndexMemory
+    def __init__(self, tenants: _Optional[_Iterable[_Union[TenantIndexStats, _Mapping]]] = ..., memory: _Optional[_Union[IndexMemory, _Mapping]] = ...) -> None: ...
+
+class IndexMemory(_message.Message):
+    __slots__ = ("budget_bytes", "resident_bytes", "resident_tenants", "num_evictions", "quarantined_records")
+    BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RESIDENT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RESIDENT_TENANTS_FIELD_NUMBER: _ClassVar[int]
+    NUM_EVICTIONS_FIELD_NUMBER: _ClassVar[int]
+    QUARANTINED_RECORDS_FIELD_NUMBER: _ClassVar[int]
+    budget_bytes: int
+    resident_bytes: int
+    resident_tenants: int
+    num_evictions: int
+    quarantined_records: int
+    def __init__(self, budget_bytes: _Optional[int] = ..., resident_bytes: _Optional[int] = ..., resident_tenants: _Optional[int] = ..., num_evictions: _Optional[int] = ..., quarantined_records: _Optional[int] = ...) -> None: ...
 
 class TenantIndexStats(_message.Message):
-    __slots__ = ("tenant_id", "index_tokens", "index_sequences", "index_memory_bytes", "corpus_tokens", "num_requests", "num_steps", "num_drafted_steps", "hit_rate", "tau", "num_draft_tokens", "num_accepted_tokens", "acceptance_by_position", "drafter_steps", "counting_since_unix_ms", "prefix_cache_bytes", "prompt_tokens", "cached_prompt_tokens", "prefix_cache_hit_rate")
+    __slots__ = ("tenant_id", "index_tokens", "index_sequences", "index_memory_bytes", "corpus_tokens", "num_requests", "num_steps", "num_drafted_steps", "hit_rate", "tau", "num_draft_tokens", "num_accepted_tokens", "acceptance_by_position", "drafter_steps", "counting_since_unix_ms", "prefix_cache_bytes", "prompt_tokens", "cached_prompt_tokens", "prefix_cache_hit_rate", "index_resident", "quarantined_records", "decode_seconds", "plain_decode_seconds", "prefill_seconds", "plain_prefill_seconds", "committed_tokens", "speedup", "seconds_saved_drafts", "seconds_saved_cache", "tokens_per_second")
     class DrafterStepsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -137,6 +153,17 @@ class TenantIndexStats(_message.Message):
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     CACHED_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PREFIX_CACHE_HIT_RATE_FIELD_NUMBER: _ClassVar[int]
+    INDEX_RESIDENT_FIELD_NUMBER: _ClassVar[int]
+    QUARANTINED_RECORDS_FIELD_NUMBER: _ClassVar[int]
+    DECODE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PLAIN_DECODE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PLAIN_PREFILL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SPEEDUP_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_SAVED_DRAFTS_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_SAVED_CACHE_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
     tenant_id: str
     index_tokens: int
     index_sequences: int
@@ -156,7 +183,18 @@ class TenantIndexStats(_message.Message):
     prompt_tokens: int
     cached_prompt_tokens: int
     prefix_cache_hit_rate: float
-    def __init__(self, tenant_id: _Optional[str] = ..., index_tokens: _Optional[int] = ..., index_sequences: _Optional[int] = ..., index_memory_bytes: _Optional[int] = ..., corpus_tokens: _Optional[int] = ..., num_requests: _Optional[int] = ..., num_steps: _Optional[int] = ..., num_drafted_steps: _Optional[int] = ..., hit_rate: _Optional[float] = ..., tau: _Optional[float] = ..., num_draft_tokens: _Optional[int] = ..., num_accepted_tokens: _Optional[int] = ..., acceptance_by_position: _Optional[_Iterable[float]] = ..., drafter_steps: _Optional[_Mapping[str, int]] = ..., counting_since_unix_ms: _Optional[int] = ..., prefix_cache_bytes: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., cached_prompt_tokens: _Optional[int] = ..., prefix_cache_hit_rate: _Optional[float] = ...) -> None: ...
+    index_resident: bool
+    quarantined_records: int
+    decode_seconds: float
+    plain_decode_seconds: float
+    prefill_seconds: float
+    plain_prefill_seconds: float
+    committed_tokens: int
+    speedup: float
+    seconds_saved_drafts: float
+    seconds_saved_cache: float
+    tokens_per_second: float
+    def __init__(self, tenant_id: _Optional[str] = ..., index_tokens: _Optional[int] = ..., index_sequences: _Optional[int] = ..., index_memory_bytes: _Optional[int] = ..., corpus_tokens: _Optional[int] = ..., num_requests: _Optional[int] = ..., num_steps: _Optional[int] = ..., num_drafted_steps: _Optional[int] = ..., hit_rate: _Optional[float] = ..., tau: _Optional[float] = ..., num_draft_tokens: _Optional[int] = ..., num_accepted_tokens: _Optional[int] = ..., acceptance_by_position: _Optional[_Iterable[float]] = ..., drafter_steps: _Optional[_Mapping[str, int]] = ..., counting_since_unix_ms: _Optional[int] = ..., prefix_cache_bytes: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., cached_prompt_tokens: _Optional[int] = ..., prefix_cache_hit_rate: _Optional[float] = ..., index_resident: _Optional[bool] = ..., quarantined_records: _Optional[int] = ..., decode_seconds: _Optional[float] = ..., plain_decode_seconds: _Optional[float] = ..., prefill_seconds: _Optional[float] = ..., plain_prefill_seconds: _Optional[float] = ..., committed_tokens: _Optional[int] = ..., speedup: _Optional[float] = ..., seconds_saved_drafts: _Optional[float] = ..., seconds_saved_cache: _Optional[float] = ..., tokens_per_second: _Optional[float] = ...) -> None: ...
 
 class IndexOperationRequest(_message.Message):
     __slots__ = ("tenant_id",)
@@ -223,12 +261,64 @@ class ExportHistoryRequest(_message.Message):
     def __init__(self, tenant_id: _Optional[str] = ..., password: _Optional[str] = ...) -> None: ...
 
 class ExportHistoryResponse(_message.Message):
-    __slots__ = ("progress", "data")
+    __slots__ = ("progress", "data", "summary")
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
     progress: _common_pb2.Progress
     data: bytes
-    def __init__(self, progress: _Optional[_Union[_common_pb2.Progress, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
+    summary: ExportSummary
+    def __init__(self, progress: _Optional[_Union[_common_pb2.Progress, _Mapping]] = ..., data: _Optional[bytes] = ..., summary: _Optional[_Union[ExportSummary, _Mapping]] = ...) -> None: ...
+
+class ExportSummary(_message.Message):
+    __slots__ = ("num_bytes", "num_trajectories", "skipped")
+    NUM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    NUM_TRAJECTORIES_FIELD_NUMBER: _ClassVar[int]
+    SKIPPED_FIELD_NUMBER: _ClassVar[int]
+    num_bytes: int
+    num_trajectories: int
+    skipped: _containers.RepeatedCompositeFieldContainer[BadRecord]
+    def __init__(self, num_bytes: _Optional[int] = ..., num_trajectories: _Optional[int] = ..., skipped: _Optional[_Iterable[_Union[BadRecord, _Mapping]]] = ...) -> None: ...
+
+class BadRecord(_message.Message):
+    __slots__ = ("kind", "record_id", "cursor", "reason")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    RECORD_ID_FIELD_NUMBER: _ClassVar[int]
+    CURSOR_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    record_id: str
+    cursor: str
+    reason: str
+    def __init__(self, kind: _Optional[str] = ..., record_id: _Optional[str] = ..., cursor: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class HistoryCheckRequest(_message.Message):
+    __slots__ = ("tenant_id",)
+    TENANT_ID_FIELD_NUMBER: _ClassVar[int]
+    tenant_id: str
+    def __init__(self, tenant_id: _Optional[str] = ...) -> None: ...
+
+class HistoryCheckResponse(_message.Message):
+    __slots__ = ("progress", "result")
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    progress: _common_pb2.Progress
+    result: HistoryCheckResult
+    def __init__(self, progress: _Optional[_Union[_common_pb2.Progress, _Mapping]] = ..., result: _Optional[_Union[HistoryCheckResult, _Mapping]] = ...) -> None: ...
+
+class HistoryCheckResult(_message.Message):
+    __slots__ = ("tenant_id", "num_records", "bad", "repaired", "num_quarantined")
+    TENANT_ID_FIELD_NUMBER: _ClassVar[int]
+    NUM_RECORDS_FIELD_NUMBER: _ClassVar[int]
+    BAD_FIELD_NUMBER: _ClassVar[int]
+    REPAIRED_FIELD_NUMBER: _ClassVar[int]
+    NUM_QUARANTINED_FIELD_NUMBER: _ClassVar[int]
+    tenant_id: str
+    num_records: int
+    bad: _containers.RepeatedCompositeFieldContainer[BadRecord]
+    repaired: bool
+    num_quarantined: int
+    def __init__(self, tenant_id: _Optional[str] = ..., num_records: _Optional[int] = ..., bad: _Optional[_Iterable[_Union[BadRecord, _Mapping]]] = ..., repaired: _Optional[bool] = ..., num_quarantined: _Optional[int] = ...) -> None: ...
 
 class ImportHistoryHeader(_message.Message):
     __slots__ = ("password", "new_tenant_name", "into_tenant_id")

@@ -84,6 +84,16 @@ class AdminServiceStub:
                 request_serializer=grpc__api_dot_v1_dot_admin__pb2.ImportHistoryRequest.SerializeToString,
                 response_deserializer=grpc__api_dot_v1_dot_admin__pb2.ImportHistoryResponse.FromString,
                 _registered_method=True)
+        self.VerifyHistory = channel.unary_stream(
+                '/reprise.v1.AdminService/VerifyHistory',
+                request_serializer=grpc__api_dot_v1_dot_admin__pb2.HistoryCheckRequest.SerializeToString,
+                response_deserializer=grpc__api_dot_v1_dot_admin__pb2.HistoryCheckResponse.FromString,
+                _registered_method=True)
+        self.RepairHistory = channel.unary_stream(
+                '/reprise.v1.AdminService/RepairHistory',
+                request_serializer=grpc__api_dot_v1_dot_admin__pb2.HistoryCheckRequest.SerializeToString,
+                response_deserializer=grpc__api_dot_v1_dot_admin__pb2.HistoryCheckResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -164,6 +174,23 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def VerifyHistory(self, request, context):
+        """Opens and parses every stored record of a tenant (trajectories, snapshots, corpus parts, hidden
+        states, stored responses) and names those that fail authentication or parsing. Writes nothing.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RepairHistory(self, request, context):
+        """VerifyHistory, then moves each bad record (its stored bytes unchanged) into the tenant's quarantine,
+        removes it from the history and rebuilds the tenant's index from the rest; the result names what
+        was dropped.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -216,6 +243,16 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.ImportHistory,
                     request_deserializer=grpc__api_dot_v1_dot_admin__pb2.ImportHistoryRequest.FromString,
                     response_serializer=grpc__api_dot_v1_dot_admin__pb2.ImportHistoryResponse.SerializeToString,
+            ),
+            'VerifyHistory': grpc.unary_stream_rpc_method_handler(
+                    servicer.VerifyHistory,
+                    request_deserializer=grpc__api_dot_v1_dot_admin__pb2.HistoryCheckRequest.FromString,
+                    response_serializer=grpc__api_dot_v1_dot_admin__pb2.HistoryCheckResponse.SerializeToString,
+            ),
+            'RepairHistory': grpc.unary_stream_rpc_method_handler(
+                    servicer.RepairHistory,
+                    request_deserializer=grpc__api_dot_v1_dot_admin__pb2.HistoryCheckRequest.FromString,
+                    response_serializer=grpc__api_dot_v1_dot_admin__pb2.HistoryCheckResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -488,6 +525,60 @@ class AdminService:
             '/reprise.v1.AdminService/ImportHistory',
             grpc__api_dot_v1_dot_admin__pb2.ImportHistoryRequest.SerializeToString,
             grpc__api_dot_v1_dot_admin__pb2.ImportHistoryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def VerifyHistory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/reprise.v1.AdminService/VerifyHistory',
+            grpc__api_dot_v1_dot_admin__pb2.HistoryCheckRequest.SerializeToString,
+            grpc__api_dot_v1_dot_admin__pb2.HistoryCheckResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RepairHistory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/reprise.v1.AdminService/RepairHistory',
+            grpc__api_dot_v1_dot_admin__pb2.HistoryCheckRequest.SerializeToString,
+            grpc__api_dot_v1_dot_admin__pb2.HistoryCheckResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -50,6 +50,19 @@ def engine_request(request: Request, grammar: Any = None) -> GenerationRequest:
         record_history=p.record, speculate=p.speculate, grammar=grammar)
 
 
+def refuse_unsupported(request: Request) -> None:
+    """InvalidArgument for a parameter this engine cannot apply (vLLM applies them: ``model.engine``)."""
+    p = request.params
+    for name in ("presence_penalty", "frequency_penalty"):
+        if getattr(p, name):
+            raise errors.InvalidArgument(
+                f"{name} is not supported by this server's engine (model.engine transformers); "
+                "send 0, or repetition_penalty, or use a server with model.engine vllm", name)
+    if p.logit_bias:
+        raise errors.InvalidArgument("logit_bias is not supported by this server's engine (model.engine "
+                                     "transformers); use a server with model.engine vllm", "logit_bias")
+
+
 def request_error(exc: BaseException) -> BaseException:
     """A request's failure as the caller should see it: the service's own errors as they are, bad input
     as InvalidArgument, anything else as an internal error whose details stay in the log."""
@@ -118,6 +131,7 @@ class EngineBackend:
         return self._failure is None and self._thread.is_alive()
 
     async def check(self, request: Request) -> None:
+        refuse_unsupported(request)
         if request.params.constraint is not None:
             await asyncio.get_running_loop().run_in_executor(None, self._grammars.compile, request)
 

@@ -25,6 +25,11 @@ whose KV was reused), and whether every output equals ``generate``'s. Each sessi
 cache (the tenant's cached KV is dropped before its first call, so a first call pays its whole prefill)
 unless ``--warm-sessions``.
 
+``savings_check``: the service's savings estimate (serving/savings.py), fed by ``engine_cache_drafts``'s
+own steps through the same metering the service uses, against the speedup measured here: ``engine``
+(no drafts, no cache) over ``engine_cache_drafts`` in tokens per second on the estimate's clock (CPU time
+of the decoding thread with one torch thread, wall time otherwise); ``error`` = estimated / measured - 1.
+
 ``--out FILE`` rewrites the JSON after every call, so an interrupted run keeps what it measured.
 """
 
@@ -180,11 +185,13 @@ class _Figures:
 
 
 def make_methods(lm, args) -> tuple[dict[str, Callable[..., Any]], dict[str, Any]]:
-    """The four methods as ``fn(prompt_ids, tenant) -> (tokens, usage or None, ttft cpu, ttft wall)``."""
+    """The four methods as ``fn(prompt_ids, tenant) -> (tokens, usage or None, ttft cpu, ttft wall)``; and
+    the engines, the proposer's name and the drafted engine's per-tenant accounting (its savings estimate)."""
     import torch
 
     from reprise.drafters import DEFAULT_DRAFTER, make_proposer
-    from reprise.engine.engine import Engine
+    from reprise.engine.engine import Engine, EngineConfig
+    from reprise.server.metering import StepMeter, TenantAccounting
     from verifier.runner import ModelRunner
 
     name = args.proposer or DEFAULT_DRAFTER
@@ -196,10 +203,12 @@ def make_methods(lm, args) -> tuple[dict[str, Callable[..., Any]], dict[str, Any
         return ModelRunner(lm.model, max_len=args.max_len, max_draft_nodes=drafts, prefix_cache_bytes=cache,
                            forward=getattr(args, "forward", "auto"))
 
+    accounting = TenantAccounting()  # as the service meters: the estimate is the one operators see
     engines = {
         "engine": Engine(runner(0, 0), NoDrafts(), lm.tokenizer),
         "engine_cache": Engine(runner(0, args.cache_bytes), NoDrafts(), lm.tokenizer),
-        "engine_cache_drafts": Engine(runner(32, args.cache_bytes), proposer, lm.tokenizer),
+        "engine_cache_drafts": Engine(runner(32, args.cache_bytes), proposer, lm.tokenizer,
+                                      EngineConfig(observer=StepMeter(accounting))),
     }
     n = args.max_new_tokens
     eos = lm.model.generation_config.eos_token_id
@@ -239,13 +248,16 @@ def make_methods(lm, args) -> tuple[dict[str, Callable[..., Any]], dict[str, Any
         return go
 
     methods = {"generate": generate} | {key: on_engine(engine) for key, engine in engines.items()}
-    return methods, engines | {"proposer": name}
+    return methods, engines | {"proposer": name, "accounting": accounting}
 
 
 def run_sessions(lm, traces: list[Path], args, report: dict[str, Any], save: Callable[[], None]) -> None:
     """Decode every call of every selected session with every method, filling ``report``."""
     methods, engines = make_methods(lm, args)
     report["proposer"] = engines["proposer"]
+    accounting = engines["accounting"]
+    clock = engines["engine_cache_drafts"].clock
+    cpu_clock = clock is time.thread_time
     warm = (lm.tokenizer.apply_chat_template([{"role": "user", "content": "hello"}], add_generation_prompt=True,
                                              tokenize=True))  # fmt: skip
     warm = list(warm["input_ids"] if hasattr(warm, "keys") else warm)
@@ -254,6 +266,8 @@ def run_sessions(lm, traces: list[Path], args, report: dict[str, Any], save: Cal
     turn = 0
     for trace in traces:
         sessions = load_sessions(trace, lm.tokenizer, args)
+        tenants = {s.tenant for s in sessions}
+        before = _savings(accounting, tenants)
         figures = {m: _Figures() for m in METHODS}
         per_call: list[dict[str, Any]] = []  # what each call took, for the JSON
         for s_index, session in enumerate(sessions):
@@ -302,7 +316,9 @@ def run_sessions(lm, traces: list[Path], args, report: dict[str, Any], save: Cal
                         f.first_differences.append({"session": s_index, "call": c_index, "at": at,
                                                     "vs": "engine", "margin": margin})  # fmt: skip
                 per_call.append(record)
-                report["traces"][trace.name] = summarise(figures, len(sessions)) | {"per_call": per_call}
+                report["traces"][trace.name] = summarise(figures, len(sessions), _savings(accounting, tenants) - before,
+                                                       cpu_clock) | {
+                    "per_call": per_call}
                 rates = ", ".join(f"{m} {f.tokens / f.cpu_seconds:.2f}" for m, f in figures.items())
                 print(f"bench agent: {trace.name} session {s_index + 1}/{len(sessions)} call {c_index + 1}/"
                       f"{len(session.prompts)}: tokens per CPU-s so far {rates}", file=sys.stderr)  # fmt: skip
@@ -343,6 +359,13 @@ def _top2_margin(runner, ids: list[int]) -> float | None:
     return round(float(top[0] - top[1]), 4)
 
 
+def _savings(accounting: Any, tenants: set[str]) -> Any:
+    """The savings estimate of these tenants together (a ``serving.savings.Savings``)."""
+    from serving.savings import Savings
+
+    return sum((accounting.stats(t).savings for t in tenants), Savings())
+
+
 def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs) if xs else 0.0
 
@@ -351,7 +374,31 @@ def _ratio(later: list[float], first: list[float], average: Callable[[list[float
     return round(average(later) / average(first), 3) if later and first and average(first) > 0 else None
 
 
-def summarise(figures: dict[str, _Figures], num_sessions: int) -> dict[str, Any]:
+def savings_check(figures: dict[str, _Figures], estimate: Any, cpu_clock: bool) -> dict[str, Any]:
+    """The savings estimate of the drafted run against the speedup measured over the plain run."""
+    plain, drafted = figures["engine"], figures["engine_cache_drafts"]
+    seconds = (lambda f: f.cpu_seconds) if cpu_clock else (lambda f: f.seconds)
+    ttft = (lambda f: f.ttft_first + f.ttft_later) if cpu_clock else (lambda f: f.ttft_first_wall + f.ttft_later_wall)
+    measured = (drafted.tokens / seconds(drafted)) / (plain.tokens / seconds(plain)) if seconds(plain) and seconds(
+        drafted) else None
+    out: dict[str, Any] = {"clock": "thread_cpu" if cpu_clock else "wall",
+                           "speedup_measured": round(measured, 3) if measured else None,
+                           "speedup_estimated": round(estimate.speedup, 3) if estimate.speedup else None}
+    if measured and estimate.speedup:
+        out["error"] = round(estimate.speedup / measured - 1, 4)
+    out |= {k: round(v, 3) for k, v in (("seconds_saved_drafts", estimate.seconds_saved_drafts),
+                                         ("seconds_saved_cache", estimate.seconds_saved_cache),
+                                         ("seconds_estimated_spent", estimate.seconds),
+                                         ("seconds_measured_spent", seconds(drafted)),
+                                         ("seconds_estimated_plain", estimate.plain_seconds),
+                                         ("seconds_measured_plain", seconds(plain)),
+                                         ("seconds_estimated_plain_prefill", estimate.plain_prefill_seconds),
+                                         ("seconds_measured_plain_ttft", sum(ttft(plain))))}
+    return out
+
+
+def summarise(figures: dict[str, _Figures], num_sessions: int, estimate: Any = None,
+              cpu_clock: bool = True) -> dict[str, Any]:
     base = figures["generate"]
     out: dict[str, Any] = {"sessions": num_sessions, "calls": base.calls, "tokens": base.tokens, "methods": {}}
     for method, f in figures.items():
@@ -388,6 +435,8 @@ def summarise(figures: dict[str, _Figures], num_sessions: int) -> dict[str, Any]
     out["ttft_ratio_later_calls_median"] = best["ttft_ratio_later_calls_median"]
     out["cache_hit_rate"] = best["cache_hit_rate"]
     out["outputs_identical"] = all(f.identical == f.calls for f in figures.values())
+    if estimate is not None:
+        out["savings_check"] = savings_check(figures, estimate, cpu_clock)
     return out
 
 
@@ -402,6 +451,12 @@ def format_report(report: dict[str, Any]) -> str:
             f"{row['ttft_ratio_later_calls']} (median {row['ttft_ratio_later_calls_median']}), cache hit rate "
             f"{row['cache_hit_rate']:.0%}, outputs identical {row['outputs_identical']}"
         )
+        check = row.get("savings_check")
+        if check and check.get("error") is not None:
+            lines.append(f"  savings estimate: speedup {check['speedup_estimated']:.2f}x estimated from the drafted "
+                         f"run's steps, {check['speedup_measured']:.2f}x measured (engine / engine_cache_drafts, "
+                         f"{check['clock']}): error {check['error']:+.1%}; saved by drafts "
+                         f"{check['seconds_saved_drafts']:.1f} s, by the cache {check['seconds_saved_cache']:.1f} s")
         for method, m in row["methods"].items():
             extra = f", {m['tokens_per_step']:.2f} tokens/step" if m.get("tokens_per_step") else ""
             extra += f", {m['accept_rate']:.0%} of drafts accepted" if "accept_rate" in m else ""

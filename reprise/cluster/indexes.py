@@ -20,7 +20,7 @@ from privacy.tenants import TenantId
 from reprise.server.admin import privacy_errors
 from reprise.server.indexes import TenantIndexes
 from serving import errors
-from serving.admin import CorpusDocument, CorpusImport, Progress, ProgressCallback, TenantStats
+from serving.admin import CorpusDocument, CorpusImport, IndexMemory, Progress, ProgressCallback, TenantStats
 
 log = logging.getLogger(__name__)
 
@@ -56,16 +56,29 @@ class ReplicatedIndexes(TenantIndexes):
         else:
             self.replica.tenant_deleted(tenant)
 
+    def ensure(self, tenant: str) -> None:
+        """Load the tenant unless this replica holds it (the replica's loader and budget)."""
+        self.replica.ensure(tenant, None)
+
+    def is_resident(self, tenant: str) -> bool:
+        return bool(self.replica.is_held(tenant))
+
+    def reload(self, tenant: str) -> None:
+        """The tenant's stored history changed (a repair): every replica reloads it."""
+        self.replica.evict(tenant)
+        self._announce_reload(tenant)
+
     def _announce_reload(self, tenant: str) -> None:
         try:
             self.replica.feed.publish(KIND_RELOAD, TenantId(tenant), "", self.replica.name)
         except StorageError as exc:  # the change is stored; other replicas see it when they reload
             log.error("tenant %s: could not tell the other replicas to reload it (%s)", tenant, exc)
 
-    def stats(self, tenant: str) -> TenantStats:
-        if self.has_indexes and not self.replica.is_held(tenant):
-            return self._accounting.stats(tenant)  # never create an index just to measure it
-        return super().stats(tenant)
+    def memory(self) -> IndexMemory:
+        """This replica's figures against ``cluster.index_memory_bytes``."""
+        sizes = self.replica.memory_bytes()
+        return IndexMemory(self.replica.config.index_memory_bytes, sum(sizes.values()), len(sizes),
+                           self.replica.num_evictions, 0)
 
     def build(self, tenant: str, progress: ProgressCallback) -> TenantStats:
         """Rebuild from the whole stream (not the snapshot), then seal a fresh snapshot."""

@@ -62,6 +62,7 @@ class Replica:
         self.evicted_snapshots: list[tuple[str, bytes, str]] = []  # sealed by upkeep, off the caller's thread
         self.purge_pending: dict[str, float] = {}          # deleted tenants this replica wrote to lately
         self._load_errors: dict[str, str] = {}
+        self.num_evictions = 0
 
     def set_proposer(self, proposer: Any) -> None:
         """The proposer whose per-tenant indexes this replica keeps (None: none yet)."""
@@ -226,6 +227,7 @@ class Replica:
                     self.evicted_snapshots.append((tenant, self.proposer.snapshot(tenant), held.cursor))
             held.loaded = False
             self.proposer.evict(tenant)
+        self.num_evictions += 1
         if self.metrics is not None:
             self.metrics.evictions.inc()
         return True

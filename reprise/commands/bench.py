@@ -5,7 +5,7 @@ Each area lives in ``reprise.benchmarks.<area>`` with ``add_arguments(parser)`` 
 
 from __future__ import annotations
 
-from reprise.benchmarks import agent, cluster, engine, index, neural, serve, store, verify
+from reprise.benchmarks import agent, attack, cluster, engine, index, neural, serve, store, verify
 
 AREAS = {  # name -> (module, help line), in the order --help shows them
     "index": (index, "native suffix index: insert tokens/s, bytes per token, speculate latency"),
@@ -19,6 +19,8 @@ AREAS = {  # name -> (module, help line), in the order --help shows them
                         "reuse, hybrid")),
     "engine": (engine, ("vLLM plain, ngram, suffix, vLLM + Reprise's proposer, Reprise's engine: tokens/s at 1 "
                         "and 8 concurrent")),
+    "attack": (attack, ("a hostile client's floods against a real server: outcome, peak RSS, health and a normal "
+                        "tenant's latency under each")),
 }
 
 

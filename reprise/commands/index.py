@@ -1,16 +1,25 @@
 """`reprise index`: per-tenant drafting indexes on a running server.
 
-    reprise index stats [TENANT] [--json]    # index size, hit rate, tau, acceptance by position, drafter mix, KV cache
+    reprise index stats [TENANT] [--json]    # index size, hit rate, tau, acceptance by position, drafter mix, KV cache,
+                                             # speedup and seconds saved, memory against the budget, evictions,
+                                             # quarantined records
     reprise index build TENANT               # rebuild the in-memory index from the encrypted history
     reprise index compact TENANT             # rewrite the stored history and snapshot compactly
+    reprise index verify TENANT              # name the stored records that fail authentication or parsing
+    reprise index repair TENANT              # move those into the tenant's quarantine, rebuild the index
     reprise index import-corpus TENANT FILE...   # documents that draft REST-style for this tenant
     reprise index export TENANT --out FILE   # the tenant's history as a password-sealed file
     reprise index import FILE [--name NEW | --into TENANT]
 
+A record that fails authentication or parsing is skipped (quarantined) when an index is built and
+left out of an export; both say so. `verify` and `repair` name it; repair keeps its stored bytes aside
+in the tenant's quarantine (never deleted silently). For a store the service cannot open, the offline
+form works on the store directly: `python -m privacy verify|repair`.
+
 import-corpus reads plain text files (one document each) or .jsonl files with one {"text": ...} or
 {"token_ids": [...]} object per line. Passwords come from --password-file, $REPRISE_EXPORT_PASSWORD or
-a prompt. Exit codes: 0 done, 1 refused or failed, 2 bad usage, 3 server unreachable, 4 admin key
-missing or wrong.
+a prompt. Exit codes: 0 done, 1 refused or failed (verify: bad records found), 2 bad usage, 3 server
+unreachable, 4 admin key missing or wrong.
 """
 
 from __future__ import annotations
@@ -37,11 +46,12 @@ from reprise.commands._remote import (
 
 
 def add_parser(sub) -> None:
-    parser = sub.add_parser("index", help="per-tenant index statistics, build, compact, corpus, export (admin)",
+    parser = sub.add_parser("index", help="per-tenant index statistics, build, compact, verify, repair, corpus, "
+                            "export (admin)",
                             description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     actions = parser.add_subparsers(dest="action", metavar="ACTION")
 
-    p = actions.add_parser("stats", help="index size, hit rate, tau, acceptance by position, drafter mix")
+    p = actions.add_parser("stats", help="index size, hit rate, tau, acceptance by position, drafter mix, speedup and time saved")
     p.add_argument("tenant", nargs="?", help="tenant id or name (default: every tenant)")
     add_connection_arguments(p)
     p.set_defaults(func=run_stats)
@@ -52,6 +62,13 @@ def add_parser(sub) -> None:
         p.add_argument("tenant", help="tenant id or name")
         add_connection_arguments(p)
         p.set_defaults(func=run_index_op, op=name)
+
+    for name, text in (("verify", "name a tenant's stored records that fail authentication or parsing"),
+                       ("repair", "move a tenant's bad records into its quarantine and rebuild its index")):
+        p = actions.add_parser(name, help=text)
+        p.add_argument("tenant", help="tenant id or name")
+        add_connection_arguments(p)
+        p.set_defaults(func=run_history_check, op=name)
 
     p = actions.add_parser("import-corpus", help="upload documents that draft for one tenant (REST-style)")
     p.add_argument("tenant", help="tenant id or name")
@@ -87,31 +104,48 @@ def run_stats(args: argparse.Namespace) -> int:
     with admin_client(args) as client:
         names = {t.tenant_id: t.name for t in call(client.list_tenants)}
         tenant_id = resolve_tenant(client, args.tenant)[0] if args.tenant else None
-        stats = call(client.index_stats, tenant_id)
+        stats, memory = call(client.index_stats_and_memory, tenant_id)
     if args.json:
-        emit_json([_stats_dict(s, names.get(s.tenant_id, "")) for s in stats])
+        emit_json({"tenants": [_stats_dict(s, names.get(s.tenant_id, "")) for s in stats], "memory": memory})
         return 0
     if not stats:
         print("no tenants", file=sys.stderr)
         return 0
     width = max(6, *(len(names.get(s.tenant_id, s.tenant_id[:8])) for s in stats))
     print(f"{'tenant':<{width}} {'requests':>9} {'steps':>9} {'hit rate':>9} {'tau':>6} {'accept':>7} "
-          f"{'index tok':>10} {'memory':>9} {'corpus tok':>10} {'KV cache':>9} {'cached':>7}  drafter mix")
+          f"{'index tok':>10} {'memory':>9} {'corpus tok':>10} {'KV cache':>9} {'cached':>7} {'bad':>4} {'speedup':>8} "
+          f"{'saved s':>9}  drafter mix")
     for s in stats:
         accept = s.num_accepted_tokens / s.num_draft_tokens if s.num_draft_tokens else 0.0
         mix = ", ".join(f"{k} {v}" for k, v in sorted(s.drafter_steps.items(), key=lambda kv: -kv[1])) or "-"
+        held = _bytes(s.index_memory_bytes) if s.index_resident else "on disk"
         print(f"{names.get(s.tenant_id, s.tenant_id[:8]):<{width}} {s.num_requests:>9} {s.num_steps:>9} "
               f"{s.hit_rate:>8.1%} {s.tau:>6.2f} {accept:>6.1%} {s.index_tokens:>10} "
-              f"{_bytes(s.index_memory_bytes):>9} {s.corpus_tokens:>10} {_bytes(s.prefix_cache_bytes):>9} "
-              f"{s.prefix_cache_hit_rate:>6.1%}  {mix}")
+              f"{held:>9} {s.corpus_tokens:>10} {_bytes(s.prefix_cache_bytes):>9} "
+              f"{s.prefix_cache_hit_rate:>6.1%} {s.quarantined_records:>4} {_speedup(s.speedup):>8} {s.seconds_saved:>9.1f}  {mix}")
     since = min(s.counting_since_unix_ms for s in stats)
     if since:
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since / 1000))
         print(f"requests through drafter mix count since {started} (the server's start; the index persists)")
+    if len(stats) == 1 and stats[0].speedup is not None:
+        s = stats[0]
+        print(f"time saved  {s.seconds_saved:.1f} s of an estimated {s.plain_seconds:.1f} s without Reprise "
+              f"(drafts {s.seconds_saved_drafts:.1f} s, prefix cache {s.seconds_saved_cache:.1f} s); "
+              f"{s.tokens_per_second or 0.0:.1f} tokens/s delivered")
     if len(stats) == 1 and stats[0].acceptance_by_position:
         shown = ", ".join(f"{i + 1}: {a:.0%}" for i, a in enumerate(stats[0].acceptance_by_position[:16]))
         print(f"acceptance by position  {shown}")
+    budget = _bytes(memory.budget_bytes) if memory.budget_bytes else "no limit"
+    print(f"index memory {_bytes(memory.resident_bytes)} of {budget} ({memory.resident_tenants} tenants in memory; "
+          f"{memory.num_evictions} evictions since start, rebuilt from history on next use)")
+    if memory.quarantined_records:
+        print(f"{memory.quarantined_records} stored records failed authentication or parsing and were skipped "
+              f"(column 'bad'); `reprise index verify TENANT` names them, `reprise index repair TENANT` sets them aside")
     return 0
+
+
+def _speedup(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}x"
 
 
 def _bytes(n: int) -> str:
@@ -133,7 +167,41 @@ def run_index_op(args: argparse.Namespace) -> int:
         verb = "built" if args.op == "build" else "compacted"
         print(f"{verb} the index of {name} in {seconds:.2f} s: {stats.index_tokens} tokens, "
               f"{stats.index_sequences} trajectories, {_bytes(stats.index_memory_bytes)}")
+        if stats.quarantined_records:
+            print(f"skipped {stats.quarantined_records} stored records that failed authentication or parsing "
+                  f"(quarantined); `reprise index verify {name}` names them, `reprise index repair {name}` "
+                  f"sets them aside", file=sys.stderr)
     return 0
+
+
+def run_history_check(args: argparse.Namespace) -> int:
+    with admin_client(args) as client:
+        tenant_id, name = resolve_tenant(client, args.tenant)
+        fn = client.verify_history if args.op == "verify" else client.repair_history
+        with ProgressBar(args, f"{args.op} {name}") as bar:
+            check = call(fn, tenant_id, bar.progress)
+    if args.json:
+        emit_json({"name": name, **asdict(check)})
+        return 0
+    print(describe_check(check, name))
+    return 1 if args.op == "verify" and check.bad else 0
+
+
+def describe_check(check: Any, name: str) -> str:
+    """What a verify or repair found and did, one line per bad record."""
+    lines = [f"  {b.kind} {b.record_id}" + (f" (cursor {b.cursor})" if b.cursor else "") + f": {b.reason}"
+             for b in check.bad]
+    kept = f"{check.num_quarantined} records kept in its quarantine"
+    if not check.bad:
+        head = f"{name}: all {check.num_records} stored records authenticate and parse"
+        return head + (f"; {kept}" if check.num_quarantined else "")
+    if check.repaired:
+        head = (f"{name}: dropped {len(check.bad)} of {check.num_records} records from the history (moved unchanged "
+                f"to its quarantine: {kept}); its index was rebuilt from the rest:")
+    else:
+        head = (f"{name}: {len(check.bad)} of {check.num_records} stored records fail their check "
+                f"(`reprise index repair {name}` sets them aside):")
+    return "\n".join([head, *lines])
 
 
 def read_documents(paths: list[str]) -> Iterator[str | list[int]]:
@@ -194,15 +262,22 @@ def run_export(args: argparse.Namespace) -> int:
         partial = out.with_name(out.name + ".partial")
         try:
             with partial.open("xb") as f, ProgressBar(args, f"exporting {name}") as bar:
-                size = call(client.export_history, tenant_id, f, password, bar.progress)
+                summary = call(client.export_history, tenant_id, f, password, bar.progress)
             partial.rename(out)  # only a complete export gets the name asked for
         except BaseException:
             partial.unlink(missing_ok=True)
             raise
     if args.json:
-        emit_json({"tenant_id": tenant_id, "name": name, "file": str(out), "bytes": size})
+        emit_json({"tenant_id": tenant_id, "name": name, "file": str(out), "bytes": summary.num_bytes,
+                   "num_trajectories": summary.num_trajectories, "skipped": summary.skipped})
     else:
-        print(f"exported {name} to {out} ({size} bytes, sealed with the password)")
+        print(f"exported {name} to {out} ({summary.num_bytes} bytes, sealed with the password)")
+        if summary.skipped:
+            print(f"left out {len(summary.skipped)} stored records that failed authentication or parsing:",
+                  file=sys.stderr)
+            for b in summary.skipped:
+                where = f" (cursor {b.cursor})" if b.cursor else ""
+                print(f"  {b.kind} {b.record_id}{where}: {b.reason}", file=sys.stderr)
     return 0
 
 

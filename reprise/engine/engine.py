@@ -12,8 +12,10 @@
 3. **verify**: one packed forward pass over every request's tree; the runner's acceptance decides the
    accepted path and the bonus token (verifier/runner.py);
 4. **postprocess**: stop conditions cut the committed tokens (reprise/engine/stopping.py); each
-   session is handed the step's ``Verified`` once, the stream gets the kept tokens, the observer one
-   report per step; finished requests are resolved and, when recorded, go to the history sink.
+   session is handed the step's ``Verified`` once, the stream gets the kept tokens; finished requests
+   are resolved and, when recorded, go to the history sink;
+5. **observe**: the observer gets one report per request: its counts, and its share of the step's
+   measured time against what its tokens would have cost in plain steps (serving/savings.py).
 
 The accepted count is the runner's, cut only by stop conditions; everyone downstream (sessions, the
 budget's tracker, usage, metering) reads that one value. A drafter that fails yields an empty draft
@@ -40,12 +42,14 @@ from reprise.engine.draft_budget import AcceptanceTracker, DraftBudget
 from reprise.engine.drafting import GuardedSession
 from reprise.engine.grammar import GrammarState
 from reprise.engine.grammar_compiler import GrammarError
+from reprise.engine.prefill_cost import PrefillCostFit
 from reprise.engine.request import GenerationRequest, GenerationResult, StoppingParams, Usage
 from reprise.engine.step_cost import StepCostFit
 from reprise.engine.stopping import StopChecker
 from retrieval.draft_tree import DraftTree, subtree
 from retrieval.session import Proposer, Verified
 from serving.records import FinishReason
+from serving.savings import RequestCost, attribute_prefill, attribute_step
 from verifier.runner import ModelRunner, VerifyResult, VerifyStep
 from verifier.sampling import SamplingParams
 
@@ -73,7 +77,9 @@ class StepReport:
     """One request's part of a step, for metering: ``num_draft`` nodes verified, ``num_accepted`` of
     them accepted (the runner's count, cut by stop conditions), the draft's ``source`` and
     ``match_len``, the drafting session's ``propose_seconds`` (None when it did not propose: no room, or
-    no speculation); ``speculated`` False for a request that asked for no speculation."""
+    no speculation); ``speculated`` False for a request that asked for no speculation. ``num_tokens``
+    committed; ``cost``: the request's share of the step's time and the plain-step estimate of its
+    tokens; ``prefill``: its prefill's, on the request's first step (serving/savings.py)."""
 
     tenant: str
     num_draft: int
@@ -82,6 +88,9 @@ class StepReport:
     match_len: int
     propose_seconds: float | None
     speculated: bool
+    num_tokens: int = 0
+    cost: RequestCost | None = None
+    prefill: RequestCost | None = None
 
 
 class StepObserver(Protocol):
@@ -159,6 +168,7 @@ class _Active:
     drafted: int = 0
     accepted: int = 0
     cached: int = 0  # prompt tokens whose KV came from the prefix cache
+    prefill: RequestCost | None = None  # the prefill's cost, until the first step's report carries it
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,6 +215,11 @@ class Engine:
         if getattr(proposer, "wants_hidden_states", False):
             runner.keep_hidden = True  # neural drafters read the target's states (Verified.hidden_states)
         self.step_costs = _step_costs(self.config.budget, runner)
+        # One clock for every figure of the savings estimate: the step-cost fit's.
+        self.clock = self.step_costs.clock if self.step_costs is not None else time.perf_counter
+        self.prefill_costs = PrefillCostFit(self.clock)
+        if runner.prefix_cache is not None:  # the price of a cached token, known before the first request
+            self.prefill_costs.calibrate(runner)
         self._lock = threading.Lock()
         self._waiting: deque[tuple[RequestHandle, StreamCallback | None]] = deque()
         self._active: list[_Active] = []
@@ -263,10 +278,12 @@ class Engine:
         batch = self._admit()
         if not batch:
             return 0
+        started = self.clock()
         items, drafts = self._propose(batch)
         items, drafts, results = self._verify(items, drafts)
         if items:
-            self._postprocess(items, drafts, results)
+            reports = self._postprocess(items, drafts, results)
+            self._observe(reports, self.clock() - started)
         return len(batch)
 
     def _admit(self) -> list[_Active]:
@@ -299,16 +316,22 @@ class Engine:
             grammar = GrammarState(request.grammar, self.runner.vocab_size, self.tokenizer,
                                    min_new_tokens=stopping.min_new_tokens, suppress_ids=stop_ids)
             stopping = replace(stopping, min_new_tokens=0)
+        started = self.clock()
         slot = self.runner.start(request.prompt_ids, request.sampling, min_new_tokens=stopping.min_new_tokens,
                                  suppress_ids=stop_ids, cache_scope=request.tenant)  # fmt: skip
+        seconds = self.clock() - started
         try:
+            cached = self.runner.num_reused(slot)
+            if not cached:  # a fresh prefill prices a token (the root is the first step's)
+                self.prefill_costs.observe(len(request.prompt_ids) - 1, seconds)
+            prefill = attribute_prefill(seconds, self.prefill_costs.cached_seconds(cached) if cached else 0.0)
             session = GuardedSession(self.proposer, request, handle.request_id)
             prompt_hidden = self.runner.take_prompt_hidden(slot)
             if prompt_hidden is not None:
                 session.observe_hidden(prompt_hidden)
             stop = StopChecker(stopping, self.tokenizer, self.eos_token_ids,
                                self.runner.max_len - len(request.prompt_ids))
-            return _Active(handle, slot, session, stop, on_stream, grammar, cached=self.runner.num_reused(slot))
+            return _Active(handle, slot, session, stop, on_stream, grammar, cached=cached, prefill=prefill)
         except BaseException:
             self.runner.release(slot, keep_cache=False)
             raise
@@ -386,19 +409,29 @@ class Engine:
             kept[2].append(result)
         return kept
 
-    def _postprocess(self, batch: list[_Active], drafts: list[_Draft], results: list[VerifyResult]) -> None:
-        """Stop conditions, one ``Verified`` per session, streams, reports, and finished requests."""
+    def _postprocess(self, batch: list[_Active], drafts: list[_Draft], results: list[VerifyResult]
+                     ) -> list[StepReport]:
+        """Stop conditions, one ``Verified`` per session, streams, and finished requests; the reports."""
         reports = []
         for item, draft, result in zip(batch, drafts, results):
             try:
                 reports.append(self._commit(item, draft, result))
             except Exception as exc:  # noqa: BLE001 - this request's failure ends this request only
                 self._fail(item, "committing its tokens", exc)
-        if self.config.observer is not None:
-            try:
-                self.config.observer.on_step(reports)
-            except Exception:  # metering must not stop decoding
-                log.exception("the step observer failed")
+        return reports
+
+    def _observe(self, reports: list[StepReport], seconds: float) -> None:
+        """Hand the observer the step's reports, each with its share of the step's ``seconds`` and the
+        plain steps its tokens would have taken at this batch size (serving/savings.py)."""
+        if self.config.observer is None or not reports:
+            return
+        fit = self.step_costs
+        plain = float(fit.cost(np.asarray(len(reports) - 1))) if fit is not None and fit.measured else None
+        costs = attribute_step(seconds, [1 + r.num_draft for r in reports], [r.num_tokens for r in reports], plain)
+        try:
+            self.config.observer.on_step([replace(r, cost=c) for r, c in zip(reports, costs)])
+        except Exception:  # metering must not stop decoding
+            log.exception("the step observer failed")
 
     def _commit(self, item: _Active, draft: _Draft, result: VerifyResult) -> StepReport:
         """One request's part of the step's postprocessing, and its report for the observer."""
@@ -416,7 +449,8 @@ class Engine:
         item.accepted += len(accepted)
         request = item.handle.request
         report = StepReport(request.tenant, len(draft.tree), len(accepted), draft.tree.source, draft.match_len,
-                            draft.propose_seconds, request.speculate)
+                            draft.propose_seconds, request.speculate, len(kept), prefill=item.prefill)
+        item.prefill = None
         if item.on_stream is not None and (kept or outcome.text_delta):
             try:
                 item.on_stream(kept, outcome.text_delta)

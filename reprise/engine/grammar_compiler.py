@@ -80,6 +80,7 @@ class _Entry:
     grammar: CheckedGrammar | None = None
     num_bytes: int = 0  # the compiled grammar's memory
     body: Any = None  # the schema's converted grammar, until it is compiled
+    alternative: _Entry | None = None  # the constraint's alternative, measured on its own
 
 
 @dataclass(slots=True)
@@ -133,9 +134,7 @@ class GrammarCompiler:
         except Exception as exc:  # noqa: BLE001 - xgrammar raises RuntimeError for what it cannot build
             raise GrammarError(f"{_label(constraint, None)} cannot be used as a grammar: {_clean(exc)}",
                                kind="unsupported") from None
-        forced = entry.bounds.max_forced_bytes  # of the schema's value; the literals are forced too
-        literal = len(constraint.prefix.encode()) + len(constraint.suffix.encode())
-        grammar = CheckedGrammar(compiled, entry.bounds, forced is not None and forced + literal <= MAX_JUMP_FORWARD_BYTES)
+        grammar = CheckedGrammar(compiled, entry.bounds, _jump_forward(constraint, entry))
         with self._lock:
             if entry.grammar is None and cache.entries.get(constraint) is entry:
                 entry.grammar, entry.num_bytes, entry.body = grammar, int(compiled.memory_size_bytes), None
@@ -171,6 +170,13 @@ class GrammarCompiler:
         return cache, entry
 
     def _measure(self, constraint: OutputConstraint) -> _Entry:
+        """The constraint's bounds; an alternative is measured on its own (each must be a possible output)."""
+        entry = self._measure_one(constraint)
+        if constraint.alternative is not None:
+            entry.alternative = self._measure(constraint.alternative)
+        return entry
+
+    def _measure_one(self, constraint: OutputConstraint) -> _Entry:
         text = constraint.schema
         if len(text) > MAX_CONSTRAINT_CHARS:
             raise GrammarError(f"{_label(constraint, None)} has {len(text)} characters; at most "
@@ -205,6 +211,9 @@ class GrammarCompiler:
         return _Entry(bounds, tokens, body=body)
 
     def _check_fits(self, constraint: OutputConstraint, entry: _Entry, max_tokens: int) -> None:
+        """Every alternative must fit: the model may enter any of them."""
+        if constraint.alternative is not None and entry.alternative is not None:
+            self._check_fits(constraint.alternative, entry.alternative, max_tokens)
         bounds = entry.bounds
         if entry.shortest_tokens > max_tokens:
             example = "" if bounds.shortest_text is None else f" ({_preview(bounds.shortest_text)})"
@@ -230,10 +239,24 @@ class GrammarCompiler:
         parts.append(body)
         if constraint.suffix:
             parts.append(xgr.Grammar.from_ebnf(f"root ::= {_literal(constraint.suffix)}"))
-        return xgr.Grammar.concat(*parts) if len(parts) > 1 else body
+        grammar = xgr.Grammar.concat(*parts) if len(parts) > 1 else body
+        if constraint.alternative is not None:
+            grammar = xgr.Grammar.union(grammar, self._grammar(constraint.alternative, None))
+        return grammar
 
     def _expand_regex(self, pattern: str) -> str:
         return str(self._xgr.Grammar.from_regex(pattern).serialize_json())
+
+
+def _jump_forward(constraint: OutputConstraint, entry: _Entry) -> bool:
+    """Whether every alternative's forced strings (the schema value's and the literals) stay bounded."""
+    forced = entry.bounds.max_forced_bytes
+    literal = len(constraint.prefix.encode()) + len(constraint.suffix.encode())
+    if forced is None or forced + literal > MAX_JUMP_FORWARD_BYTES:
+        return False
+    if constraint.alternative is not None and entry.alternative is not None:
+        return _jump_forward(constraint.alternative, entry.alternative)
+    return True
 
 
 _EBNF_ESCAPE = re.compile(r"\\(x[0-9a-fA-F]{2}|.)", re.DOTALL)

@@ -1,6 +1,6 @@
 """The admin plane's backend: tenants and keys (privacy.HistoryStore) and their indexes (retrieval).
 
-Implements ``grpc_api.backend.AdminBackend``. Privacy errors become statuses here: an unknown tenant
+Implements ``serving.admin.AdminBackend``. Privacy errors become statuses here: an unknown tenant
 NOT_FOUND, a taken name ALREADY_EXISTS, an integrity failure DATA_LOSS, a store outage UNAVAILABLE.
 """
 
@@ -22,9 +22,13 @@ from privacy.errors import (
 from privacy.tenants import TenantId
 from serving import errors
 from serving.admin import (
+    BadRecordInfo,
     CorpusDocument,
     CorpusImport,
+    HistoryCheck,
+    HistoryExport,
     HistoryImport,
+    IndexMemory,
     KeyRotation,
     Progress,
     ProgressCallback,
@@ -64,6 +68,17 @@ def tenant_id(value: str) -> Any:
 
 def _info(t: Any) -> TenantInfo:
     return TenantInfo(t.id.value, t.name, int(t.created_at * 1000))
+
+
+def bad_record_info(b: Any) -> BadRecordInfo:
+    """A ``privacy.integrity.BadRecord`` as the admin plane's record."""
+    return BadRecordInfo(b.kind, b.record_id, b.cursor, b.reason)
+
+
+def history_check(c: Any) -> HistoryCheck:
+    """A ``privacy.integrity.HistoryCheck`` as the admin plane's record."""
+    return HistoryCheck(c.tenant.value, c.num_records, tuple(map(bad_record_info, c.bad)), c.repaired,
+                        c.num_quarantined)
 
 
 def _relay(progress: ProgressCallback) -> Callable[[Any], None]:
@@ -118,11 +133,13 @@ class ServiceAdmin:
             return KeyRotation(key_version=report.version, num_records=report.num_records)
 
     def export_history(self, tenant: str, password: str, write: Callable[[bytes], None],
-                       progress: ProgressCallback) -> int:
+                       progress: ProgressCallback) -> HistoryExport:
         tid = tenant_id(tenant)
         with privacy_errors():
             report = self._store.export_tenant(tid, _Sink(write), password=password, progress=_relay(progress))
-        return report.num_bytes
+        for bad in report.skipped:
+            log.warning("tenant %s: export left out %s", tid.value, bad.describe())
+        return HistoryExport(report.num_bytes, report.num_trajectories, tuple(map(bad_record_info, report.skipped)))
 
     def import_history(self, source: BinaryIO, password: str, new_tenant_name: str, into_tenant_id: str,
                        progress: ProgressCallback) -> HistoryImport:
@@ -141,6 +158,25 @@ class ServiceAdmin:
             if tenant:
                 return [self._indexes.stats(self._store.get_tenant(tenant_id(tenant)).id.value)]
             return self._indexes.all_stats([t.id.value for t in self._store.list_tenants()])
+
+    def index_memory(self) -> IndexMemory:
+        return self._indexes.memory()
+
+    def verify_history(self, tenant: str, progress: ProgressCallback) -> HistoryCheck:
+        tid = tenant_id(tenant)
+        with privacy_errors():
+            return history_check(self._store.verify_history(tid, _relay(progress)))
+
+    def repair_history(self, tenant: str, progress: ProgressCallback) -> HistoryCheck:
+        """Set the bad records aside, then rebuild the tenant's index from what remains (all of it is
+        good now, so its quarantine count at load drops to 0)."""
+        tid = tenant_id(tenant)
+        with privacy_errors():
+            check = self._store.repair_history(tid, _relay(progress))
+        for bad in check.bad:
+            log.warning("tenant %s: repair moved %s to quarantine", tid.value, bad.describe())
+        self._indexes.reload(tid.value)
+        return history_check(check)
 
     def build_index(self, tenant: str, progress: ProgressCallback) -> TenantStats:
         tid = tenant_id(tenant)

@@ -21,7 +21,7 @@ TENANT_PREFIX = "rpk_"
 
 
 class StoreAuthenticator:
-    """``grpc_api.backend.Authenticator`` over a ``privacy.HistoryStore``."""
+    """``serving.records.Authenticator`` over a ``privacy.HistoryStore``."""
 
     def __init__(self, store: Any, ttl_s: float = 5.0, max_entries: int = 10_000) -> None:
         self._store = store

@@ -49,7 +49,7 @@ class HiddenStatePersistence:
         """Add every stored segment of ``tenant`` to ``memory`` (oldest first); returns how many."""
         tid = TenantId(tenant)
         restored = 0
-        for record in self.store.iter_trajectories(tid):
+        for record in self.store.iter_trajectories(tid, on_bad=lambda bad: None):  # counted by the index load
             t = record.trajectory
             got = self.store.get_hidden_states(tid, segment_key(t.session_id, t.token_ids))
             if got is None:

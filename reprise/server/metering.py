@@ -1,9 +1,10 @@
 """Per-step drafting figures, per tenant and in Prometheus, from the engine's step reports.
 
-The engine's postprocess hands ``StepMeter.on_step`` one ``StepReport`` per request per step (drafted
-and accepted counts as the verifier decided them, the draft's source, the drafting time) and
-``on_finish`` every finished request. ``TenantAccounting`` keeps the per-tenant figures the admin plane
-and the dashboard read (counted since this process started).
+The engine hands ``StepMeter.on_step`` one ``StepReport`` per request per step (drafted and accepted
+counts as the verifier decided them, the draft's source, the drafting time, the request's share of the
+step's time against the plain-step estimate) and ``on_finish`` every finished request.
+``TenantAccounting`` keeps the per-tenant figures the admin plane and the dashboard read (counted since
+this process started), the savings estimate among them (serving/savings.py).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 from reprise.engine.engine import StepReport
 from reprise.engine.request import GenerationResult
 from serving.admin import TenantStats
+from serving.savings import Savings
 
 MAX_POSITIONS = 64
 
@@ -30,6 +32,7 @@ class _Counts:
     num_accepted_tokens: int = 0
     accepted_beyond: list[int] = field(default_factory=lambda: [0] * MAX_POSITIONS)  # [i]: steps accepting > i
     drafter_steps: dict[str, int] = field(default_factory=dict)
+    savings: Savings = field(default_factory=Savings)
 
 
 class TenantAccounting:
@@ -50,6 +53,10 @@ class TenantAccounting:
             for r in reports:
                 c = self._counts.setdefault(r.tenant, _Counts())
                 c.num_steps += 1
+                if r.prefill is not None:
+                    c.savings = c.savings.add_prefill(r.prefill)
+                if r.cost is not None:
+                    c.savings = c.savings.add_step(r.cost, r.num_tokens)
                 if r.num_draft:
                     c.num_drafted_steps += 1
                     c.num_draft_tokens += r.num_draft
@@ -67,8 +74,9 @@ class TenantAccounting:
         with self._lock:
             self._counts.pop(tenant, None)
 
-    def stats(self, tenant: str, **index_figures: int) -> TenantStats:
-        """The tenant's figures; ``index_figures`` (index_tokens, ...) come from its index."""
+    def stats(self, tenant: str, index_resident: bool = True, **index_figures: int) -> TenantStats:
+        """The tenant's figures; ``index_figures`` (index_tokens, ...) come from its index, when it is in
+        memory (``index_resident``)."""
         if self._prefix_cache is not None:
             cached = self._prefix_cache.scope_stats(tenant)
             index_figures |= {"prefix_cache_bytes": cached.bytes, "prompt_tokens": cached.query_tokens,
@@ -81,7 +89,8 @@ class TenantAccounting:
                 tenant_id=tenant, num_requests=c.num_requests, num_steps=c.num_steps,
                 num_drafted_steps=c.num_drafted_steps, num_draft_tokens=c.num_draft_tokens,
                 num_accepted_tokens=c.num_accepted_tokens, acceptance_by_position=by_pos,
-                drafter_steps=dict(c.drafter_steps), counting_since_unix_ms=self.since_unix_ms, **index_figures)
+                drafter_steps=dict(c.drafter_steps), counting_since_unix_ms=self.since_unix_ms,
+                index_resident=index_resident, savings=c.savings, **index_figures)
 
 
 class StepMeter:
@@ -98,6 +107,7 @@ class StepMeter:
                 self.metrics.observe_step(r.num_draft, r.num_accepted, r.propose_seconds,
                                           r.match_len if r.propose_seconds is not None else None,
                                           skipped=not r.speculated)
+                self.metrics.observe_costs(r.cost, r.prefill)
 
     def on_finish(self, result: GenerationResult) -> None:
         self.accounting.record_request(result.request.tenant)

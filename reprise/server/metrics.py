@@ -24,6 +24,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from serving.records import FINISH_REASONS
+from serving.savings import RequestCost
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
                    0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
@@ -51,6 +52,14 @@ class ServiceMetrics:
                           ["position"], registry=r)
         self._per_pos = [per_pos.labels(position=str(i)) for i in range(max_positions)]
         self.num_steps = Counter("reprise_verify_steps", "Verification steps (model forward passes)", registry=r)
+        # What Reprise saves (serving/savings.py): measured seconds against the estimate without it.
+        spent = Counter("reprise_engine_seconds", "Engine seconds spent on requests (the cost model's clock)",
+                        ["phase"], registry=r)
+        plain = Counter("reprise_engine_plain_seconds",
+                        "Estimated engine seconds for the same work without drafts and the prefix cache",
+                        ["phase"], registry=r)
+        self._spent = {phase: spent.labels(phase=phase) for phase in ("decode", "prefill")}
+        self._plain = {phase: plain.labels(phase=phase) for phase in ("decode", "prefill")}
         # Retrieval index.
         lookups = Counter("reprise_index_lookups", "Draft lookups by result", ["result"], registry=r)
         self._lookups = {name: lookups.labels(result=name) for name in LOOKUP_RESULTS}
@@ -64,6 +73,16 @@ class ServiceMetrics:
                                         registry=r)
         self.index_evictions = Counter("reprise_index_evictions", "Tenant indexes evicted from memory",
                                        registry=r)
+        self.index_memory_budget_bytes = Gauge("reprise_index_memory_budget_bytes",
+                                               "Memory budget of all tenants' in-memory indexes (0: none)",
+                                               registry=r)
+        self.quarantined_records = Gauge("reprise_history_quarantined_records",
+                                         "Stored records skipped at index load over all tenants: they failed "
+                                         "authentication or parsing (`reprise index verify` names them)",
+                                         registry=r)
+        self.append_refused = Counter("reprise_append_trajectory_refused",
+                                      "AppendTrajectory calls refused by a per-tenant quota, by quota",
+                                      ["quota"], registry=r)
         self.speculation_disabled = Counter("reprise_speculation_disabled",
                                             "Requests or steps decoded without speculation, by reason",
                                             ["reason"], registry=r)
@@ -132,6 +151,13 @@ class ServiceMetrics:
         if match_len is not None:
             self.match_length.observe(match_len)
 
+    def observe_costs(self, step: RequestCost | None, prefill: RequestCost | None = None) -> None:
+        """One request's share of a step (and of its prefill): seconds spent and the plain estimate."""
+        for phase, cost in (("decode", step), ("prefill", prefill)):
+            if cost is not None:
+                self._spent[phase].inc(max(cost.seconds, 0.0))
+                self._plain[phase].inc(max(cost.plain_seconds, 0.0))
+
     # ---- called by the gRPC layer ------------------------------------------------------------------
 
     def observe_request(self, finish_reason: str, prompt_tokens: int, completion_tokens: int,
@@ -148,6 +174,9 @@ class ServiceMetrics:
 
     def set_requests_running(self, num: int) -> None:
         self.requests_running.set(num)
+
+    def observe_append_refused(self, quota: str) -> None:
+        self.append_refused.labels(quota=quota).inc()
 
     def observe_store_wait(self, seconds: float) -> None:
         self.store_wait.observe(seconds)

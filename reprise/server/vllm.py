@@ -5,7 +5,8 @@
 Order: the model folder (``model.path``, or the default SmolLM2 converted once to safetensors by
 ``verifier.models``), the engine (vLLM's processes start and compile: tens of seconds to minutes), the
 proposer attached in the worker with the drafting settings and the tokenizer's vocabulary, each tenant's
-tuned settings, then every tenant's stored history streamed into the worker (``TenantIndexes.load_all``).
+tuned settings, then every tenant's stored history streamed into the worker (``TenantIndexes.load_all``,
+within ``server.index_memory_bytes``; the backend returned loads an evicted tenant on its next request).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from reprise.backends.vllm.attach import MAX_SPECULATIVE_TOKENS, attach_reprise,
 from reprise.backends.vllm.backend import VllmBackend
 from reprise.backends.vllm.engine import VllmEngine, VllmSettings
 from reprise.backends.vllm.tenants import WorkerTenants
+from reprise.server.index_budget import IndexedBackend
 from reprise.server.indexes import TenantIndexes
 from reprise.server.metering import StepMeter
 from reprise.server.tenant_config import apply_tenant_configs
@@ -33,21 +35,24 @@ class DrainingAccounting:
         self.inner = inner
         self.backend = backend
 
-    def stats(self, tenant: str, **index_figures: int) -> Any:
+    def stats(self, tenant: str, index_resident: bool = True, **index_figures: int) -> Any:
         if self.backend is not None:
             try:
                 self.backend.drain_steps()
             except Exception:
                 log.debug("draining vLLM's step records failed", exc_info=True)
-        return self.inner.stats(tenant, **index_figures)
+        return self.inner.stats(tenant, index_resident, **index_figures)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
 
 def start_vllm(config: Any, store: Any, accounting: Any, metrics: Any, history_sink: Any,
-               on_close: Any = None, on_fatal: Any = None) -> tuple[VllmBackend, Any]:
-    """The started vLLM backend and the ``TenantIndexes`` over the worker's drafting state."""
+               on_close: Any = None, on_fatal: Any = None, engine: VllmEngine | None = None) -> tuple[IndexedBackend, Any]:
+    """The started vLLM backend and the ``TenantIndexes`` over the worker's drafting state. ``engine``:
+    one already started (tests start theirs with ``enforce_eager``); the backend then owns it all the same."""
+    if engine is not None:
+        return wire_vllm(engine, config, store, accounting, metrics, history_sink, on_close, on_fatal=on_fatal)
     m = config.model
     folder = model_folder(m.path)
     drafting = (m.drafter or "reprise") == "reprise"
@@ -66,7 +71,7 @@ def start_vllm(config: Any, store: Any, accounting: Any, metrics: Any, history_s
 
 
 def wire_vllm(engine: VllmEngine, config: Any, store: Any, accounting: Any, metrics: Any, history_sink: Any,
-              on_close: Any = None, owns_engine: bool = True, on_fatal: Any = None) -> tuple[VllmBackend, Any]:
+              on_close: Any = None, owns_engine: bool = True, on_fatal: Any = None) -> tuple[IndexedBackend, Any]:
     """Over a started engine: attach the proposer, load every tenant's history into the worker, and
     build the backend (``start_vllm`` without the engine start; tests share one engine)."""
     from transformers import AutoTokenizer  # lazily: the CLI and the transformers engine never need it here
@@ -81,7 +86,8 @@ def wire_vllm(engine: VllmEngine, config: Any, store: Any, accounting: Any, metr
         if tuned:
             log.info("%d tenants draft with their own tuned settings", tuned)
     tokenize = lambda text: list(tokenizer.encode(text, add_special_tokens=False))
-    indexes = TenantIndexes(store, tenants if tenants is not None else object(), metered, metrics, tokenize)
+    indexes = TenantIndexes(store, tenants if tenants is not None else object(), metered, metrics, tokenize,
+                            memory_budget_bytes=config.server.index_memory_bytes)
     indexes.load_all()
     backend = VllmBackend(engine, tokenizer, served_model_name(folder), accounting=accounting,
                           meter=StepMeter(accounting, metrics),
@@ -90,4 +96,5 @@ def wire_vllm(engine: VllmEngine, config: Any, store: Any, accounting: Any, metr
                           on_fatal=on_fatal,
                           on_store_wait=metrics.observe_store_wait if metrics is not None else None)
     metered.backend = backend
-    return backend, indexes
+    # A request's tenant is loaded (within server.index_memory_bytes) and pinned while it decodes.
+    return IndexedBackend(backend, indexes), indexes

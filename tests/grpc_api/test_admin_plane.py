@@ -61,7 +61,16 @@ def test_index_operations(server, fakes) -> None:
         stats = client.index_stats(tenant.tenant_id)[0]
         assert stats.hit_rate == pytest.approx(0.5) and stats.tau == pytest.approx(1.8)
         assert stats.acceptance_by_position == pytest.approx([0.8, 0.5]) and stats.drafter_steps == {"suffix": 5}
+        assert stats.speedup == pytest.approx(1.25 / 0.75) and stats.tokens_per_second == pytest.approx(24.0)
+        assert (stats.seconds_saved_drafts, stats.seconds_saved_cache) == pytest.approx((0.4, 0.1))
+        assert stats.seconds_saved == pytest.approx(0.5) and stats.plain_seconds == pytest.approx(1.25)
         assert len(client.index_stats()) == 1
+        _, memory = client.index_stats_and_memory()
+        assert (memory.budget_bytes, memory.resident_bytes, memory.resident_tenants) == (1 << 30, 1000, 1)
+        check = client.verify_history(tenant.tenant_id)
+        assert (check.num_records, check.repaired, [b.cursor for b in check.bad]) == (3, False, ["2"])
+        fixed = client.repair_history(tenant.tenant_id)
+        assert fixed.repaired and fixed.num_quarantined == 1 and fixed.bad[0].reason == "authentication failed"
         seen = []
         stats, seconds = client.build_index(tenant.tenant_id, seen.append)
         assert [p.done for p in seen] == [1, 2, 3, 4] and seen[-1].total == 4 and seconds >= 0
@@ -71,7 +80,8 @@ def test_index_operations(server, fakes) -> None:
         result = client.import_corpus(tenant.tenant_id, ["doc one", [1, 2, 3]] * 50, replace=True)
         assert result.num_documents == 100 and len(admin.corpus[tenant.tenant_id]) == 100
         out = io.BytesIO()
-        assert client.export_history(tenant.tenant_id, out, "pw") == 3003
+        summary = client.export_history(tenant.tenant_id, out, "pw")
+        assert (summary.num_bytes, summary.num_trajectories, summary.skipped) == (3003, 3, [])
         assert out.getvalue()[3:1003] == b"\x00" * 1000
         out.seek(0)
         reply = client.import_history(out, "pw", new_tenant_name="copy", piece=500)

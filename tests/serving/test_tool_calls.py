@@ -78,10 +78,21 @@ def test_front_validates_tools_and_formats() -> None:
         check_tools([Tool("x", parameters="{")])
     with pytest.raises(errors.InvalidArgument, match="not among the tools"):
         output_constraint([ADD], ToolChoice("function", "mul"), ResponseFormat(), "hermes", FIELDS)
-    with pytest.raises(errors.InvalidArgument, match="cannot both"):
-        output_constraint([ADD], ToolChoice("required"), ResponseFormat("json_object"), "hermes", FIELDS)
+    # A forced call wins over response_format (which shapes text; a forced turn has none), as on OpenAI;
+    # a bad schema is refused all the same.
+    forced_call = output_constraint([ADD], ToolChoice("required"), ResponseFormat("json_object"), "hermes", FIELDS)
+    assert forced_call is not None and forced_call.name == "tool_calls"
+    with pytest.raises(errors.InvalidArgument, match="json_schema"):
+        output_constraint([ADD], ToolChoice("required"), ResponseFormat("json_schema", "{"), "hermes", FIELDS)
     assert output_constraint([ADD], ToolChoice("auto"), ResponseFormat(), "hermes", FIELDS) is None
-    assert output_constraint([], ToolChoice(), ResponseFormat("json_object"), "hermes", FIELDS).name == "json_object"
+    plain = output_constraint([], ToolChoice(), ResponseFormat("json_object"), "hermes", FIELDS)
+    assert plain is not None and plain.name == "json_object" and plain.alternative is None
+    # With tools the model may call, a call stays possible beside the format; with "none" it does not.
+    either = output_constraint([ADD], ToolChoice("auto"), ResponseFormat("json_object"), "hermes", FIELDS)
+    assert either is not None and either.name == "json_object" and either.alternative is not None
+    assert either.alternative.name == "tool_calls" and either.alternative.prefix == "<tool_call>\n"
+    assert output_constraint([ADD], ToolChoice("none"), ResponseFormat("json_object"), "hermes",
+                             FIELDS).alternative is None
     forced = output_constraint([ADD], ToolChoice("function", "add"), ResponseFormat(), "smollm2", FIELDS)
     assert forced is not None and forced.prefix == "<tool_call>[" and forced.name == "tool_calls"
     assert ModelInfo("m", 10, (), 10, True).tool_call_format == "hermes"

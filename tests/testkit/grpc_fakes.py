@@ -12,9 +12,13 @@ from typing import Any
 from grpc_api.server import GrpcServer
 from serving import errors
 from serving.admin import (
+    BadRecordInfo,
     CorpusDocument,
     CorpusImport,
+    HistoryCheck,
+    HistoryExport,
     HistoryImport,
+    IndexMemory,
     KeyRotation,
     Progress,
     TenantInfo,
@@ -24,6 +28,7 @@ from serving.core import ServingCore
 from serving.prepare import ServingSettings
 from serving.records import BackendEvent, Finished, ModelInfo, Principal, PromptInput, Request, Tokens, Usage
 from serving.render import PromptRenderer, model_info
+from serving.savings import Savings
 
 VOCAB = 64
 EOS = 0
@@ -204,7 +209,8 @@ class FakeAdmin:
         for t in ids:
             self._known(t)
         return [TenantStats(t, index_tokens=100, num_steps=10, num_drafted_steps=5, num_accepted_tokens=8,
-                            num_draft_tokens=20, acceptance_by_position=(0.8, 0.5), drafter_steps={"suffix": 5})
+                            num_draft_tokens=20, acceptance_by_position=(0.8, 0.5), drafter_steps={"suffix": 5},
+                            savings=Savings(0.5, 0.9, 0.25, 0.35, 18))
                 for t in ids]
 
     def build_index(self, tenant_id: str, progress) -> TenantStats:
@@ -225,13 +231,26 @@ class FakeAdmin:
         tokens = sum(len(d.token_ids or ()) + len(d.text or "") for d in docs)
         return CorpusImport(len(docs), tokens, tokens)
 
-    def export_history(self, tenant_id: str, password: str, write, progress) -> int:
+    def index_memory(self) -> IndexMemory:
+        return IndexMemory(budget_bytes=1 << 30, resident_bytes=1000, resident_tenants=len(self.tenants))
+
+    def verify_history(self, tenant_id: str, progress) -> HistoryCheck:
+        self._known(tenant_id)
+        progress(Progress("verify", 3, 3, "trajectories"))
+        return HistoryCheck(tenant_id, 3, (BadRecordInfo("trajectory", "ab" * 16, "2", "authentication failed"),),
+                            False, 0)
+
+    def repair_history(self, tenant_id: str, progress) -> HistoryCheck:
+        check = self.verify_history(tenant_id, progress)
+        return HistoryCheck(tenant_id, check.num_records, check.bad, True, 1)
+
+    def export_history(self, tenant_id: str, password: str, write, progress) -> HistoryExport:
         self._known(tenant_id)
         write(password.encode() + b":")
         for i in range(3):
             progress(Progress("export", i + 1, 3, "chunks"))
             write(bytes([i]) * 1000)
-        return 3000 + len(password) + 1
+        return HistoryExport(3000 + len(password) + 1, 3)
 
     def import_history(self, source, password: str, new_tenant_name: str, into_tenant_id: str,
                        progress) -> HistoryImport:

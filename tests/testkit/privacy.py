@@ -59,3 +59,17 @@ def raw_dump(config: StoreConfig) -> list[bytes]:
 
 def contains(dump: list[bytes], needle: bytes) -> bool:
     return any(needle in blob for blob in dump)
+
+
+def damage_page_holding(path: Path, needle: bytes) -> None:
+    """Zero the SQLite page of the database file ``path`` that holds ``needle`` (a page whose type byte
+    is 0 is malformed: reading it gives SQLITE_CORRUPT, as a bad disk sector would)."""
+    data = path.read_bytes()
+    offset = data.find(needle)
+    assert offset > 0, "the record is not in the main database file (checkpoint the WAL first)"
+    db = sqlite3.connect(path)
+    page_size = db.execute("PRAGMA page_size").fetchone()[0]
+    db.close()
+    with path.open("r+b") as f:
+        f.seek(offset // page_size * page_size)
+        f.write(bytes(page_size))

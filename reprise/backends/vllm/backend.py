@@ -59,6 +59,7 @@ from serving.records import (
     Usage,
 )
 from serving.render import model_info
+from serving.savings import RequestCost
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +68,16 @@ def cache_salt(key: bytes, tenant: str) -> str:
     """The prefix-cache salt of ``tenant``: HMAC-SHA256 under the service's key (the tenant id itself
     never reaches vLLM's cache keys, and nobody without the key can compute another tenant's salt)."""
     return hmac.new(key, tenant.encode(), hashlib.sha256).hexdigest()
+
+
+def client_error(exc: Exception) -> Exception:
+    """vLLM's refusal of a request (its ``VLLMClientError``: a 4xx in vLLM's own server) as InvalidArgument
+    naming the parameter; anything else as it is."""
+    from vllm.exceptions import VLLMClientError
+
+    if isinstance(exc, VLLMClientError):
+        return errors.InvalidArgument(f"vLLM refused the request: {exc}", getattr(exc, "parameter", None))
+    return exc
 
 
 class VllmBackend:
@@ -124,6 +135,9 @@ class VllmBackend:
         return cache_salt(self._salt_key, tenant)
 
     async def check(self, request: Request) -> None:
+        if request.params.logit_bias and self.engine.settings.speculative_config() is not None:
+            raise errors.InvalidArgument("logit_bias is not supported by this server's engine: vLLM refuses it "
+                                         "with speculative decoding (model.engine vllm, drafting on)", "logit_bias")
         if request.params.constraint is not None:
             await asyncio.get_running_loop().run_in_executor(None, self._grammar_text, request)
 
@@ -169,6 +183,8 @@ class VllmBackend:
                 reason, matched, output, cached = done.result()
             except asyncio.CancelledError:
                 reason, matched, output, cached = "aborted", None, [], 0
+            except Exception as exc:
+                raise client_error(exc) from exc
             if not self.engine.alive and reason == "aborted" and not cancel.is_set():
                 self._engine_died(RuntimeError("vLLM's engine stopped"))
                 raise errors.Unavailable("the vLLM engine stopped while the request ran; retry")
@@ -223,7 +239,9 @@ class VllmBackend:
 
         return SamplingParams(
             temperature=params.temperature, top_p=params.top_p, top_k=params.top_k if params.top_k > 0 else -1,
-            seed=params.seed, repetition_penalty=params.repetition_penalty, min_tokens=params.min_new_tokens,
+            seed=params.seed, repetition_penalty=params.repetition_penalty, presence_penalty=params.presence_penalty,
+            frequency_penalty=params.frequency_penalty, logit_bias=dict(params.logit_bias) or None,
+            min_tokens=params.min_new_tokens,
             max_tokens=params.max_new_tokens, stop=list(params.stop) or None,
             stop_token_ids=list(params.stop_token_ids) or None, ignore_eos=params.ignore_eos,
             include_stop_str_in_output=params.include_stop_str_in_output,
@@ -301,8 +319,9 @@ class VllmBackend:
             raw = self.engine.rpc("reprise_drain_steps")[0]
             steps = [StepRecord.from_wire(item) for item in raw]
             if steps and self._meter is not None:
-                self._meter.on_step([StepReport(s.tenant, s.num_draft, s.num_accepted, s.source, 0, None, True)
-                                     for s in steps])
+                self._meter.on_step([StepReport(s.tenant, s.num_draft, s.num_accepted, s.source, 0, None, True,
+                                                s.num_tokens, RequestCost(s.seconds, s.plain_seconds)
+                                                if s.num_tokens else None) for s in steps])
         return len(raw)
 
     def health(self) -> dict[str, int]:

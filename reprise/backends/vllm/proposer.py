@@ -13,7 +13,9 @@ step added, and sends the best path of the session's tree (``retrieval.chain``),
 chains. Per step:
 
     for each row with new tokens: commit them (the accepted part of the last draft, then the bonus),
-        record (tenant, draft length, accepted) for the service's accounting, propose the next chain
+        record (tenant, draft length, accepted; on a steady step its share of the step's time and the
+        plain-step estimate of its tokens: serving/savings.py) for the service's accounting, propose the
+        next chain
     cut each chain to what the batch pays for (``DraftBudget``: fewer, surer tokens as the batch grows,
         its probabilities scaled by how the request's own drafts fared: ``AcceptanceTracker``; its cost
         per verified row measured on this engine as it runs: ``step_cost.StepCostMeter``)
@@ -32,7 +34,7 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -41,6 +43,7 @@ from reprise.backends.vllm.step_cost import StepCostMeter
 from reprise.backends.vllm.tags import RequestTag, StepRecord
 from reprise.engine.draft_budget import AcceptanceTracker, DraftBudget
 from retrieval.session import Verified
+from serving.savings import share
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +63,17 @@ class _Request:
     chain: Any = None  # the DraftTree of the last chain sent (for the request's acceptance tracker)
     source: str = ""
     tracker: AcceptanceTracker | None = None  # this request's own calibration of its drafts' probabilities
+
+
+@dataclass(frozen=True, slots=True)
+class _StepTime:
+    """A steady step as the proposer timed it: ``seconds`` between two calls, the ``rows`` it verified,
+    its ``batch_size``, and the fitted cost of a plain step (one row per request) of that batch."""
+
+    seconds: float
+    rows: int
+    batch_size: int
+    plain_step_seconds: float | None
 
 
 @dataclass(slots=True)
@@ -85,7 +99,7 @@ class RepriseVllmProposer:
         self.health = ProposerHealth()
         self._budget: DraftBudget | None = None
         self._requests: dict[str, _Request] = {}
-        self._steps: list[tuple[str, int, int, str]] = []
+        self._steps: list[tuple[str, int, int, str, int, float, float]] = []
         self._steps_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reprise-draft")
         self._running: Future[list[list[int]]] | None = None
@@ -117,13 +131,13 @@ class RepriseVllmProposer:
         now = time.perf_counter()
         try:
             req_ids = list(self.runner.input_batch.req_ids[:num_rows])
-            self._time_step(now, req_ids, sampled_token_ids)
+            timed = self._time_step(now, req_ids, sampled_token_ids)
             rows = [(i, req_ids[i], self._tag(req_ids[i])) for i in range(num_rows) if sampled_token_ids[i]]
             lengths = np.asarray(num_tokens_no_spec[:num_rows], dtype=np.int64).copy()
             # A copy: after a stall vLLM goes on writing its buffer while the late call still reads.
             tokens = np.array(token_ids_cpu[:num_rows, : int(lengths.max(initial=0))], dtype=np.int32)
             live = set(self.runner.requests)
-            self._running = self._pool.submit(self._draft_step, rows, lengths, tokens, live, num_rows)
+            self._running = self._pool.submit(self._draft_step, rows, lengths, tokens, live, num_rows, timed)
             drafts = self._running.result(timeout=self.stall_timeout_s)
         except FutureTimeout:
             self._good_steps = 0
@@ -142,17 +156,24 @@ class RepriseVllmProposer:
         self._last_step = (now, tuple(req_ids), num_rows + sum(len(d) for d in drafts))
         return drafts
 
-    def _time_step(self, now: float, req_ids: list[str], sampled_token_ids: list[list[int]]) -> None:
+    def _time_step(self, now: float, req_ids: list[str], sampled_token_ids: list[list[int]]
+                   ) -> _StepTime | None:
         """Feed the step cost meter with the step that just ran (when it was a steady decoding step),
-        and now and then hand the step budget the measured cost line."""
+        now and then hand the step budget the measured cost line, and return the step's time for the
+        savings estimate (None for a step that was not a steady one)."""
         last, self._last_step = self._last_step, None
         if last is None or last[1] != tuple(req_ids) or not all(sampled_token_ids):
-            return  # a request joined, left or is prefilling: not a plain decoding step
-        self.step_cost.observe(last[2], now - last[0])
-        if self._budget is not None and self._budget.adaptive and self.step_cost.num_steps % 32 == 0:
-            line = self.step_cost.line()
-            if line is not None:
-                self._budget = DraftBudget(self._budget.max_draft_tokens, line.cost_model(), adaptive=True)
+            return None  # a request joined, left or is prefilling: not a plain decoding step
+        seconds = now - last[0]
+        self.step_cost.observe(last[2], seconds)
+        line = self.step_cost.line()
+        if (self._budget is not None and self._budget.adaptive and self.step_cost.num_steps % 32 == 0
+                and line is not None):
+            self._budget = DraftBudget(self._budget.max_draft_tokens, line.cost_model(), adaptive=True)
+        if seconds > self.step_cost.max_gap_s:
+            return None  # an idle gap, not a step
+        batch = len(req_ids)
+        return _StepTime(seconds, last[2], batch, line.a + line.b * batch if line is not None else None)
 
     # ---- drafting (helper thread) --------------------------------------------------------------------
 
@@ -162,13 +183,14 @@ class RepriseVllmProposer:
         return RequestTag.from_extra_args(getattr(params, "extra_args", None))
 
     def _draft_step(self, rows: list[tuple[int, str, RequestTag | None]], lengths: np.ndarray,
-                    token_ids: np.ndarray, live: set[str], num_rows: int) -> list[list[int]]:
+                    token_ids: np.ndarray, live: set[str], num_rows: int,
+                    timed: _StepTime | None = None) -> list[list[int]]:
         for req_id in [r for r in self._requests if r not in live]:
             self._end(req_id)
         drafts: list[list[int]] = [[] for _ in range(num_rows)]
         chains: list[tuple[int, str, Any]] = []
         for i, req_id, tag in rows:
-            chain = self._draft_row(req_id, tag, token_ids[i], int(lengths[i]))
+            chain = self._draft_row(req_id, tag, token_ids[i], int(lengths[i]), timed)
             if chain is not None and len(chain):
                 chains.append((i, req_id, chain))
         batch = len(rows)
@@ -183,7 +205,8 @@ class RepriseVllmProposer:
             drafts[i] = [int(t) for t in ids]
         return drafts
 
-    def _draft_row(self, req_id: str, tag: RequestTag | None, row: np.ndarray, length: int) -> Any:
+    def _draft_row(self, req_id: str, tag: RequestTag | None, row: np.ndarray, length: int,
+                   timed: _StepTime | None = None) -> Any:
         """Commit what the last step added to the request's session and propose its next chain."""
         req = self._requests.get(req_id)
         if req is None:
@@ -198,7 +221,12 @@ class RepriseVllmProposer:
             return None
         req.seen = length
         accepted = _matched(req.draft, new[:-1])
-        self._record(StepRecord(req.tag.tenant, len(req.draft), accepted, req.source if len(req.draft) else ""))
+        record = StepRecord(req.tag.tenant, len(req.draft), accepted, req.source if len(req.draft) else "")
+        if timed is not None:  # its share of the step, and what its tokens would have cost in plain steps
+            cost = share(timed.seconds, 1 + len(req.draft), timed.rows, len(new), timed.batch_size,
+                         timed.plain_step_seconds)
+            record = replace(record, num_tokens=len(new), seconds=cost.seconds, plain_seconds=cost.plain_seconds)
+        self._record(record)
         verified = Verified(new, np.arange(accepted, dtype=np.int32), draft_verified=len(req.draft) > 0)
         if req.chain is not None and req.tracker is not None:  # a request whose drafts fail verifies fewer
             req.tracker.update(req.chain, verified.accepted)
@@ -255,7 +283,7 @@ class RepriseVllmProposer:
         self.stall_timeout_s = stall_timeout_s
         self._budget = budget
 
-    def drain_steps(self) -> list[tuple[str, int, int, str]]:
+    def drain_steps(self) -> list[tuple[str, int, int, str, int, float, float]]:
         """The step records since the last drain (wire form of ``StepRecord``)."""
         with self._steps_lock:
             steps, self._steps = self._steps, []

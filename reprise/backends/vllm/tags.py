@@ -39,17 +39,24 @@ class RequestTag:
 @dataclass(frozen=True, slots=True)
 class StepRecord:
     """One decoding step of one request, as the worker saw it: the draft it verified (its length and
-    drafter) and how many of its tokens were accepted."""
+    drafter) and how many of its tokens were accepted. On a steady step (the worker timed it:
+    ``proposer.RepriseVllmProposer._time_step``) also the tokens it committed, its share of the step's
+    seconds and the plain-step estimate of those tokens (serving/savings.py); 0 otherwise."""
 
     tenant: str
     num_draft: int
     num_accepted: int
     source: str
+    num_tokens: int = 0
+    seconds: float = 0.0
+    plain_seconds: float = 0.0
 
-    def to_wire(self) -> tuple[str, int, int, str]:
-        return (self.tenant, self.num_draft, self.num_accepted, self.source)
+    def to_wire(self) -> tuple[str, int, int, str, int, float, float]:
+        return (self.tenant, self.num_draft, self.num_accepted, self.source, self.num_tokens, self.seconds,
+                self.plain_seconds)
 
     @classmethod
     def from_wire(cls, raw: Any) -> StepRecord:
-        tenant, num_draft, num_accepted, source = raw
-        return cls(str(tenant), int(num_draft), int(num_accepted), str(source))
+        tenant, num_draft, num_accepted, source, num_tokens, seconds, plain_seconds = raw
+        return cls(str(tenant), int(num_draft), int(num_accepted), str(source), int(num_tokens), float(seconds),
+                   float(plain_seconds))

@@ -9,7 +9,8 @@ steps the model, in order with the requests added before them. That channel carr
 - each tenant's drafting state: ``reprise_load`` (its trajectories from the encrypted store, at start-up
   or a rebuild), ``reprise_record`` (a finished turn), ``reprise_add_corpus``, ``reprise_evict``,
   ``reprise_delete``, ``reprise_set_tenant_config``;
-- figures back to the service: ``reprise_drain_steps`` (per-step draft and accept counts per tenant),
+- figures back to the service: ``reprise_drain_steps`` (per-step draft and accept counts per tenant, and
+  each steady step's time shared by rows against its plain-step estimate),
   ``reprise_index_stats``, ``reprise_health``.
 
 Arguments are plain values (token ids as int32 bytes) so vLLM's serialisation carries them without
@@ -113,7 +114,7 @@ class RepriseWorkerExtension:
     def reprise_index_stats(self, tenant: str) -> dict[str, int]:
         return {k: int(v) for k, v in dataclasses.asdict(self._reprise_proposer().tenants.index_stats(tenant)).items()}
 
-    def reprise_drain_steps(self) -> list[tuple[str, int, int, str]]:
+    def reprise_drain_steps(self) -> list[tuple[str, int, int, str, int, float, float]]:
         return self._reprise_proposer().drain_steps()
 
     def reprise_health(self) -> dict[str, int]:

@@ -2,7 +2,7 @@
 
 A background thread samples every tenant's cumulative figures (``AdminBackend.index_stats``) every
 ``interval_s`` seconds and keeps the last ``max_samples``; the page's series are the differences between
-successive samples: hit rate, tau and drafter mix *in each interval*, so a change shows at once instead
+successive samples: hit rate, tau, drafter mix and speedup (serving/savings.py) *in each interval*, so a change shows at once instead
 of being averaged into the tenant's whole past. Only aggregates are kept, never tokens or text, and a
 deleted tenant's samples are dropped with it.
 """
@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from serving.admin import TenantInfo, TenantStats
+from serving.savings import Savings
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +31,7 @@ class Sample:
 
 def interval_point(prev: TenantStats | None, cur: TenantStats, t: float) -> dict[str, Any]:
     """Figures of the interval between two cumulative samples (None where the tenant ran no step)."""
+    saved = cur.savings - (prev.savings if prev else Savings())
     steps = cur.num_steps - (prev.num_steps if prev else 0)
     drafted = cur.num_drafted_steps - (prev.num_drafted_steps if prev else 0)
     accepted = cur.num_accepted_tokens - (prev.num_accepted_tokens if prev else 0)
@@ -47,6 +49,9 @@ def interval_point(prev: TenantStats | None, cur: TenantStats, t: float) -> dict
         "tau": (accepted + steps) / steps if steps > 0 else None,
         "drafter_mix": mix,
         "index_tokens": cur.index_tokens,
+        "speedup": saved.speedup if steps > 0 else None,
+        "seconds_saved": saved.seconds_saved,
+        "tokens_per_second": saved.tokens_per_second if steps > 0 else None,
     }
 
 
@@ -60,6 +65,7 @@ def stats_json(s: TenantStats) -> dict[str, Any]:
         "drafter_steps": dict(s.drafter_steps), "counting_since_unix_ms": s.counting_since_unix_ms,
         "prefix_cache_bytes": s.prefix_cache_bytes, "prompt_tokens": s.prompt_tokens,
         "cached_prompt_tokens": s.cached_prompt_tokens, "prefix_cache_hit_rate": s.prefix_cache_hit_rate,
+        **s.savings.figures(),
     }
 
 

@@ -132,6 +132,8 @@ def test_greedy_outputs_with_reprise_drafting_equal_plain_decoding(stack):
     assert again == plain
     stats = stack.stats(tenant)
     assert stats.num_accepted_tokens > 0, "the repeated tasks were not drafted at all"
+    # The worker timed its steady steps: the tenant's share of them, and the plain-step estimate of its tokens.
+    assert stats.savings.decode_seconds > 0 and stats.savings.num_tokens > 0 and stats.savings.speedup is not None
 
     # Eight at once (continuous batching, drafts of several tenants in one step): still identical.
     results: dict[int, list[int]] = {}

@@ -160,3 +160,35 @@ def test_steady_steps_replace_the_default_cost_model():
         batch.commit(0, [int(rng.integers(30, 40))] if rng.random() < 0.5 else TEXT[:1])
     assert p.step_cost.num_steps >= 64
     assert p._budget is not default and p._budget.cost_model != default.cost_model
+
+
+class FixedLine:
+    """A step cost meter whose line is known: a plain step of B requests costs 0.01 + 0.002 * B s."""
+
+    max_gap_s = 5.0
+    num_steps = 0
+
+    def observe(self, rows: int, seconds: float) -> None:
+        self.num_steps += 1
+
+    def line(self):
+        from reprise.backends.vllm.step_cost import StepCostLine
+
+        return StepCostLine(0.01, 0.002)
+
+
+def test_steady_steps_carry_their_time_and_the_plain_estimate_of_their_tokens():
+    tenants = RepriseProposer()
+    tenants.record("acme", "old", [1, 2, 3], TEXT)
+    batch = Batch()
+    batch.add("r1", RequestTag("acme", "s1"), [1, 2, 3])
+    p = _proposer(batch, tenants)
+    p.step_cost = FixedLine()
+    _decode(p, batch, TEXT)
+    steps = [StepRecord.from_wire(s) for s in p.drain_steps()]
+    timed = [s for s in steps if s.num_tokens]
+    assert len(timed) == len(steps) - 1  # the first call has no step before it to time
+    for s in timed:  # alone in its batch: the whole step is its own; plain steps of one request each token
+        assert s.num_tokens == s.num_accepted + 1 and s.seconds > 0
+        assert s.plain_seconds == pytest.approx(s.num_tokens * 0.012)
+    assert any(s.num_tokens > 1 for s in timed)  # drafts committed several tokens in a step

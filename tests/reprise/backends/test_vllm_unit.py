@@ -47,6 +47,8 @@ def test_request_tags_round_trip_and_untagged_requests_draft_nothing():
     assert RequestTag.from_extra_args({"other": 1}) is None
     assert RequestTag.from_extra_args({EXTRA_ARGS_KEY: {"tenant": ""}}) is None
     assert StepRecord.from_wire(StepRecord("acme", 8, 3, "reprise:history").to_wire()).num_accepted == 3
+    timed = StepRecord("acme", 8, 3, "reprise:history", num_tokens=4, seconds=0.02, plain_seconds=0.05)
+    assert StepRecord.from_wire(timed.to_wire()) == timed
 
 
 def test_cache_salts_are_keyed_per_tenant():

@@ -81,8 +81,13 @@ def test_the_loop_reports_every_method(tmp_path) -> None:
     assert report["forward"] == "lean" and report["plain_step_cost"]["points"][0]["extra_rows"] == 0
     drafts = row["methods"]["engine_cache_drafts"]
     assert drafts["outputs_identical_to_engine_plain"] == f"{num_calls}/{num_calls}"
+    check = row["savings_check"]  # the service's estimate, fed by the drafted run, against the measured speedup
+    assert check["speedup_estimated"] > 0 and check["speedup_measured"] > 0 and check["clock"] == "thread_cpu"
+    assert check["error"] == pytest.approx(check["speedup_estimated"] / check["speedup_measured"] - 1, abs=2e-3)
+    assert check["seconds_saved_cache"] > 0  # later calls of a session found their prefix cached
     text = bench.format_report(report | {"proposer": "prompt_lookup"})
     assert all(f"  {m} " in text for m in bench.METHODS) and "fitted step cost" in text
+    assert "savings estimate: speedup" in text
     assert "plain step:" in text and "tree step cost, ms by draft rows" in text
 
 

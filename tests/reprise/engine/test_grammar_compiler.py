@@ -123,6 +123,25 @@ def test_non_ascii_literals_compile_to_themselves(compiler, word) -> None:
         assert matcher.accept_string(json.dumps(word, ensure_ascii=False)) and matcher.is_completed()
 
 
+def test_a_response_format_with_tools_the_model_may_call_allows_either(compiler) -> None:
+    """tool_choice auto with tools and a response_format (an agent with tools and a typed output): the
+    format's JSON or one tool call, nothing else; both engines get the same union (vLLM as its EBNF)."""
+    call = tools(("get_weather", {"type": "object", "properties": {"city": {"enum": ["Oslo"]}}, "required": ["city"]}))
+    answer = OutputConstraint(json.dumps({"type": "object", "properties": {"ok": {"type": "boolean"}},
+                                          "required": ["ok"]}), alternative=call)
+    grammar = compiler.compile(answer, tenant="t", max_tokens=100)
+    reread = compiler._compiler.compile_grammar(ebnf_text(grammar))
+    for compiled in (grammar.compiled, reread):
+        tool_call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+        for text, complete in (('{"ok": true}', True), (tool_call, True), ('{"city": "Oslo"}', False),
+                               ("Sure!", False)):
+            matcher = xgr.GrammarMatcher(compiled)
+            assert (matcher.accept_string(text) and matcher.is_completed()) == complete, text
+    # Each alternative must fit max_tokens: the model may enter either.
+    with pytest.raises(GrammarError, match="max_tokens=20"):
+        compiler.compile(answer, tenant="t", max_tokens=20)
+
+
 def test_unbounded_forced_strings_turn_jump_forward_off(compiler) -> None:
     tree = {"type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#"}}},
             "required": ["kids"]}

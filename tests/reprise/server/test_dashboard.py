@@ -18,6 +18,7 @@ from reprise.server.dashboard import StatsHistory, dashboard_router, interval_po
 from reprise.server.metrics import ServiceMetrics
 from serving.admin import TenantInfo, TenantStats
 from serving.records import Principal
+from serving.savings import Savings
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 ADMIN = "rpa_admin_key"
@@ -32,10 +33,14 @@ class KeyTable:
 
 
 def stats(tid: str, steps: int, drafted: int, accepted: int, mix: dict, index: int) -> TenantStats:
+    # Each step took 0.05 s; plain steps would have taken 0.04 s per committed token, and cached prompt
+    # tokens save 0.5 s per 10 steps.
+    savings = Savings(decode_seconds=0.05 * steps, plain_decode_seconds=0.04 * (steps + accepted),
+                      prefill_seconds=0.1 * steps, plain_prefill_seconds=0.15 * steps, num_tokens=steps + accepted)
     return TenantStats(tid, index_tokens=index, index_sequences=3, index_memory_bytes=index * 20,
                        num_requests=steps // 10, num_steps=steps, num_drafted_steps=drafted,
                        num_draft_tokens=drafted * 8, num_accepted_tokens=accepted,
-                       acceptance_by_position=(0.9, 0.7, 0.5, 0.3, 0.2), drafter_steps=mix)
+                       acceptance_by_position=(0.9, 0.7, 0.5, 0.3, 0.2), drafter_steps=mix, savings=savings)
 
 
 def test_interval_point_uses_differences() -> None:
@@ -44,8 +49,13 @@ def test_interval_point_uses_differences() -> None:
     p = interval_point(a, b, 10.0)
     assert p["hit_rate"] == pytest.approx(0.8) and p["tau"] == pytest.approx(3.0)
     assert p["drafter_mix"] == pytest.approx({"suffix": 0.5, "corpus": 0.5})
+    # The interval: 100 steps in 5 + 10 s, 300 tokens; without Reprise 0.04 * 300 + 15 s.
+    assert p["speedup"] == pytest.approx((0.04 * 300 + 15) / 15)
+    assert p["seconds_saved"] == pytest.approx(0.04 * 300 + 15 - 15)
+    assert p["tokens_per_second"] == pytest.approx(300 / 15)
     idle = interval_point(b, b, 20.0)
     assert idle["hit_rate"] is None and idle["tau"] is None and idle["drafter_mix"] == {}
+    assert idle["speedup"] is None and idle["seconds_saved"] == 0
 
 
 @pytest.fixture
@@ -93,6 +103,10 @@ def test_json_needs_an_admin_key(dashboard) -> None:
     doc = json.loads(body)
     assert code == 200 and [t["name"] for t in doc["tenants"]] == ["acme", "globex"]
     assert len(doc["tenants"][0]["series"]) == 7
+    acme = doc["tenants"][0]["current"]
+    assert acme["speedup"] == pytest.approx((0.04 * (700 + 150 * 49 // 4) + 0.15 * 700) / (0.15 * 700))
+    assert acme["seconds_saved"] == pytest.approx(acme["seconds_saved_drafts"] + acme["seconds_saved_cache"])
+    assert acme["seconds_saved_cache"] == pytest.approx(0.05 * 700)
     code, page, headers = get(base + "/dashboard")
     assert code == 200 and b"<svg" in page
     assert b"<script src" not in page and b"<link" not in page and b"@import" not in page  # nothing external
@@ -114,11 +128,15 @@ def test_page_draws_its_charts_in_headless_chromium(dashboard, tmp_path: Path) -
     dom = subprocess.run(flags + [f"--user-data-dir={tmp_path / 'profile-dom'}", "--dump-dom", url],
                          capture_output=True, text=True, timeout=120, check=False)
     assert 'data-ready="1"' in dom.stdout, dom.stderr[-2000:]
-    for chart in ("hit-rate", "tau", "drafter-mix", "acceptance", "index-size"):
+    for chart in ("hit-rate", "tau", "speedup", "drafter-mix", "acceptance", "index-size"):
         part = dom.stdout.split(f'data-chart="{chart}"', 1)[1].split("</svg>", 1)[0]
         points = int(part.split('data-points="', 1)[1].split('"', 1)[0])
         assert points > 0, chart
-    assert dom.stdout.count('class="line"') >= 5  # hit rate x2, tau x2, acceptance x2 (minus idle gaps)
+    assert dom.stdout.count('class="line"') >= 7  # hit rate, tau, speedup, acceptance: x2 (minus idle gaps)
+    assert '<path d="M' in dom.stdout.split('data-chart="speedup"', 1)[1].split("</svg>", 1)[0]
+    acme = dom.stdout.split('<tr data-tenant="' + "a" * 32 + '">', 1)[1].split("</tr>", 1)[0]
+    cells = [c.split(">", 1)[1] for c in acme.split("</td>")[:-1]]
+    assert cells[12] == "1.97×" and cells[13] == "1.7 min" and cells[-1] == "24.2"  # speedup, time saved, tokens/s
     assert "acme" in dom.stdout and "globex" in dom.stdout and "2 tenant(s)" in dom.stdout
     shot = tmp_path / "dashboard.png"
     subprocess.run(flags + [f"--user-data-dir={tmp_path / 'profile-shot'}", "--window-size=1280,1400",

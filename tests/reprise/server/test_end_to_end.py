@@ -243,6 +243,34 @@ def test_metrics_and_dashboard_after_requests(running) -> None:
                                   json.loads(urllib.request.urlopen(req, timeout=10).read())["tenants"]))
 
 
+def test_tenant_stats_show_what_reprise_saved(running) -> None:
+    """Served requests give the tenant a speedup estimate: seconds spent against the plain estimate,
+    split into drafts and cache, on the admin plane, the dashboard and (service-wide) in Prometheus."""
+    tid, key = tenant_key(running)
+    prompt = "ab ab ab ab ab ab ab ab ab ab ab ab ab ab ab ab"  # repeated: drafts, and a cached prefix
+    with RepriseClient(running.target, key) as client:
+        for _ in range(3):
+            client.generate(text=prompt, max_new_tokens=16)
+    with AdminClient(running.target, running.admin_key) as admin:
+        stats = admin.index_stats(tid)[0]
+    assert stats.speedup is not None and stats.speedup > 0 and stats.seconds > 0
+    assert stats.plain_seconds == pytest.approx(stats.seconds + stats.seconds_saved)
+    assert stats.seconds_saved == pytest.approx(stats.seconds_saved_drafts + stats.seconds_saved_cache)
+    assert stats.seconds_saved_cache > 0  # the second and third requests found the prompt cached
+    assert stats.tokens_per_second is not None and stats.tokens_per_second > 0
+    req = urllib.request.Request(running.http + "/dashboard/api/stats",
+                                 headers={"Authorization": f"Bearer {running.admin_key}"})
+
+    def dashboard_speedup() -> float | None:
+        tenants = json.loads(urllib.request.urlopen(req, timeout=10).read())["tenants"]
+        return next((t["current"]["speedup"] for t in tenants if t["tenant_id"] == tid), None)
+
+    assert wait_until(lambda: dashboard_speedup() is not None)
+    body = running.metrics()
+    assert 'reprise_engine_seconds_total{phase="decode"}' in body
+    assert 'reprise_engine_plain_seconds_total{phase="prefill"}' in body and tid not in body
+
+
 def test_example_agent_loop_runs(running, capsys) -> None:
     path = Path(__file__).resolve().parents[3] / "examples" / "agent_loop.py"
     spec = importlib.util.spec_from_file_location("agent_loop_example", path)

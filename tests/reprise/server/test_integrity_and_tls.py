@@ -1,10 +1,8 @@
-"""DATA_LOSS for tampered history through the admin plane (and a start-up that survives it), and the
-server over TLS and mutual TLS."""
+"""The server over TLS and mutual TLS. (Tampered history: tests/reprise/server/test_history_repair.py.)"""
 
 from __future__ import annotations
 
 import datetime
-import io
 import ipaddress
 from pathlib import Path
 
@@ -17,39 +15,6 @@ from cryptography.x509.oid import NameOID
 from testkit.service import LoopThread, start_service
 
 from grpc_api.client import AdminClient, RepriseClient, RepriseError
-
-
-def tamper_first_trajectory(store, tenant_id: str) -> None:
-    (row, *_) = store.storage.traj_scan(tenant_id, None, 10)
-    bad = bytearray(row.sealed)
-    bad[-1] ^= 0x01  # the GCM tag
-    store.storage.traj_replace(tenant_id, [(row.record_id, bytes(bad))])
-
-
-def test_tampered_history_is_data_loss_and_startup_survives(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.delenv("REPRISE_MASTER_KEY", raising=False)
-    home = tmp_path / "home"
-    r = start_service(home)
-    try:
-        with AdminClient(r.target, r.admin_key) as admin:
-            tenant, key = admin.create_tenant("acme")
-        with RepriseClient(r.target, key) as client:
-            client.append_trajectory("s", tokens=[1, 2, 3, 4])
-        tamper_first_trajectory(r.service.store, tenant.tenant_id)
-        with AdminClient(r.target, r.admin_key) as admin:
-            for call in (lambda: admin.build_index(tenant.tenant_id),
-                         lambda: admin.export_history(tenant.tenant_id, io.BytesIO(), "a long password")):
-                with pytest.raises(RepriseError) as exc:
-                    call()
-                assert exc.value.code == grpc.StatusCode.DATA_LOSS and "authentication failed" in exc.value.message
-    finally:
-        r.stop()
-    r = start_service(home)  # the corrupted tenant does not stop the service from starting
-    try:
-        with RepriseClient(r.target, key) as client:
-            assert client.generate(tokens=[5, 6], max_new_tokens=2).completion_tokens == 2
-    finally:
-        r.stop()
 
 
 def _certs(tmp: Path) -> dict[str, Path]:

@@ -64,7 +64,21 @@ def test_request_figures_and_no_tenant_labels() -> None:
     assert s[("reprise_request_time_per_output_token_seconds_sum", ())] == 0.2  # (1.0 - 0.2) / 4
     labels = {k for (_, ls) in s for k, _ in ls}
     assert labels <= {"position", "result", "finish_reason", "reason", "grpc_service", "grpc_method", "grpc_type",
-                      "grpc_code", "le", "backend", "op", "kind", "extra_rows"}
+                      "grpc_code", "le", "backend", "op", "kind", "extra_rows", "phase"}
+
+
+def test_savings_counters_are_service_wide() -> None:
+    """Seconds spent against the plain estimate, by phase: speedup = their ratio, no tenant label."""
+    from serving.savings import RequestCost
+
+    m = ServiceMetrics()
+    m.observe_costs(RequestCost(0.5, 1.5), RequestCost(2.0, 3.0))
+    m.observe_costs(RequestCost(0.5, 0.5))
+    s = samples(m)
+    assert s[("reprise_engine_seconds_total", (("phase", "decode"),))] == 1.0
+    assert s[("reprise_engine_plain_seconds_total", (("phase", "decode"),))] == 2.0
+    assert s[("reprise_engine_seconds_total", (("phase", "prefill"),))] == 2.0
+    assert s[("reprise_engine_plain_seconds_total", (("phase", "prefill"),))] == 3.0
 
 
 def watching_an_engine() -> ServiceMetrics:

@@ -247,3 +247,48 @@ def test_context_overflow_is_a_400(client) -> None:
     with pytest.raises(openai.BadRequestError, match="context"):
         list(client.chat.completions.create(model=MODEL, messages=ask("x" * 3500), max_tokens=4, stream=True))
 
+
+
+def test_what_an_engine_cannot_honour_is_refused_never_ignored(client) -> None:
+    """The own engine applies no presence/frequency penalty or logit bias (vLLM does); no engine here
+    returns log probabilities or stores chat completions: each is a 400 naming the parameter."""
+    for sent, param, needle in (
+            ({"presence_penalty": 0.5}, "presence_penalty", "not supported by this server's engine"),
+            ({"frequency_penalty": -1}, "frequency_penalty", "model.engine vllm"),
+            ({"logit_bias": {"5": -100}}, "logit_bias", "not supported by this server's engine"),
+            ({"logit_bias": {"x": 1}}, "logit_bias", "keys must be token ids"),
+            ({"presence_penalty": 3}, "presence_penalty", "must be in [-2, 2]"),
+            ({"logprobs": True}, "logprobs", "no log probabilities"),
+            ({"top_logprobs": 2}, "top_logprobs", "no log probabilities"),
+            ({"store": True}, "store", "/v1/responses stores"),
+            ({"modalities": ["text", "audio"]}, "modalities", "text only"),
+            ({"functions": [{"name": "f"}]}, "functions", "send tools")):
+        with pytest.raises(openai.BadRequestError, match=needle.replace("[", r"\[")) as exc:
+            client.chat.completions.create(model=MODEL, messages=ask("x"), max_tokens=2, **sent)
+        assert exc.value.body["param"] == param, exc.value.body
+    # Their defaults ask for nothing and pass; parallel_tool_calls false keeps a reply to one call.
+    done = client.chat.completions.create(model=MODEL, messages=ask("x"), max_tokens=2, logprobs=False,
+                                          presence_penalty=0, frequency_penalty=0.0, logit_bias={}, store=False)
+    assert done.choices[0].message.content is not None
+    forced = client.chat.completions.create(model=MODEL, messages=ask("Weather?"), tools=[WEATHER],
+                                            tool_choice="required", parallel_tool_calls=False, max_tokens=120)
+    assert len(forced.choices[0].message.tool_calls) == 1
+
+
+def test_tools_the_model_may_call_beside_a_response_format(client) -> None:
+    """tool_choice auto with tools and a json_schema (an agent with tools and a typed output): the reply
+    is one valid call or JSON valid under the schema, whichever the model starts."""
+    import jsonschema
+
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    for prompt in ("Weather?", "Is it fine?", "Answer"):
+        reply = client.chat.completions.create(
+            model=MODEL, messages=ask(prompt), tools=[WEATHER], max_tokens=120,
+            response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": schema}})
+        choice = reply.choices[0]
+        if choice.finish_reason == "tool_calls":
+            check_call(choice.message.tool_calls[0])
+        else:
+            assert choice.finish_reason == "stop"
+            jsonschema.validate(json.loads(choice.message.content), schema)

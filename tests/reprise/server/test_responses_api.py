@@ -1,14 +1,12 @@
-"""The Responses API (``/v1/responses``) through the official ``openai`` client and the OpenAI Agents SDK on
-its default path, against a real service (tiny random Llama with a byte-level tokenizer): text and
+"""The Responses API (``/v1/responses``) through the official ``openai`` client (the Agents SDK on its
+default path: test_agent_frameworks.py), against a real service (tiny random Llama with a byte-level tokenizer): text and
 streamed replies, function tools (forced, since a random model only calls when the grammar makes it),
 ``text.format`` json_schema, stored responses (GET, DELETE, input items, another tenant's id is a 404),
 ``previous_response_id``, and the refusals of what the server cannot do."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-from typing import Literal
 
 import openai
 import pytest
@@ -122,45 +120,3 @@ def test_structured_output_and_refusals(service) -> None:
         assert exc.value.body["param"] == param, exc.value.body
     with pytest.raises(openai.NotFoundError):
         c.responses.create(model=MODEL, input="x", previous_response_id="resp_nope")
-
-
-def test_openai_agents_sdk_default_path(service) -> None:
-    """The Agents SDK's default model class (``OpenAIResponsesModel``) runs a tool loop and a typed output."""
-    from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
-    from pydantic import BaseModel
-
-    set_tracing_disabled(True)  # traces would go to OpenAI's servers
-    calls: list[str] = []
-
-    @function_tool
-    def get_weather(city: Literal["Paris", "Oslo", "Lima"]) -> str:
-        """The weather in a city."""
-        calls.append(city)
-        return json.dumps({"city": city, "forecast": "sunny"})
-
-    class Verdict(BaseModel):
-        ok: bool
-
-    async def run() -> tuple[object, list[str], object, list[str]]:
-        aclient = openai.AsyncOpenAI(api_key=service.key, base_url=service.http + "/v1", max_retries=0)
-        model = OpenAIResponsesModel(model=MODEL, openai_client=aclient)
-        # A random model answers in text only until max_tokens, which the Responses API reports as
-        # incomplete (and the SDK raises on): the run ends with the tool's output instead.
-        agent = Agent(name="forecaster", instructions="Answer with the forecast.", tools=[get_weather], model=model,
-                      tool_use_behavior="stop_on_first_tool",
-                      model_settings=ModelSettings(tool_choice="required", max_tokens=100, temperature=0))
-        result = await Runner.run(agent, "What is the weather in Oslo?", max_turns=4)
-        streamed = Runner.run_streamed(agent, "And in Lima?", max_turns=4)
-        kinds = [e.item.type async for e in streamed.stream_events() if e.type == "run_item_stream_event"]
-        typed = Agent(name="judge", instructions="Judge.", model=model, output_type=Verdict,
-                      model_settings=ModelSettings(max_tokens=40))
-        verdict = (await Runner.run(typed, "Is the sky blue?", max_turns=2)).final_output
-        await aclient.close()
-        return result.final_output, [i.type for i in result.new_items], verdict, kinds
-
-    final, items, verdict, kinds = asyncio.run(run())
-    assert len(calls) == 2 and set(calls) <= {"Paris", "Oslo", "Lima"}
-    assert items == ["tool_call_item", "tool_call_output_item"]
-    assert json.loads(final)["forecast"] == "sunny"  # the executed tool's output ended the run
-    assert kinds[:2] == ["tool_call_item", "tool_call_output_item"]
-    assert isinstance(verdict, Verdict)

@@ -1,0 +1,126 @@
+"""What Reprise saves a tenant: the seconds its work took against an estimate of the same work without
+Reprise (no drafts, no prefix cache), from each engine's own cost model on the host it runs on.
+
+Both engines feed the same arithmetic, per request per step:
+
+- **decode**: a step's measured time is shared among its requests by their rows (one row for the
+  committed token plus one per draft node verified: ``attribute_step``). Without drafts each token
+  the request committed would have needed a plain step (one row per request) at the batch size it ran
+  in, whose cost the engine's step-cost model gives: ``tokens * plain_step_seconds / batch_size``.
+- **prefill**: the measured prefill time, and without the prefix cache that time plus what prefilling
+  the cached tokens costs on the host, as the engine's prefill fit prices them (``attribute_prefill``).
+
+A tenant's ``Savings`` sums them; ``speedup`` = (plain decode + plain prefill) / (decode + prefill),
+``seconds_saved`` the difference, split into drafts and cache. The seconds are those of the engine's
+cost clock (CPU time of the engine thread on a one-thread CPU host, wall time otherwise), the same clock
+for both sides of every ratio. Where the engine has no measured cost model yet, a step's plain estimate
+is its own measured time (it counts as no saving rather than as a guess). docs/service.md says where
+the estimate can be wrong and how far it was from a measurement.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class RequestCost:
+    """One request's part of a step (or of its prefill): measured ``seconds`` and the ``plain_seconds``
+    the same work would have taken without Reprise."""
+
+    seconds: float
+    plain_seconds: float
+
+
+def attribute_step(step_seconds: float, rows: Sequence[int], tokens: Sequence[int],
+                   plain_step_seconds: float | None) -> list[RequestCost]:
+    """Each request's part of one step of ``len(rows)`` requests: ``rows[i]`` rows verified (1 + draft
+    nodes), ``tokens[i]`` committed. ``plain_step_seconds``: the engine's cost of a step of one row per
+    request at this batch size (None: not measured yet)."""
+    if len(rows) != len(tokens):
+        raise ValueError(f"rows and tokens differ in length: {len(rows)} != {len(tokens)}")
+    total_rows = sum(rows)
+    return [share(step_seconds, r, total_rows, t, len(rows), plain_step_seconds) for r, t in zip(rows, tokens)]
+
+
+def share(step_seconds: float, rows: int, total_rows: int, tokens: int, batch_size: int,
+          plain_step_seconds: float | None) -> RequestCost:
+    """One request's part of a step of ``batch_size`` requests and ``total_rows`` rows (``attribute_step``
+    for an engine that sees one request at a time)."""
+    seconds = step_seconds * rows / total_rows if total_rows > 0 else step_seconds / max(batch_size, 1)
+    plain = seconds if plain_step_seconds is None else tokens * plain_step_seconds / max(batch_size, 1)
+    return RequestCost(seconds, plain)
+
+
+def attribute_prefill(seconds: float, cached_seconds: float | None) -> RequestCost:
+    """A prefill that took ``seconds`` after some prompt tokens came from the prefix cache; without the
+    cache, prefilling those would have cost ``cached_seconds`` more (None: not measured yet)."""
+    return RequestCost(seconds, seconds + (cached_seconds or 0.0))
+
+
+@dataclass(frozen=True, slots=True)
+class Savings:
+    """A tenant's (or an interval's) seconds with Reprise against the estimate without it."""
+
+    decode_seconds: float = 0.0  # measured: the tenant's share of its steps
+    plain_decode_seconds: float = 0.0  # estimated: one plain step per token, at the batch size it ran in
+    prefill_seconds: float = 0.0  # measured
+    plain_prefill_seconds: float = 0.0  # estimated: the prefill plus the price of prefilling its cached tokens
+    num_tokens: int = 0  # tokens committed in those steps
+
+    def add_step(self, cost: RequestCost, num_tokens: int) -> Savings:
+        return Savings(self.decode_seconds + cost.seconds, self.plain_decode_seconds + cost.plain_seconds,
+                       self.prefill_seconds, self.plain_prefill_seconds, self.num_tokens + num_tokens)
+
+    def add_prefill(self, cost: RequestCost) -> Savings:
+        return Savings(self.decode_seconds, self.plain_decode_seconds, self.prefill_seconds + cost.seconds,
+                       self.plain_prefill_seconds + cost.plain_seconds, self.num_tokens)
+
+    def __add__(self, other: Savings) -> Savings:
+        """Two tenants' (or two runs') figures together."""
+        return Savings(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
+
+    def __sub__(self, other: Savings) -> Savings:
+        """The figures between two cumulative samples (an interval)."""
+        return Savings(*(getattr(self, f.name) - getattr(other, f.name) for f in fields(self)))
+
+    @property
+    def seconds(self) -> float:
+        """Seconds spent, measured."""
+        return self.decode_seconds + self.prefill_seconds
+
+    @property
+    def plain_seconds(self) -> float:
+        """Seconds the same work would have taken without drafts and the prefix cache, estimated."""
+        return self.plain_decode_seconds + self.plain_prefill_seconds
+
+    @property
+    def speedup(self) -> float | None:
+        """Plain seconds over seconds spent (None before any)."""
+        return self.plain_seconds / self.seconds if self.seconds > 0 else None
+
+    @property
+    def seconds_saved_drafts(self) -> float:
+        return self.plain_decode_seconds - self.decode_seconds
+
+    @property
+    def seconds_saved_cache(self) -> float:
+        return self.plain_prefill_seconds - self.prefill_seconds
+
+    @property
+    def seconds_saved(self) -> float:
+        return self.plain_seconds - self.seconds
+
+    @property
+    def tokens_per_second(self) -> float | None:
+        """Tokens delivered per second spent (None before any)."""
+        return self.num_tokens / self.seconds if self.seconds > 0 else None
+
+    def figures(self) -> dict[str, Any]:
+        """The derived figures as plain values (the dashboard's and the CLI's JSON)."""
+        return {"speedup": self.speedup, "seconds_saved": self.seconds_saved,
+                "seconds_saved_drafts": self.seconds_saved_drafts, "seconds_saved_cache": self.seconds_saved_cache,
+                "seconds": self.seconds, "plain_seconds": self.plain_seconds,
+                "tokens_per_second": self.tokens_per_second}

@@ -1,0 +1,33 @@
+"""`reprise bench attack` end to end on the tiny model, two short attacks: its JSON has the figures the
+docs quote, and the server survived them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+@pytest.mark.slow
+def test_bench_attack_json() -> None:
+    out = subprocess.run([sys.executable, "-m", "reprise", "bench", "attack", "--tiny", "--only",
+                          "idle_streams,huge_chats", "--probe-seconds", "1", "--json"],
+                         capture_output=True, text=True, timeout=600, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout)
+    assert [r["attack"] for r in report["attacks"]] == ["baseline", "idle_streams", "huge_chats"]
+    for r in report["attacks"]:
+        assert r["server_alive"] and r["after"] == "all served"
+        assert r["healthz"]["samples"] >= 1 and r["peak_rss_mb"] >= r["rss_before_mb"]
+    streams = report["attacks"][1]["outcome"]
+    assert streams["held"] <= 64 and streams["refused"]["RESOURCE_EXHAUSTED"] == 400 - streams["held"]
+    assert report["attacks"][2]["outcome"]["answers"] == {"HTTP 400 param=messages": 3, "gRPC INVALID_ARGUMENT": 3}
+    assert report["server_exit_code"] == 0 and len(report["load_average"]) == 3
+
+
+def test_bench_attack_refuses_an_unknown_attack() -> None:
+    out = subprocess.run([sys.executable, "-m", "reprise", "bench", "attack", "--only", "nope"],
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 2 and "unknown attack 'nope'" in out.stdout
