@@ -322,14 +322,20 @@ def run_sessions(lm, traces: list[Path], args, report: dict[str, Any], save: Cal
                 rates = ", ".join(f"{m} {f.tokens / f.cpu_seconds:.2f}" for m, f in figures.items())
                 print(f"bench agent: {trace.name} session {s_index + 1}/{len(sessions)} call {c_index + 1}/"
                       f"{len(session.prompts)}: tokens per CPU-s so far {rates}", file=sys.stderr)  # fmt: skip
+                _report_step_costs(report, engines)
                 save()
+    _report_step_costs(report, engines)
+
+
+def _report_step_costs(report: dict[str, Any], engines: dict[str, Any]) -> None:
+    """The engines' fitted step costs so far: the tree engine's by draft rows, the plain engine's."""
+    report["forward"] = engines["engine"].runner.forward_kind
     fit = engines["engine_cache_drafts"].step_costs
     if fit is not None:
         report["step_cost_model"] = fit.report()
     plain_fit = engines["engine"].step_costs
     if plain_fit is not None:
         report["plain_step_cost"] = plain_fit.report()
-    report["forward"] = engines["engine"].runner.forward_kind
 
 
 def _first_difference(tokens: list[int], reference: list[int]) -> int:
