@@ -22,7 +22,9 @@ engine with an empty prefix cache; histories record each call's output as the ca
 would. Printed per trace and level: tokens/s of each method, ``reprise_vs_suffix``, ``reprise_vs_ngram``,
 ``reprise_vs_plain``, ``outputs_identical`` (every method's greedy output equals vLLM plain's), and for
 vLLM with Reprise's proposer what its decoding steps verified (``drafting``: tokens each step yielded,
-draft tokens sent per step, the share accepted; from the proposer's step records). Per trace,
+draft tokens sent per step, the share accepted; from the proposer's step records) and ``savings_check``:
+the service's savings estimate from those records (the speedup it would report for the tenant) against
+the speedup measured over vLLM plain on the same calls, and the error. Per trace,
 ``headroom``: vLLM plain's outputs (one at a time) replayed as chains through Reprise's proposer, the
 tokens per step it gets and what better first tokens would get (``reprise replay --chain --headroom``'s
 oracles): how much of the model's own outputs the history predicts at all. The machine's load average
@@ -375,6 +377,8 @@ def _summarise(outputs: dict[str, Any], calls: dict[str, Any], levels: tuple[int
                 row["tokens_per_s"][method] = round(r["tokens"] / r["seconds"], 2)
                 if r.get("steps"):
                     row.setdefault("drafting", {})[method] = _drafting(r["steps"])
+                if method == "vllm_reprise" and r.get("steps") and level in plain.get(trace, {}):
+                    row["savings_check"] = savings_check(r["steps"], r, plain[trace][level])
                 if method == "reprise_engine" and dtype != "float32":
                     row["outputs_identical"][method] = None
                 elif trace in plain:
@@ -488,6 +492,36 @@ def _drafting(steps: list[tuple[str, int, int, str]]) -> dict[str, float]:
             "acceptance": round(accepted / drafted, 3) if drafted else 0.0}
 
 
+def savings_check(steps: list[tuple], drafted: dict[str, Any], plain: dict[str, Any]) -> dict[str, Any]:
+    """The service's savings estimate (serving/savings.py, as vLLM's proposer records it per steady
+    step) against the speedup measured over vLLM plain on the same calls.
+
+    ``speedup_estimated``: the plain-step estimate summed over the pass's timed steps / their measured
+    seconds, the figure the service reports. ``speedup_measured``: tokens/s of the drafted pass / of the
+    plain pass (whole passes, wall clock). The timed steps leave out prefills and the steps in which a
+    request joins or leaves (``timed_share`` of the drafted pass's seconds); ``speedup_estimated_pass``
+    counts that rest as unchanged without drafts, comparable with the measured figure."""
+    timed = [s for s in steps if len(s) > 6 and s[4] > 0]
+    spent = sum(float(s[5]) for s in timed)
+    estimate = sum(float(s[6]) for s in timed)
+    out: dict[str, Any] = {"clock": "wall", "timed_steps": len(timed), "steps": len(steps),
+                           "seconds_timed_spent": round(spent, 3), "seconds_timed_plain_estimated": round(estimate, 3),
+                           "seconds_measured_spent": round(drafted["seconds"], 3),
+                           "seconds_measured_plain": round(plain["seconds"], 3)}
+    measured = ((drafted["tokens"] / drafted["seconds"]) / (plain["tokens"] / plain["seconds"])
+                if drafted["seconds"] > 0 and plain["seconds"] > 0 and plain["tokens"] else None)
+    out["speedup_measured"] = round(measured, 3) if measured else None
+    if spent <= 0 or not measured:
+        out["speedup_estimated"] = None  # no steady step timed (or nothing measured): nothing to check
+        return out
+    whole = drafted["seconds"] - spent + estimate  # the untimed rest counted as unchanged
+    out |= {"speedup_estimated": round(estimate / spent, 3), "error": round(estimate / spent / measured - 1, 4),
+            "timed_share": round(spent / drafted["seconds"], 3),
+            "speedup_estimated_pass": round(whole / drafted["seconds"], 3),
+            "error_pass": round(whole / drafted["seconds"] / measured - 1, 4)}
+    return out
+
+
 def _first_difference(a: list[int], b: list[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
@@ -507,6 +541,12 @@ def format_report(report: dict[str, Any]) -> str:
             for method, d in row.get("drafting", {}).items():
                 lines.append(f"  {method}: {d['tokens_per_step']} tokens per decoding step, "
                              f"{d['draft_tokens_per_step']} draft tokens sent per step, {d['acceptance']} accepted")
+            check = row.get("savings_check")
+            if check and check.get("speedup_estimated") is not None:
+                lines.append(f"  savings estimate: speedup {check['speedup_estimated']:.2f}x estimated from vllm_reprise's "
+                             f"timed steps ({check['timed_share']:.0%} of its pass), {check['speedup_measured']:.2f}x "
+                             f"measured (vllm_plain / vllm_reprise, wall): error {check['error']:+.1%}; over the "
+                             f"whole pass {check['speedup_estimated_pass']:.2f}x, error {check['error_pass']:+.1%}")
     if "proposer_health" in report:
         lines.append("vllm_reprise's proposer: " + ", ".join(f"{k} {v}" for k, v in report["proposer_health"].items()))
         lines.append("vllm_reprise's measured step cost: " + ", ".join(
