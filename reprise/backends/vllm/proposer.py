@@ -70,8 +70,9 @@ class _Request:
 
 @dataclass(frozen=True, slots=True)
 class _StepTime:
-    """A steady step as the proposer timed it: ``seconds`` between two calls, the ``rows`` it verified,
-    its ``batch_size``, and the fitted cost of a plain step (one row per request) of that batch."""
+    """A step as the proposer timed it: ``seconds`` between two calls, the ``rows`` it verified, its
+    ``batch_size``, and the fitted cost of a plain step (one row per request) of that batch (None: a step
+    that was not a steady one, or no fitted line yet; priced at its own time)."""
 
     seconds: float
     rows: int
@@ -168,11 +169,18 @@ class RepriseVllmProposer:
                    ) -> _StepTime | None:
         """Feed the step cost meter with the step that just ran (when it was a steady decoding step),
         now and then hand the step budget the measured cost line, and return the step's time for the
-        savings estimate (None for a step that was not a steady one)."""
+        savings estimate. A step that was not a steady one (a request joined, left or is prefilling) is
+        not a plain decoding step: the cost line learns nothing from it, and the estimate prices it at its
+        own time (no saving claimed), so that the tenant's figures cover the whole of its engine time, as
+        a run without Reprise would be timed. None: no step before, or an idle gap."""
         last, self._last_step = self._last_step, None
-        if last is None or last[1] != tuple(req_ids) or not all(sampled_token_ids):
-            return None  # a request joined, left or is prefilling: not a plain decoding step
+        if last is None:
+            return None
         seconds = now - last[0]
+        if last[1] != tuple(req_ids) or not all(sampled_token_ids):
+            if seconds > self.step_cost.max_gap_s:
+                return None
+            return _StepTime(seconds, last[2], len(req_ids), None)
         self.step_cost.observe(last[2], seconds)
         line = self.step_cost.line()
         if (self._budget is not None and self._budget.adaptive and self.step_cost.num_steps % 32 == 0

@@ -192,3 +192,19 @@ def test_steady_steps_carry_their_time_and_the_plain_estimate_of_their_tokens():
         assert s.num_tokens == s.num_accepted + 1 and s.seconds > 0
         assert s.plain_seconds == pytest.approx(s.num_tokens * 0.012)
     assert any(s.num_tokens > 1 for s in timed)  # drafts committed several tokens in a step
+
+
+def test_a_step_that_is_not_steady_is_priced_at_its_own_time_and_teaches_the_line_nothing():
+    batch = Batch()
+    batch.add("r1", RequestTag("acme", "s1"), [1, 2, 3])
+    p = _proposer(batch, RepriseProposer())
+    p.step_cost = FixedLine()
+    p._last_step = (10.0, ("r1",), 1)
+    joined = p._time_step(10.25, ["r1", "r2"], [[5], [6]])  # r2 joined: its prefill is in this gap
+    assert joined is not None and joined.seconds == pytest.approx(0.25) and joined.plain_step_seconds is None
+    assert p.step_cost.num_steps == 0  # the cost line learns only from steady steps
+    p._last_step = (20.0, ("r1", "r2"), 2)
+    steady = p._time_step(20.05, ["r1", "r2"], [[5], [6]])
+    assert steady is not None and steady.plain_step_seconds == pytest.approx(0.01 + 0.002 * 2)
+    p._last_step = (30.0, ("r1",), 1)
+    assert p._time_step(30.0 + p.step_cost.max_gap_s + 1, ["r1", "r2"], [[5], [6]]) is None  # idle, not a step
