@@ -59,3 +59,42 @@ class DecodeBackend(Protocol):
     async def close(self) -> None:
         """Flush history and release the model (graceful shutdown)."""
         ...
+
+
+class WrappedBackend:
+    """A ``DecodeBackend`` that adds to another one, ``inner``: what a subclass does not define is the
+    inner backend's (the index budget's ``IndexedBackend`` and a replica's ``ReplicaBackend`` wrap the
+    engine's backend and override ``generate``, and where they must, ``append_trajectory``)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.tokenizer = inner.tokenizer
+
+    @property
+    def engine(self) -> Any:
+        return self.inner.engine
+
+    @property
+    def alive(self) -> bool:
+        return bool(self.inner.alive)
+
+    def model_info(self) -> ModelInfo:
+        return self.inner.model_info()
+
+    async def check(self, request: Request) -> None:
+        await self.inner.check(request)
+
+    def generate(self, request: Request, cancel: CancelEvent) -> AsyncGenerator[BackendEvent, None]:
+        return self.inner.generate(request, cancel)  # type: ignore[no-any-return]
+
+    async def append_trajectory(self, tenant: str, session_id: str, token_ids: Sequence[int]) -> int:
+        return int(await self.inner.append_trajectory(tenant, session_id, token_ids))
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    def close_now(self) -> None:
+        self.inner.close_now()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)

@@ -17,7 +17,8 @@ from typing import Any
 
 from serving import errors
 from serving.admission import CancelEvent
-from serving.records import BackendEvent, ModelInfo, Request
+from serving.backend import WrappedBackend
+from serving.records import BackendEvent, Request
 
 
 class _StreamFedSession:
@@ -48,32 +49,17 @@ class StreamFedProposer:
         return getattr(self.inner, name)
 
 
-class ReplicaBackend:
+class ReplicaBackend(WrappedBackend):
     """``serving.backend.DecodeBackend`` over the engine's backend and the ``Replica``."""
 
     def __init__(self, inner: Any, replica: Any, load_wait_s: float) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.replica = replica
         self.load_wait_s = load_wait_s
-        self.tokenizer = inner.tokenizer
-
-    @property
-    def engine(self) -> Any:
-        return self.inner.engine
-
-    @property
-    def alive(self) -> bool:
-        return bool(self.inner.alive)
-
-    def model_info(self) -> ModelInfo:
-        return self.inner.model_info()
 
     def _refuse_deleted(self, tenant: str) -> None:
         if tenant in self.replica.deleted:  # the key check caught up already, unless it ran just before
             raise errors.Unauthenticated("unknown or revoked API key")
-
-    async def check(self, request: Request) -> None:
-        await self.inner.check(request)
 
     async def generate(self, request: Request, cancel: CancelEvent) -> AsyncGenerator[BackendEvent, None]:
         tenant = request.tenant
@@ -87,10 +73,4 @@ class ReplicaBackend:
 
     async def append_trajectory(self, tenant: str, session_id: str, token_ids: Sequence[int]) -> int:
         self._refuse_deleted(tenant)
-        return await self.inner.append_trajectory(tenant, session_id, token_ids)
-
-    async def close(self) -> None:
-        await self.inner.close()
-
-    def close_now(self) -> None:
-        self.inner.close_now()
+        return await super().append_trajectory(tenant, session_id, token_ids)

@@ -19,12 +19,13 @@ import asyncio
 import contextlib
 import threading
 from collections import Counter, OrderedDict
-from collections.abc import AsyncGenerator, Iterator, Sequence
+from collections.abc import AsyncGenerator, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from serving.admission import CancelEvent
-from serving.records import BackendEvent, ModelInfo, Request
+from serving.backend import WrappedBackend
+from serving.records import BackendEvent, Request
 
 
 class ResidentIndexes:
@@ -108,29 +109,14 @@ class ResidentIndexes:
             return victims
 
 
-class IndexedBackend:
+class IndexedBackend(WrappedBackend):
     """A ``serving.backend.DecodeBackend`` whose requests find their tenant's index in memory: loaded
     (off the event loop) before decoding if the budget evicted it, pinned while decoding, measured
     afterwards (the engine recorded the turn into it), and the budget enforced."""
 
     def __init__(self, inner: Any, indexes: Any) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.indexes = indexes
-        self.tokenizer = inner.tokenizer
-
-    @property
-    def engine(self) -> Any:
-        return self.inner.engine
-
-    @property
-    def alive(self) -> bool:
-        return bool(self.inner.alive)
-
-    def model_info(self) -> ModelInfo:
-        return self.inner.model_info()
-
-    async def check(self, request: Request) -> None:
-        await self.inner.check(request)
 
     async def generate(self, request: Request, cancel: CancelEvent) -> AsyncGenerator[BackendEvent, None]:
         tenant = request.tenant
@@ -144,15 +130,3 @@ class IndexedBackend:
             finally:
                 with contextlib.suppress(RuntimeError):  # the loop's executor is shut down: the service stops
                     loop.run_in_executor(None, self.indexes.after_request, tenant)
-
-    async def append_trajectory(self, tenant: str, session_id: str, token_ids: Sequence[int]) -> int:
-        return await self.inner.append_trajectory(tenant, session_id, token_ids)
-
-    async def close(self) -> None:
-        await self.inner.close()
-
-    def close_now(self) -> None:
-        self.inner.close_now()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
