@@ -121,3 +121,19 @@ def test_runners_of_one_model_share_its_packed_weights() -> None:
     a, b = ModelRunner(model, max_len=32), ModelRunner(model, max_len=32, num_slots=2)
     assert a._lean is b._lean is not None
     assert ModelRunner(tiny_model("llama", vocab_size=VOCAB, seed=4), max_len=32)._lean is not a._lean
+
+
+def test_bfloat16_logits_match_the_transformers_forward(model) -> None:
+    """In bfloat16 the lean forward packs its weights for oneDNN where the CPU has bfloat16 kernels
+    (another reduction order than ``F.linear``): logits agree to bfloat16's precision, not bit for bit."""
+    bf16 = tiny_model(model.config.model_type, vocab_size=VOCAB, seed=3).to(torch.bfloat16)
+    prompt = prompt_of(2, 40)
+    tree = random_tree(np.random.default_rng(4), hf_greedy(model, prompt, 6), 14, VOCAB, 0.5)
+    logits = {}
+    for forward in ("lean", "transformers"):
+        runner = ModelRunner(bf16, max_len=128, forward=forward, prefill_chunk=16)
+        slot = runner.start(prompt)
+        runner.verify([VerifyStep(slot, DraftTree.empty())])
+        (logits[forward],) = runner.score([VerifyStep(slot, tree)])
+    scale = logits["transformers"].abs().max()
+    assert (logits["lean"] - logits["transformers"]).abs().max() <= 0.05 * scale
