@@ -172,8 +172,9 @@ class ModelConfig:
         "auto (bfloat16 where the hardware computes it natively: a CPU with AMX or AVX512-BF16, a CUDA GPU; "
         "float32 elsewhere), float32, bfloat16 or float16"))
     device: str = field(default="cpu", metadata=_help("cpu, cuda or cuda:N"))
-    num_threads: int = field(default=1, metadata=_help(
-        "torch CPU threads (one has been fastest for small models here)"))
+    num_threads: int = field(default=0, metadata=_help(
+        "torch CPU threads; 0 = every core this process may use (SmolLM2 in bfloat16 on a 2-core AMX CPU: a "
+        "plain step 54 ms on two threads, 87 ms on one)"))
     num_slots: int = field(default=8, metadata=_help(
         "requests decoded together in one packed verification pass; more wait in the queue"))
     max_len: int = field(default=2048, metadata=_help("most tokens (prompt + output) of one request"))
@@ -199,7 +200,8 @@ class ModelConfig:
             raise ValueError(f"model.dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
         if not (self.device == "cpu" or self.device == "cuda" or self.device.startswith("cuda:")):
             raise ValueError(f"model.device must be cpu, cuda or cuda:N, got {self.device!r}")
-        _positive("model.num_threads", self.num_threads)
+        if self.num_threads < 0:
+            raise ValueError(f"model.num_threads must be >= 0 (0: every core), got {self.num_threads}")
         _positive("model.num_slots", self.num_slots)
         if not 16 <= self.max_len <= 1 << 20:
             raise ValueError(f"model.max_len must be in [16, 1048576], got {self.max_len}")

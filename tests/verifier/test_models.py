@@ -52,8 +52,21 @@ def test_load_errors_name_the_problem(tmp_path) -> None:
     tiny_model("llama", vocab_size=128).save_pretrained(tmp_path / "m")
     with pytest.raises(ValueError, match="unknown dtype 'float8'"):
         load_model(tmp_path / "m", dtype="float8")
-    with pytest.raises(ValueError, match="num_threads must be >= 1, got 0"):
-        load_model(tmp_path / "m", num_threads=0)
+    with pytest.raises(ValueError, match=r"num_threads must be >= 0 \(0: every core\), got -1"):
+        load_model(tmp_path / "m", num_threads=-1)
+
+
+def test_zero_threads_takes_every_usable_core() -> None:
+    import torch
+
+    from verifier.models import configure_threads, usable_cores
+
+    before = torch.get_num_threads()
+    try:
+        configure_threads(0)
+        assert torch.get_num_threads() == usable_cores() >= 1
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_unsupported_families_are_refused() -> None:
