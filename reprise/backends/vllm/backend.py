@@ -321,7 +321,9 @@ class VllmBackend:
             if steps and self._meter is not None:
                 self._meter.on_step([StepReport(s.tenant, s.num_draft, s.num_accepted, s.source, 0, None, True,
                                                 s.num_tokens, RequestCost(s.seconds, s.plain_seconds)
-                                                if s.num_tokens else None) for s in steps])
+                                                if s.num_tokens else None,
+                                                RequestCost(s.prefill_seconds, s.plain_prefill_seconds)
+                                                if s.prefill_seconds > 0 else None) for s in steps])
         return len(raw)
 
     def health(self) -> dict[str, int]:

@@ -42,11 +42,11 @@ from typing import Any
 import numpy as np
 
 from reprise.backends.vllm.first_token import FirstTokenRerank
-from reprise.backends.vllm.step_cost import StepCostMeter
-from reprise.backends.vllm.tags import RequestTag, StepRecord
+from reprise.backends.vllm.step_cost import StepCostMeter, VllmStepCost
+from reprise.backends.vllm.tags import RequestTag, StepRecord, StepWire
 from reprise.engine.draft_budget import AcceptanceTracker, DraftBudget
 from retrieval.session import Verified
-from serving.savings import share
+from serving.savings import RequestCost, share
 
 log = logging.getLogger(__name__)
 
@@ -70,14 +70,20 @@ class _Request:
 
 @dataclass(frozen=True, slots=True)
 class _StepTime:
-    """A step as the proposer timed it: ``seconds`` between two calls, the ``rows`` it verified, its
-    ``batch_size``, and the fitted cost of a plain step (one row per request) of that batch (None: a step
-    that was not a steady one, or no fitted line yet; priced at its own time)."""
+    """A step as the proposer timed it: its ``seconds``, each request's ``weights`` in it (rows verified
+    on a steady step, tokens scheduled on one that prefilled), its ``batch_size``, and the cost of a plain
+    step (one row per request) of that batch (None: a step that was not a steady one, or no price yet;
+    priced at its own time)."""
 
     seconds: float
-    rows: int
+    weights: dict[str, int]
     batch_size: int
     plain_step_seconds: float | None
+
+    def share(self, req_id: str) -> float:
+        """The request's seconds of the step (its weight's part)."""
+        total = sum(self.weights.values())
+        return self.seconds * self.weights.get(req_id, 0) / total if total > 0 else 0.0
 
 
 @dataclass(slots=True)
@@ -103,8 +109,10 @@ class RepriseVllmProposer:
         self.stall_timeout_s = DEFAULT_STALL_TIMEOUT_S
         self.health = ProposerHealth()
         self._budget: DraftBudget | None = None
+        self._budgets: dict[int, DraftBudget] = {}  # the budget at each batch size, on the measured step cost
+        self._cost: VllmStepCost | None = None  # the measured step cost the budgets use (None: the default table)
         self._requests: dict[str, _Request] = {}
-        self._steps: list[tuple[str, int, int, str, int, float, float]] = []
+        self._steps: list[StepWire] = []
         self._steps_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reprise-draft")
         self._running: Future[list[list[int]]] | None = None
@@ -112,10 +120,14 @@ class RepriseVllmProposer:
         self._good_steps = 0  # good steps since the last failure
         self._unattached_warned = False
         self.step_cost = StepCostMeter()
+        self._step_start: float | None = None  # when the runner began the step now ending (execute_model)
+        self._scheduled: dict[str, int] = {}  # that step's scheduled tokens per request
+        self._prefilling: set[str] = set()  # requests still prefilling their prompts
         self.first_token: FirstTokenRerank | None = None
         self._out_embed: Any = None  # the target's output embedding [vocab, hidden] (first_token)
         self._step_hidden: Any = None  # (sample_hidden_states, spec_decode_metadata) of the running step
-        self._last_step: tuple[float, tuple[str, ...], int] | None = None  # (call time, batch, rows verified next)
+        # (call time, batch, rows verified next, the call's own seconds)
+        self._last_step: tuple[float, tuple[str, ...], int, float] | None = None
 
     # ---- vLLM's side ---------------------------------------------------------------------------------
 
@@ -141,6 +153,10 @@ class RepriseVllmProposer:
             req_ids = list(self.runner.input_batch.req_ids[:num_rows])
             timed = self._time_step(now, req_ids, sampled_token_ids)
             rows = [(i, req_ids[i], self._tag(req_ids[i])) for i in range(num_rows) if sampled_token_ids[i]]
+            if timed is not None:  # rows still prefilling a prompt chunk: their share of the step is prefill
+                for i in range(num_rows):
+                    if not sampled_token_ids[i]:
+                        self._record_prefill_chunk(req_ids[i], self._tag(req_ids[i]), timed)
             lengths = np.asarray(num_tokens_no_spec[:num_rows], dtype=np.int64).copy()
             # A copy: after a stall vLLM goes on writing its buffer while the late call still reads.
             tokens = np.array(token_ids_cpu[:num_rows, : int(lengths.max(initial=0))], dtype=np.int32)
@@ -162,34 +178,59 @@ class RepriseVllmProposer:
         self._good_steps += 1
         if self._good_steps >= RECOVERY_STEPS:  # a sustained recovery ends the episode
             self._warned = False
-        self._last_step = (now, tuple(req_ids), num_rows + sum(len(d) for d in drafts))
+        own = time.perf_counter() - now
+        self.step_cost.observe_propose(own)
+        self._last_step = (now, tuple(req_ids), num_rows + sum(len(d) for d in drafts), own)
         return drafts
 
     def _time_step(self, now: float, req_ids: list[str], sampled_token_ids: list[list[int]]
                    ) -> _StepTime | None:
-        """Feed the step cost meter with the step that just ran (when it was a steady decoding step),
-        now and then hand the step budget the measured cost line, and return the step's time for the
-        savings estimate. A step that was not a steady one (a request joined, left or is prefilling) is
-        not a plain decoding step: the cost line learns nothing from it, and the estimate prices it at its
-        own time (no saving claimed), so that the tenant's figures cover the whole of its engine time, as
-        a run without Reprise would be timed. None: no step before, or an idle gap."""
+        """Time the step that just ran for the savings estimate, feed the cost meters from it when it was
+        a steady decoding step, and now and then hand the step budgets the measured step cost.
+
+        A steady step's seconds: the time since the last call (the step, the engine's work between
+        steps and the proposer's last call). A step that was not a steady one (a request joined, left or
+        is prefilling: the engine may have been idle, or busy with other work, since the last call) is
+        timed from when the runner began it (``_time_steps``), and is not a plain decoding step: the meters learn
+        nothing from it, its time is shared by the tokens each request scheduled, and it is priced at its
+        own time (no saving claimed), so that the tenant's figures cover all of its engine time, as a run
+        without Reprise would be timed. vLLM's prefix cache is vLLM's own (a vLLM without Reprise has it
+        too): the prompt tokens it gives are no saving of Reprise's here. None: no step to time (the first, or a step the runner did not report)."""
         last, self._last_step = self._last_step, None
-        if last is None:
-            return None
-        seconds = now - last[0]
-        if last[1] != tuple(req_ids) or not all(sampled_token_ids):
-            if seconds > self.step_cost.max_gap_s:
-                return None
-            return _StepTime(seconds, last[2], len(req_ids), None)
-        self.step_cost.observe(last[2], seconds)
-        line = self.step_cost.line()
-        if (self._budget is not None and self._budget.adaptive and self.step_cost.num_steps % 32 == 0
-                and line is not None):
-            self._budget = DraftBudget(self._budget.max_draft_tokens, line.cost_model(), adaptive=True)
-        if seconds > self.step_cost.max_gap_s:
-            return None  # an idle gap, not a step
+        started, self._step_start = self._step_start, None
+        scheduled, self._scheduled = self._scheduled, {}
         batch = len(req_ids)
-        return _StepTime(seconds, last[2], batch, line.a + line.b * batch if line is not None else None)
+        steady = (last is not None and last[1] == tuple(req_ids) and all(sampled_token_ids)
+                  and now - last[0] <= self.step_cost.max_gap_s)
+        if not steady:  # timed from the runner's start: the engine may have been idle before it
+            if started is None:
+                return None
+            return _StepTime(now - started, {r: scheduled.get(r, 1) for r in req_ids}, batch, None)
+        assert last is not None
+        seconds = now - last[0]  # the step and the engine's work between steps, as a plain engine's
+        self.step_cost.observe(batch, last[2] - batch, seconds - last[3])  # less the proposer's own call
+        fit = self.step_cost.fit()
+        if fit is not None and self.step_cost.num_steps % 32 == 0:  # the budgets price drafts by it from now
+            self._cost, self._budgets = fit, {}
+        weights = {r: 1 + len(self._requests[r].draft) if r in self._requests else 1 for r in req_ids}
+        return _StepTime(seconds, weights, batch, fit.plain_step(batch) if fit is not None else None)
+
+    def _budget_for(self, batch_size: int) -> DraftBudget | None:
+        """The step budget at ``batch_size`` requests: the attached one, on the measured step cost once
+        there is one (when it adapts)."""
+        if self._budget is None or self._cost is None or not self._budget.adaptive:
+            return self._budget
+        budget = self._budgets.get(batch_size)
+        if budget is None:
+            budget = self._budgets[batch_size] = DraftBudget(self._budget.max_draft_tokens,
+                                                             self._cost.cost_model(batch_size), adaptive=True)
+        return budget
+
+    def _record_prefill_chunk(self, req_id: str, tag: RequestTag | None, timed: _StepTime) -> None:
+        """A row that prefilled a prompt chunk and sampled nothing: its share of the step, as prefill."""
+        if tag is not None:
+            seconds = timed.share(req_id)
+            self._record(StepRecord(tag.tenant, 0, 0, "", prefill_seconds=seconds, plain_prefill_seconds=seconds))
 
     def _row_hidden(self, sampled_token_ids: list[list[int]]) -> Any:
         """Each row's hidden state its last sampled token came from ([num_rows, hidden] float32 copy), or
@@ -227,6 +268,7 @@ class RepriseVllmProposer:
                     timed: _StepTime | None = None, hidden: Any = None) -> list[list[int]]:
         for req_id in [r for r in self._requests if r not in live]:
             self._end(req_id)
+        self._prefilling &= live  # requests that left before their first token
         drafts: list[list[int]] = [[] for _ in range(num_rows)]
         chains: list[tuple[int, str, Any]] = []
         for i, req_id, tag in rows:
@@ -238,7 +280,8 @@ class RepriseVllmProposer:
         for i, req_id, chain in chains:
             req = self._requests[req_id]
             scale = req.tracker.scale if req.tracker is not None else 1.0
-            kept = self._budget.choose(chain, self.num_speculative_tokens, scale, batch) if self._budget else chain
+            budget = self._budget_for(batch)
+            kept = budget.choose(chain, self.num_speculative_tokens, scale, batch) if budget else chain
             ids = kept.token_ids[: self.num_speculative_tokens]
             req.chain = kept
             req.draft = np.asarray(ids, dtype=np.int32)
@@ -263,10 +306,13 @@ class RepriseVllmProposer:
         req.seen = length
         accepted = _matched(req.draft, new[:-1])
         record = StepRecord(req.tag.tenant, len(req.draft), accepted, req.source if len(req.draft) else "")
-        if timed is not None:  # its share of the step, and what its tokens would have cost in plain steps
-            cost = share(timed.seconds, 1 + len(req.draft), timed.rows, len(new), timed.batch_size,
-                         timed.plain_step_seconds)
+        if timed is not None and req_id in self._prefilling:  # its prompt's last chunk: prefill time
+            seconds = timed.share(req_id)
+            record = replace(record, num_tokens=len(new), prefill_seconds=seconds, plain_prefill_seconds=seconds)
+        elif timed is not None:  # its share of the step, and what its tokens would have cost in plain steps
+            cost = self._decode_cost(req_id, timed, len(new))
             record = replace(record, num_tokens=len(new), seconds=cost.seconds, plain_seconds=cost.plain_seconds)
+        self._prefilling.discard(req_id)
         self._record(record)
         verified = Verified(new, np.arange(accepted, dtype=np.int32), draft_verified=len(req.draft) > 0)
         if req.chain is not None and req.tracker is not None:  # a request whose drafts fail verifies fewer
@@ -284,6 +330,12 @@ class RepriseVllmProposer:
                        f"({type(exc).__name__}: {exc}); it drafts nothing from now on")
             req.session = None
             return None
+
+    @staticmethod
+    def _decode_cost(req_id: str, timed: _StepTime, num_tokens: int) -> RequestCost:
+        """The request's share of a decoding step against the plain steps its tokens would have taken."""
+        weight, total = timed.weights.get(req_id, 1), sum(timed.weights.values())
+        return share(timed.seconds, weight, total, num_tokens, timed.batch_size, timed.plain_step_seconds)
 
     def _rerank(self, session: Any, chain: Any, hidden: Any) -> Any:
         """``chain``, or the best path under another of the tree's roots where the target's logits for
@@ -345,12 +397,13 @@ class RepriseVllmProposer:
         self.chain_factor = chain_factor
         self.stall_timeout_s = stall_timeout_s
         self._budget = budget
+        _time_steps(runner, self)
         self._out_embed = _output_embedding(runner) if first_token is not None else None
         self.first_token = first_token if self._out_embed is not None else None
         if self.first_token is not None:
             _capture_hidden_states(runner, self)
 
-    def drain_steps(self) -> list[tuple[str, int, int, str, int, float, float]]:
+    def drain_steps(self) -> list[StepWire]:
         """The step records since the last drain (wire form of ``StepRecord``)."""
         with self._steps_lock:
             steps, self._steps = self._steps, []
@@ -380,6 +433,28 @@ def _output_embedding(runner: Any) -> Any:
     if weight is None or vocab is None or getattr(head, "tp_size", 1) != 1 or weight.shape[0] < vocab:
         return None
     return weight.detach()[:vocab]
+
+
+def _time_steps(runner: Any, proposer: RepriseVllmProposer) -> None:
+    """Wrap ``runner.execute_model`` (vLLM 0.32.0's ``GPUModelRunner``; ``versions.py`` pins it) so
+    that the proposer knows when each step began (the first step after an idle engine has no earlier
+    call to time it from), the tokens it scheduled per request, and which requests it began to prefill
+    (``scheduled_new_reqs``)."""
+    original = getattr(runner, "execute_model", None)
+    if original is None or getattr(original, "reprise_wrapped", False):
+        return
+
+    def execute_model(scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+        proposer._step_start = time.perf_counter()
+        try:
+            proposer._scheduled = dict(getattr(scheduler_output, "num_scheduled_tokens", None) or {})
+            proposer._prefilling.update(new.req_id for new in getattr(scheduler_output, "scheduled_new_reqs", None) or ())
+        except Exception:  # noqa: BLE001 - timing is best effort: a layout it does not know skips it
+            proposer._scheduled = {}
+        return original(scheduler_output, *args, **kwargs)
+
+    execute_model.reprise_wrapped = True  # type: ignore[attr-defined]
+    runner.execute_model = execute_model
 
 
 def _capture_hidden_states(runner: Any, proposer: RepriseVllmProposer) -> None:

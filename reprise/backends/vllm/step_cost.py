@@ -1,77 +1,137 @@
-"""What a vLLM step costs by the rows it verifies, measured online in the worker.
+"""What a vLLM step costs by the requests in it and the draft tokens it verifies, measured online.
 
-The step budget (``reprise.engine.draft_budget.DraftBudget``) keeps the draft tokens a step pays for,
-under a cost model ``cost(rows beyond the first)``. Its default table was measured on Reprise's own
-engine (transformers); vLLM's kernels, the hardware and the machine's load price a draft row
-differently, and in a batch the price decides whether drafting pays at all. So the proposer times its
-own calls: vLLM calls ``propose`` once per step, so the time between two calls is one step, and the step
-verified one row per request plus the drafts sent at the previous call. A least-squares line
-``seconds = a + b * rows`` over recent steps (exponential forgetting) becomes the budget's cost model.
+Two readers need the price of a step on the running host: the step budget
+(``reprise.engine.draft_budget.DraftBudget``), which keeps the draft tokens a step pays for, and the
+savings estimate (serving/savings.py), which prices what each token would have cost in a step without
+drafts. Their default table was measured on Reprise's own engine; vLLM's kernels, the hardware and the
+machine's load price a step differently. So the proposer times its own calls: vLLM calls ``propose``
+once per step, so the time between two calls is one step, less the proposer's own call (a plain
+engine has none), and the step verified one row per request plus the drafts sent at the previous call.
 
-Only steady decoding steps count: the same requests in both calls (a new request's prefill, or an
-idle engine between requests, would make the gap a different thing), and gaps under ``max_gap_s``.
-Until ``min_steps`` such steps, spread over at least ``min_spread`` rows, the default table stays.
+A request and a draft token are not the same row: each request in a batch reads its own KV (its whole
+context: on a CPU with 1,500-token agent prompts the larger part of a step beyond the weights), while a
+draft token reads its request's KV once more within the same attention call. And a step that verifies
+any draft runs vLLM's rejection sampler and a wider logits pass that a plain step does not. So the
+fit, by least squares over recent steady steps (exponential forgetting), is
+
+    seconds = base + per_request * requests + per_draft * draft_tokens + drafted * (any draft in the step)
+
+and a plain step of ``B`` requests costs ``base + per_request * B``. Where the steps seen so far do not
+tell a term apart (one batch size only, or no undrafted step), that term is left out of the fit.
+
+Only steady steps count: the same requests in both calls (a new request's prefill, or an idle engine
+between requests, would make the gap a different thing), and gaps under ``max_gap_s``. Until
+``min_steps`` such steps, spread over at least ``min_spread`` draft tokens, the default table stays.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from reprise.engine.draft_budget import CostModel
+
+_TERMS = ("base", "per_request", "per_draft", "drafted")
 
 
 @dataclass(frozen=True, slots=True)
-class StepCostLine:
-    """``seconds = a + b * rows`` of one vLLM step."""
+class VllmStepCost:
+    """``seconds = base + per_request * requests + per_draft * draft_tokens + drafted * [any draft]``."""
 
-    a: float
-    b: float
+    base: float
+    per_request: float
+    per_draft: float
+    drafted: float
 
-    def cost_model(self) -> CostModel:
-        """The draft budget's cost model (by rows beyond the first; only ratios matter)."""
-        return CostModel(a=self.a + self.b, b=self.b)
+    def plain_step(self, batch_size: int) -> float:
+        """A step of ``batch_size`` requests without drafts."""
+        return self.base + self.per_request * max(batch_size, 1)
+
+    def cost_model(self, batch_size: int) -> CostModel:
+        """The draft budget's cost model at ``batch_size`` requests, as a table by rows beyond the first
+        (the budget prices ``d`` draft tokens for each of ``B`` requests at ``cost(B * (1 + d) - 1) / B``):
+        no draft is a plain step; the first draft token adds the drafted step's overhead and its rows;
+        each further one its rows."""
+        b = max(batch_size, 1)
+        plain = self.plain_step(b)
+        first = plain + self.drafted + self.per_draft * b
+        points = ((b - 1, plain), (2 * b - 1, first), (2 * b - 1 + 32 * b, first + self.per_draft * 32 * b))
+        return CostModel(points=points)
 
 
 class StepCostMeter:
-    """Running least squares of step seconds on verified rows. One thread (the proposer's caller)."""
+    """Running least squares of step seconds on (requests, draft tokens). One thread (the proposer's caller)."""
 
     def __init__(self, decay: float = 0.995, min_steps: int = 64, min_spread: float = 4.0,
-                 max_gap_s: float = 5.0) -> None:
+                 max_gap_s: float = 5.0, min_undrafted: int = 8) -> None:
         if not 0.0 < decay < 1.0:
             raise ValueError(f"decay must be in (0, 1), got {decay}")
         self.decay = decay
         self.min_steps = min_steps
         self.min_spread = min_spread
         self.max_gap_s = max_gap_s
-        self._n = self._x = self._y = self._xx = self._xy = 0.0
+        self.min_undrafted = min_undrafted
+        self._xx = np.zeros((4, 4))  # decayed sums of x x^T, x = (1, requests, draft tokens, any draft)
+        self._xy = np.zeros(4)
         self._steps = 0
+        self._undrafted = 0
+        self._batches: set[int] = set()
+        self._fit: VllmStepCost | None = None
+        self.propose_seconds = 0.0  # the proposer's own call per step, a running mean (forgetting as above)
+        self._propose_weight = 0.0
 
-    def observe(self, rows: int, seconds: float) -> None:
-        """One steady step: ``rows`` verified in ``seconds``."""
-        if seconds <= 0.0 or seconds > self.max_gap_s or rows < 1:
+    def observe(self, batch_size: int, draft_tokens: int, seconds: float) -> None:
+        """One steady step: ``batch_size`` requests verified ``draft_tokens`` draft tokens in ``seconds``."""
+        if seconds <= 0.0 or seconds > self.max_gap_s or batch_size < 1 or draft_tokens < 0:
             return
-        d = self.decay
-        self._n = self._n * d + 1.0
-        self._x = self._x * d + rows
-        self._y = self._y * d + seconds
-        self._xx = self._xx * d + rows * rows
-        self._xy = self._xy * d + rows * seconds
+        x = np.array([1.0, batch_size, draft_tokens, 1.0 if draft_tokens else 0.0])
+        self._xx = self._xx * self.decay + np.outer(x, x)
+        self._xy = self._xy * self.decay + x * seconds
         self._steps += 1
+        self._undrafted += draft_tokens == 0
+        self._batches.add(batch_size)
+        self._fit = None
+
+    def observe_propose(self, seconds: float) -> None:
+        """The proposer's own call took ``seconds`` (drafting time every step pays, drafts or not)."""
+        self._propose_weight = self._propose_weight * self.decay + 1.0
+        self.propose_seconds += (seconds - self.propose_seconds) / self._propose_weight
 
     @property
     def num_steps(self) -> int:
         return self._steps
 
-    def line(self) -> StepCostLine | None:
-        """The fitted line, or None until enough steady steps with enough spread in rows."""
-        if self._steps < self.min_steps or self._n <= 0.0:
+    def fit(self) -> VllmStepCost | None:
+        """The fitted step cost, or None until enough steady steps with enough spread in draft tokens."""
+        if self._fit is None:
+            self._fit = self._solve()
+        return self._fit
+
+    def _solve(self) -> VllmStepCost | None:
+        n = self._xx[0, 0]
+        if self._steps < self.min_steps or n <= 0.0:
             return None
-        mean_x, mean_y = self._x / self._n, self._y / self._n
-        var = self._xx / self._n - mean_x * mean_x
-        if var < self.min_spread:
-            return None
-        b = max((self._xy / self._n - mean_x * mean_y) / var, 0.0)
-        a = mean_y - b * mean_x
-        if a <= 0.0:  # the per-row price explains everything: keep a small base so ratios stay finite
-            a = max(mean_y * 0.05, 1e-6)
-        return StepCostLine(a, b)
+        mean_d = self._xx[0, 2] / n
+        if self._xx[2, 2] / n - mean_d * mean_d < self.min_spread:
+            return None  # no spread in draft tokens: their price is unknown
+        terms = [0, 2]  # base and per draft token always; the others where the steps tell them apart
+        mean_b = self._xx[0, 1] / n
+        if len(self._batches) > 1 and self._xx[1, 1] / n - mean_b * mean_b > 1e-6:
+            terms.insert(1, 1)
+        if self._undrafted >= self.min_undrafted and self._xx[3, 3] < n * (1 - 1e-6):
+            terms.append(3)
+        idx = np.array(terms)
+        scale = np.maximum(np.sqrt(np.diag(self._xx)[idx] / n), 1e-12)  # columns of similar size
+        xx = self._xx[np.ix_(idx, idx)] / np.outer(scale, scale)
+        solved = np.linalg.lstsq(xx, self._xy[idx] / scale, rcond=1e-10)[0] / scale
+        coef = dict.fromkeys(_TERMS, 0.0)
+        for i, value in zip(terms, solved):
+            coef[_TERMS[i]] = float(value)
+        coef["per_draft"] = max(coef["per_draft"], 0.0)
+        coef["per_request"] = max(coef["per_request"], 0.0)
+        coef["drafted"] = max(coef["drafted"], 0.0)
+        mean_y = self._xy[0] / n
+        if coef["base"] <= 0.0:  # the other terms explain everything: keep a small base so ratios stay finite
+            coef["base"] = max(mean_y * 0.05, 1e-6)
+        return VllmStepCost(**coef)

@@ -36,12 +36,17 @@ class RequestTag:
         return cls(raw["tenant"], str(raw.get("session") or ""), bool(raw.get("speculate", True)))
 
 
+StepWire = tuple[str, int, int, str, int, float, float, float, float]  # a StepRecord as vLLM's RPC carries it
+
+
 @dataclass(frozen=True, slots=True)
 class StepRecord:
-    """One decoding step of one request, as the worker saw it: the draft it verified (its length and
-    drafter) and how many of its tokens were accepted. On a steady step (the worker timed it:
-    ``proposer.RepriseVllmProposer._time_step``) also the tokens it committed, its share of the step's
-    seconds and the plain-step estimate of those tokens (serving/savings.py); 0 otherwise."""
+    """One step of one request, as the worker saw it: the draft it verified (its length and drafter)
+    and how many of its tokens were accepted. On a step the worker timed
+    (``proposer.RepriseVllmProposer._time_step``) also the tokens it committed, its share of the step's
+    seconds and the plain-step estimate of those tokens (serving/savings.py), or, on a step that
+    prefilled its prompt (or a chunk of it), that share as prefill seconds against the same plus what
+    prefilling its cached prompt tokens would have cost; 0 otherwise."""
 
     tenant: str
     num_draft: int
@@ -50,13 +55,15 @@ class StepRecord:
     num_tokens: int = 0
     seconds: float = 0.0
     plain_seconds: float = 0.0
+    prefill_seconds: float = 0.0
+    plain_prefill_seconds: float = 0.0
 
-    def to_wire(self) -> tuple[str, int, int, str, int, float, float]:
+    def to_wire(self) -> StepWire:
         return (self.tenant, self.num_draft, self.num_accepted, self.source, self.num_tokens, self.seconds,
-                self.plain_seconds)
+                self.plain_seconds, self.prefill_seconds, self.plain_prefill_seconds)
 
     @classmethod
     def from_wire(cls, raw: Any) -> StepRecord:
-        tenant, num_draft, num_accepted, source, num_tokens, seconds, plain_seconds = raw
+        tenant, num_draft, num_accepted, source, num_tokens, seconds, plain_seconds, prefill, plain_prefill = raw
         return cls(str(tenant), int(num_draft), int(num_accepted), str(source), int(num_tokens), float(seconds),
-                   float(plain_seconds))
+                   float(plain_seconds), float(prefill), float(plain_prefill))

@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from reprise.backends.vllm.tags import StepWire
+
 
 def _tokens(raw: bytes) -> np.ndarray:
     return np.frombuffer(raw, dtype=np.int32).copy()
@@ -120,7 +122,7 @@ class RepriseWorkerExtension:
     def reprise_index_stats(self, tenant: str) -> dict[str, int]:
         return {k: int(v) for k, v in dataclasses.asdict(self._reprise_proposer().tenants.index_stats(tenant)).items()}
 
-    def reprise_drain_steps(self) -> list[tuple[str, int, int, str, int, float, float]]:
+    def reprise_drain_steps(self) -> list[StepWire]:
         return self._reprise_proposer().drain_steps()
 
     def reprise_health(self) -> dict[str, int]:
@@ -128,12 +130,14 @@ class RepriseWorkerExtension:
 
     def reprise_step_cost(self) -> dict[str, float]:
         """The step cost the draft budget prices drafts with (``step_cost.StepCostMeter``): steady
-        steps seen, and the fitted ``seconds = a + b * rows`` (absent until fitted)."""
+        steps seen, and the fitted ``seconds = base + per_request * requests + per_draft * draft tokens
+        + drafted * [any draft]`` (absent until fitted), and the proposer's own call per step."""
         meter = self._reprise_proposer().step_cost
-        line = meter.line()
-        figures = {"steps": float(meter.num_steps)}
-        if line is not None:
-            figures |= {"a_s": line.a, "b_s_per_row": line.b}
+        fit = meter.fit()
+        figures = {"steps": float(meter.num_steps), "propose_s": meter.propose_seconds}
+        if fit is not None:
+            figures |= {"base_s": fit.base, "per_request_s": fit.per_request, "per_draft_s": fit.per_draft,
+                        "drafted_s": fit.drafted}
         return figures
 
     def reprise_reset_suffix_tree(self) -> int:

@@ -127,12 +127,13 @@ def test_the_worker_reports_the_measured_step_cost() -> None:
     try:
         worker = RepriseWorkerExtension()
         worker.model_runner = SimpleNamespace(drafter=proposer)
-        assert worker.reprise_step_cost() == {"steps": 0.0}
+        assert worker.reprise_step_cost() == {"steps": 0.0, "propose_s": 0.0}
         for i in range(80):
-            rows = 1 + i % 9
-            proposer.step_cost.observe(rows, 0.05 + 0.002 * rows)
+            batch, drafts = 1 + i % 3, i % 9
+            proposer.step_cost.observe(batch, drafts, 0.05 + 0.01 * batch + 0.002 * drafts)
         cost = worker.reprise_step_cost()
         assert cost["steps"] == 80.0
-        assert cost["a_s"] == pytest.approx(0.05) and cost["b_s_per_row"] == pytest.approx(0.002)
+        assert cost["base_s"] == pytest.approx(0.05) and cost["per_request_s"] == pytest.approx(0.01)
+        assert cost["per_draft_s"] == pytest.approx(0.002) and cost["drafted_s"] == pytest.approx(0.0, abs=1e-9)
     finally:
         proposer.close()

@@ -23,7 +23,7 @@ class Batch:
     def __init__(self) -> None:
         self.input_batch = SimpleNamespace(req_ids=[])
         self.requests: dict[str, SimpleNamespace] = {}
-        self.tokens = np.zeros((4, 256), dtype=np.int32)
+        self.tokens = np.zeros((4, 1024), dtype=np.int32)
         self.lengths = np.zeros(4, dtype=np.int64)
 
     def add(self, req_id: str, tag: RequestTag | None, prompt: list[int]) -> None:
@@ -33,6 +33,9 @@ class Batch:
             num_prompt_tokens=len(prompt), sampling_params=SimpleNamespace(extra_args=tag.to_extra_args() if tag else None))
         self.tokens[row, :len(prompt)] = prompt
         self.lengths[row] = len(prompt)
+
+    def execute_model(self, scheduler_output: SimpleNamespace) -> None:
+        """vLLM runs a step here; the proposer wraps it to time its steps."""
 
     def commit(self, row: int, ids: list[int]) -> None:
         n = int(self.lengths[row])
@@ -120,28 +123,40 @@ def test_an_unattached_proposer_drafts_nothing():
     assert p.propose([[1], []], np.array([3, 3]), np.zeros((2, 8), dtype=np.int32)) == [[], []]
 
 
-def test_the_step_cost_meter_fits_seconds_per_row_and_waits_for_enough_steps():
+def test_the_step_cost_meter_tells_requests_from_draft_tokens_and_waits_for_enough_steps():
     from reprise.backends.vllm.step_cost import StepCostMeter
+
+    def cost(batch: int, drafts: int) -> float:  # a request reads its KV: dearer than a draft token
+        return 0.02 + 0.01 * batch + 0.001 * drafts + (0.004 if drafts else 0.0)
 
     meter = StepCostMeter(min_steps=16)
     rng = np.random.default_rng(0)
     for i in range(15):
-        meter.observe(8 + i % 9, 0.02 + 0.003 * (8 + i % 9))
-    assert meter.line() is None  # too few steps yet
-    for _ in range(200):
-        rows = int(rng.integers(8, 40))
-        meter.observe(rows, 0.02 + 0.003 * rows + float(rng.normal(0, 1e-4)))
-    meter.observe(10, 60.0)  # an idle gap is not a step
-    line = meter.line()
-    assert line is not None
-    assert line.a == pytest.approx(0.02, rel=0.1) and line.b == pytest.approx(0.003, rel=0.05)
-    model = line.cost_model()
-    assert model.cost(np.array([0.0]))[0] == pytest.approx(0.023, rel=0.1)  # one row: a + b
+        meter.observe(1, 8 + i % 9, cost(1, 8 + i % 9))
+    assert meter.fit() is None  # too few steps yet
+    for _ in range(300):
+        batch, drafts = int(rng.integers(1, 9)), int(rng.integers(0, 40)) * int(rng.random() < 0.7)
+        meter.observe(batch, drafts, cost(batch, drafts) + float(rng.normal(0, 1e-5)))
+    meter.observe(2, 10, 60.0)  # an idle gap is not a step
+    fit = meter.fit()
+    assert fit is not None
+    assert fit.plain_step(8) == pytest.approx(cost(8, 0), rel=0.02)  # the savings estimate's plain step
+    assert fit.per_draft == pytest.approx(0.001, rel=0.05) and fit.drafted == pytest.approx(0.004, rel=0.1)
+    model = fit.cost_model(4)  # by rows beyond the first, for 4 requests: none, then one draft token each
+    assert model.cost(np.array([3.0]))[0] == pytest.approx(cost(4, 0), rel=0.02)
+    assert model.cost(np.array([7.0]))[0] == pytest.approx(cost(4, 4), rel=0.02)
+    assert model.cost(np.array([11.0]))[0] == pytest.approx(cost(4, 8), rel=0.02)
+
+    one_batch = StepCostMeter(min_steps=16)  # every step one request: its base holds the request's part
+    for i in range(40):
+        drafts = 0 if i % 4 == 0 else i % 20
+        one_batch.observe(1, drafts, cost(1, drafts))
+    assert one_batch.fit().plain_step(1) == pytest.approx(cost(1, 0), rel=0.02)
 
     flat = StepCostMeter(min_steps=4)
     for _ in range(10):
-        flat.observe(8, 0.05)
-    assert flat.line() is None  # no spread in rows: the slope is unknown
+        flat.observe(2, 8, 0.05)
+    assert flat.fit() is None  # no spread in draft tokens: their price is unknown
 
 
 def test_steady_steps_replace_the_default_cost_model():
@@ -159,22 +174,27 @@ def test_steady_steps_replace_the_default_cost_model():
         p.propose([[1]], batch.lengths, batch.tokens)
         batch.commit(0, [int(rng.integers(30, 40))] if rng.random() < 0.5 else TEXT[:1])
     assert p.step_cost.num_steps >= 64
-    assert p._budget is not default and p._budget.cost_model != default.cost_model
+    measured = p._budget_for(1)
+    assert measured is not default and measured.cost_model != default.cost_model
+    assert p._budget_for(1) is measured and p._budget_for(4) is not measured  # one per batch size
 
 
 class FixedLine:
-    """A step cost meter whose line is known: a plain step of B requests costs 0.01 + 0.002 * B s."""
+    """A step cost meter whose fit is known: a plain step of B requests costs 0.01 + 0.002 * B s."""
 
     max_gap_s = 5.0
     num_steps = 0
 
-    def observe(self, rows: int, seconds: float) -> None:
+    def observe(self, batch_size: int, draft_tokens: int, seconds: float) -> None:
         self.num_steps += 1
 
-    def line(self):
-        from reprise.backends.vllm.step_cost import StepCostLine
+    def observe_propose(self, seconds: float) -> None:
+        pass
 
-        return StepCostLine(0.01, 0.002)
+    def fit(self):
+        from reprise.backends.vllm.step_cost import VllmStepCost
+
+        return VllmStepCost(0.01, 0.002, 0.001, 0.0)
 
 
 def test_steady_steps_carry_their_time_and_the_plain_estimate_of_their_tokens():
@@ -199,12 +219,54 @@ def test_a_step_that_is_not_steady_is_priced_at_its_own_time_and_teaches_the_lin
     batch.add("r1", RequestTag("acme", "s1"), [1, 2, 3])
     p = _proposer(batch, RepriseProposer())
     p.step_cost = FixedLine()
-    p._last_step = (10.0, ("r1",), 1)
-    joined = p._time_step(10.25, ["r1", "r2"], [[5], [6]])  # r2 joined: its prefill is in this gap
+    p._last_step, p._step_start = (10.0, ("r1",), 1, 0.001), 10.0
+    p._scheduled = {"r1": 1, "r2": 299}  # r2 joined: its prompt was prefilled in this step
+    joined = p._time_step(10.25, ["r1", "r2"], [[5], [6]])
     assert joined is not None and joined.seconds == pytest.approx(0.25) and joined.plain_step_seconds is None
+    assert joined.share("r2") == pytest.approx(0.25 * 299 / 300)  # shared by the tokens each scheduled
     assert p.step_cost.num_steps == 0  # the cost line learns only from steady steps
-    p._last_step = (20.0, ("r1", "r2"), 2)
+    p._last_step = (20.0, ("r1", "r2"), 2, 0.001)
     steady = p._time_step(20.05, ["r1", "r2"], [[5], [6]])
     assert steady is not None and steady.plain_step_seconds == pytest.approx(0.01 + 0.002 * 2)
-    p._last_step = (30.0, ("r1",), 1)
-    assert p._time_step(30.0 + p.step_cost.max_gap_s + 1, ["r1", "r2"], [[5], [6]]) is None  # idle, not a step
+    p._last_step = (30.0, ("r1", "r2"), 2, 0.001)
+    assert p._time_step(30.0 + p.step_cost.max_gap_s + 1, ["r1", "r2"], [[5], [6]]) is None  # idle, unreported
+    p._last_step, p._step_start = (40.0, ("r1", "r2"), 2, 0.001), 50.0  # idle, then a step begun at 50
+    alone = p._time_step(50.3, ["r1", "r2"], [[5], [6]])
+    assert alone is not None and alone.seconds == pytest.approx(0.3) and alone.plain_step_seconds is None
+    p._last_step, p._step_start = (60.0, ("r0",), 1, 0.001), 60.2  # the engine ran other work in between
+    assert p._time_step(60.3, ["r1", "r2"], [[5], [6]]).seconds == pytest.approx(0.1)
+
+
+def test_a_prefill_is_timed_from_the_runners_step_and_recorded_as_prefill():
+    """The runner's step (``execute_model``) names the requests it began prefilling and when it began:
+    after an idle engine the step is timed from there, shared by scheduled tokens, and each request's
+    share is prefill seconds at their own price (vLLM's prefix cache is vLLM's, not a saving of Reprise's);
+    a row that prefilled a chunk and sampled nothing is recorded as prefill too."""
+    batch = Batch()
+    p = _proposer(batch, RepriseProposer())
+    clock = [100.0]
+
+    def execute(scheduled: dict[str, int], new: list[str]) -> None:
+        batch.execute_model(SimpleNamespace(scheduled_new_reqs=[SimpleNamespace(req_id=r) for r in new],
+                                            num_scheduled_tokens=scheduled))
+
+    import reprise.backends.vllm.proposer as module
+
+    real = module.time.perf_counter
+    module.time.perf_counter = lambda: clock[0]
+    try:
+        batch.add("a", RequestTag("acme", "s"), [3] * 300)
+        batch.add("b", RequestTag("acme", "s"), [4] * 900)
+        execute({"a": 300, "b": 100}, ["a", "b"])  # a whole, b's first chunk of 900
+        clock[0] += 0.4
+        batch.commit(0, [7])
+        p.propose([[7], []], batch.lengths, batch.tokens)
+    finally:
+        module.time.perf_counter = real
+    records = [StepRecord.from_wire(s) for s in p.drain_steps()]
+    assert len(records) == 2 and all(r.seconds == 0.0 for r in records)
+    chunk, first = sorted(records, key=lambda r: r.num_tokens)
+    assert first.num_tokens == 1 and first.prefill_seconds == pytest.approx(0.3)  # 300 of the 400 tokens
+    assert chunk.num_tokens == 0 and chunk.prefill_seconds == pytest.approx(0.1)
+    assert all(r.plain_prefill_seconds == r.prefill_seconds for r in records)
+    assert p._prefilling == {"b"}  # still prefilling
