@@ -11,8 +11,9 @@ once; calls in file order):
   vllm_suffix     vLLM's ``suffix`` proposer (SuffixDecoding, arctic-inference's suffix tree; installed
                   by ``make install-arctic``), reported as unavailable where its module does not import
   vllm_reprise    vLLM with Reprise's proposer (chains from the tenant's history, corpus and request)
-  reprise_engine  Reprise's own engine (transformers, tree verification, its tenant-scoped prefix cache
-                  as ``reprise serve`` runs it)
+  reprise_engine  Reprise's own engine (tree verification, its tenant-scoped prefix cache, as ``reprise
+                  serve`` runs it; in ``--dtype`` on ``--threads`` torch threads)
+  reprise_plain   the same engine without drafts (one token a step; its prefix cache on, as vLLM's is)
 
 Each vLLM method runs on its own engine (the speculative method is fixed when vLLM starts); all start
 first, then every group of calls runs through every method in turn (the order rotating), so the load of
@@ -20,7 +21,9 @@ a shared machine falls on all methods alike. Every pass starts from nothing: the
 with an empty history (Reprise's tenant evicted, a fresh suffix tree for ``vllm_suffix``) and every
 engine with an empty prefix cache; histories record each call's output as the calls finish, as a service
 would. Printed per trace and level: tokens/s of each method, ``reprise_vs_suffix``, ``reprise_vs_ngram``,
-``reprise_vs_plain``, ``outputs_identical`` (every method's greedy output equals vLLM plain's), and for
+``reprise_vs_plain``, the own engine's ``engine_vs_plain``, ``engine_vs_suffix``, ``engine_vs_reprise`` and
+``engine_plain_vs_plain`` (without drafts),
+``outputs_identical`` (every method's greedy output equals vLLM plain's), and for
 vLLM with Reprise's proposer what its decoding steps verified (``drafting``: tokens each step yielded,
 draft tokens sent per step, the share accepted; from the proposer's step records) and ``savings_check``:
 the service's savings estimate from those records (the speedup it would report for the tenant) against
@@ -44,9 +47,10 @@ from typing import Any
 
 from reprise.backends.vllm.attach import MAX_SPECULATIVE_TOKENS
 
-METHODS = ("vllm_plain", "vllm_ngram", "vllm_suffix", "vllm_reprise", "reprise_engine")
+METHODS = ("vllm_plain", "vllm_ngram", "vllm_suffix", "vllm_reprise", "reprise_engine", "reprise_plain")
 TENANT = "bench"
-RATIOS = ("reprise_vs_suffix", "reprise_vs_ngram", "reprise_vs_plain")
+RATIOS = ("reprise_vs_suffix", "reprise_vs_ngram", "reprise_vs_plain", "engine_vs_plain", "engine_vs_suffix",
+          "engine_vs_reprise", "engine_plain_vs_plain")
 SPECULATION = {"vllm_plain": "off", "vllm_ngram": "ngram", "vllm_suffix": "suffix", "vllm_reprise": "reprise"}
 
 
@@ -65,7 +69,10 @@ def add_arguments(parser) -> None:
     a("--speculative-tokens", type=int, default=MAX_SPECULATIVE_TOKENS,
       help=f"vLLM's num_speculative_tokens, for every drafting method (default {MAX_SPECULATIVE_TOKENS}, what "
            "`reprise serve --engine vllm` runs with)")
-    a("--dtype", default="bfloat16", help="vLLM's dtype (default bfloat16; Reprise's engine runs float32)")
+    a("--dtype", default="bfloat16", help="every engine's dtype (default bfloat16; float32 for exactness)")
+    a("--threads", type=int, default=len(os.sched_getaffinity(0)),
+      help="torch threads of Reprise's own engine (default: every core this process may use, as vLLM's CPU "
+           "build takes them)")
     a("--methods", default=",".join(METHODS), help=f"comma-separated subset of {','.join(METHODS)}")
     a("--eager", action="store_true", help="vLLM without graph compilation (starts faster, decodes slower)")
     a("--json", action="store_true", help="print the figures as JSON")
@@ -75,7 +82,7 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     from reprise.arguments import CliError
 
-    for name in ("tasks", "trials", "prompt_tokens", "max_new_tokens", "speculative_tokens"):
+    for name in ("tasks", "trials", "prompt_tokens", "max_new_tokens", "speculative_tokens", "threads"):
         if getattr(args, name) < 1:
             raise CliError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.call_index < 0:
@@ -239,8 +246,8 @@ def _interleaved_pass(runners: dict[str, Any], trace: str, prompts: list[list[in
 
 def _make_runner(method: str, folder: str, levels: tuple[int, ...], args, tokenizer: Any) -> Any:
     """A started method (``run(prompts) -> outputs``, ``reset()``, ``close()``), or why it cannot run."""
-    if method == "reprise_engine":
-        return _OwnEngine(folder, levels, args, tokenizer)
+    if method in ("reprise_engine", "reprise_plain"):
+        return _OwnEngine(folder, levels, args, tokenizer, speculate=method == "reprise_engine")
     if method == "vllm_suffix":
         try:
             import arctic_inference.suffix_decoding  # noqa: F401 - only whether it imports
@@ -310,14 +317,15 @@ class _Vllm:
 
 
 class _OwnEngine:
-    """Reprise's own engine (float32, one thread) as ``reprise serve`` builds it: the full proposer,
+    """Reprise's own engine in ``--dtype`` on ``--threads`` threads, as ``reprise serve`` builds it: the full proposer,
     ``ModelConfig``'s draft nodes and tenant-scoped prefix cache, the engine's default draft budget;
     histories recorded as calls end."""
 
-    def __init__(self, folder: str, levels: tuple[int, ...], args, tokenizer: Any) -> None:
+    def __init__(self, folder: str, levels: tuple[int, ...], args, tokenizer: Any, *, speculate: bool = True) -> None:
         from verifier.models import load_model
 
-        self.lm = load_model(folder, num_threads=1)
+        self.speculate = speculate
+        self.lm = load_model(folder, num_threads=args.threads, dtype=args.dtype)
         self.tokenizer = tokenizer
         self.max_len = args.prompt_tokens + args.max_new_tokens + 64
         self.max_new_tokens = args.max_new_tokens
@@ -342,7 +350,8 @@ class _OwnEngine:
         from reprise.engine.request import GenerationRequest, StoppingParams
 
         handles = [self.engine.submit(GenerationRequest(
-            prompt_ids=tuple(ids), stopping=StoppingParams(max_new_tokens=self.max_new_tokens), tenant=TENANT))
+            prompt_ids=tuple(ids), stopping=StoppingParams(max_new_tokens=self.max_new_tokens), tenant=TENANT,
+            speculate=self.speculate))
             for ids in prompts]
         self.engine.run_until_idle()
         return [list(h.wait().token_ids) for h in handles]
@@ -359,8 +368,9 @@ class _OwnEngine:
 def _summarise(outputs: dict[str, Any], calls: dict[str, Any], levels: tuple[int, ...],
                dtype: str) -> dict[str, Any]:
     """Per trace and level of requests in flight: tokens/s, the ratios, and whether outputs equal vLLM plain's. Reprise's
-    engine computes in float32: against vLLM in another dtype its greedy tokens differ at near-ties, so
-    its comparison is made only when vLLM runs float32 too (None otherwise)."""
+    engine runs other kernels than vLLM's: in a low precision their greedy tokens differ at near-ties, so
+    its comparison is made only in float32 (None otherwise; ``reprise bench agent`` checks its bfloat16
+    outputs against its own plain decoding)."""
     traces: dict[str, Any] = {}
     plain = outputs.get("vllm_plain", {})
     for trace in calls:
@@ -379,7 +389,7 @@ def _summarise(outputs: dict[str, Any], calls: dict[str, Any], levels: tuple[int
                     row.setdefault("drafting", {})[method] = _drafting(r["steps"])
                 if method == "vllm_reprise" and r.get("steps") and level in plain.get(trace, {}):
                     row["savings_check"] = savings_check(r["steps"], r, plain[trace][level])
-                if method == "reprise_engine" and dtype != "float32":
+                if method.startswith("reprise_") and dtype != "float32":
                     row["outputs_identical"][method] = None
                 elif trace in plain:
                     ref = plain[trace][level]["outputs"]
@@ -395,6 +405,15 @@ def _summarise(outputs: dict[str, Any], calls: dict[str, Any], levels: tuple[int
                     other = rates.get(f"vllm_{base}")
                     if isinstance(other, float):
                         row[f"reprise_vs_{base}"] = round(reprise / other, 3)
+            own_plain, vllm_plain = rates.get("reprise_plain"), rates.get("vllm_plain")
+            if isinstance(own_plain, float) and isinstance(vllm_plain, float):
+                row["engine_plain_vs_plain"] = round(own_plain / vllm_plain, 3)
+            engine = rates.get("reprise_engine")
+            if isinstance(engine, float):  # the own engine against vLLM's methods
+                for base, method in (("plain", "vllm_plain"), ("suffix", "vllm_suffix"), ("reprise", "vllm_reprise")):
+                    other = rates.get(method)
+                    if isinstance(other, float):
+                        row[f"engine_vs_{base}"] = round(engine / other, 3)
             traces[trace][level] = row
     return traces
 
@@ -493,26 +512,29 @@ def _drafting(steps: list[tuple[str, int, int, str]]) -> dict[str, float]:
 
 
 def savings_check(steps: list[tuple], drafted: dict[str, Any], plain: dict[str, Any]) -> dict[str, Any]:
-    """The service's savings estimate (serving/savings.py, as vLLM's proposer records it per steady
-    step) against the speedup measured over vLLM plain on the same calls.
+    """The service's savings estimate (serving/savings.py, as vLLM's proposer records it per step)
+    against the speedup measured over vLLM plain on the same calls.
 
-    ``speedup_estimated``: the plain-step estimate summed over the pass's timed steps / their measured
-    seconds, the figure the service reports. ``speedup_measured``: tokens/s of the drafted pass / of the
-    plain pass (whole passes, wall clock). The timed steps leave out prefills and the steps in which a
-    request joins or leaves (``timed_share`` of the drafted pass's seconds); ``speedup_estimated_pass``
-    counts that rest as unchanged without drafts, comparable with the measured figure."""
-    timed = [s for s in steps if len(s) > 6 and s[4] > 0]
-    spent = sum(float(s[5]) for s in timed)
-    estimate = sum(float(s[6]) for s in timed)
+    ``speedup_estimated``: the estimate summed over the pass's timed steps (decoding steps against the
+    plain steps their tokens would have taken; prefills at their own time) / their measured seconds, the
+    figure the service reports. ``speedup_measured``: tokens/s of the drafted pass / of the plain pass
+    (whole passes, wall clock). ``timed_share``: the part of the drafted pass's seconds the records
+    cover (the rest: the engine's work between steps, the client's); ``speedup_estimated_pass`` counts
+    that rest as unchanged without drafts."""
+    timed = [s for s in steps if len(s) > 8 and (s[4] > 0 or s[7] > 0)]
+    spent = sum(float(s[5]) + float(s[7]) for s in timed)
+    estimate = sum(float(s[6]) + float(s[8]) for s in timed)
+    prefill = sum(float(s[7]) for s in timed)
     out: dict[str, Any] = {"clock": "wall", "timed_steps": len(timed), "steps": len(steps),
                            "seconds_timed_spent": round(spent, 3), "seconds_timed_plain_estimated": round(estimate, 3),
+                           "seconds_timed_prefill": round(prefill, 3),
                            "seconds_measured_spent": round(drafted["seconds"], 3),
                            "seconds_measured_plain": round(plain["seconds"], 3)}
     measured = ((drafted["tokens"] / drafted["seconds"]) / (plain["tokens"] / plain["seconds"])
                 if drafted["seconds"] > 0 and plain["seconds"] > 0 and plain["tokens"] else None)
     out["speedup_measured"] = round(measured, 3) if measured else None
     if spent <= 0 or not measured:
-        out["speedup_estimated"] = None  # no steady step timed (or nothing measured): nothing to check
+        out["speedup_estimated"] = None  # no step timed (or nothing measured): nothing to check
         return out
     whole = drafted["seconds"] - spent + estimate  # the untimed rest counted as unchanged
     out |= {"speedup_estimated": round(estimate / spent, 3), "error": round(estimate / spent / measured - 1, 4),

@@ -303,18 +303,19 @@ def test_headroom_reranks_the_first_token_by_the_targets_logits() -> None:
 def test_savings_check_sets_the_steps_estimate_beside_the_measured_speedup() -> None:
     plain = [[1, 2, 3, 4, 5, 6, 7, 8]]
     reprise = _result(2.0, plain)
-    # wire form: (tenant, draft, accepted, drafter, tokens, seconds, plain-step estimate); a step that
-    # was not timed (a prefill, a request joining) has 0 tokens and is left out of the estimate
-    reprise["steps"] = [("bench", 0, 0, "", 0, 0.0, 0.0), ("bench", 4, 3, "reprise", 4, 0.5, 1.5),
-                        ("bench", 2, 1, "reprise", 2, 0.5, 0.5)]
+    # wire form: (tenant, draft, accepted, drafter, tokens, seconds, plain-step estimate, prefill seconds,
+    # plain prefill estimate); a step that was not timed has 0 tokens and no prefill and is left out
+    reprise["steps"] = [("bench", 0, 0, "", 0, 0.0, 0.0, 0.0, 0.0), ("bench", 0, 0, "", 1, 0.0, 0.0, 0.2, 0.2),
+                        ("bench", 4, 3, "reprise", 4, 0.4, 1.4), ("bench", 4, 3, "reprise", 4, 0.3, 1.3, 0.0, 0.0),
+                        ("bench", 2, 1, "reprise", 2, 0.5, 0.5, 0.0, 0.0)]
     outputs = {"vllm_plain": {"t": {"1": _result(5.0, plain)}}, "vllm_reprise": {"t": {"1": reprise}}}
     check = bench._summarise(outputs, {"t": []}, (1,), "bfloat16")["t"]["1"]["savings_check"]
-    assert check["speedup_estimated"] == 2.0  # 2.0 s plain estimate over 1.0 s timed
+    assert check["speedup_estimated"] == 2.0  # 2.0 s plain estimate over 1.0 s timed, the prefill's 0.2 s in both
     assert check["speedup_measured"] == 2.5  # 5.0 s plain / 2.0 s drafted, same tokens
     assert check["error"] == -0.2 and check["timed_share"] == 0.5
     assert check["speedup_estimated_pass"] == 1.5  # (2.0 - 1.0 + 2.0) / 2.0: the untimed second unchanged
     assert check["error_pass"] == -0.4
-    assert (check["timed_steps"], check["steps"]) == (2, 3)
+    assert (check["timed_steps"], check["steps"], check["seconds_timed_prefill"]) == (3, 5, 0.2)
     report = {"eager": False, "model": "m", "dtype": "bfloat16", "vllm": "0.32.0", "max_new_tokens": 8,
               "speculative_tokens": 32, "load_before": 0.0, "load_after": 0.0,
               "traces": {"t": {"1": bench._summarise(outputs, {"t": []}, (1,), "bfloat16")["t"]["1"]}}}
@@ -324,6 +325,6 @@ def test_savings_check_sets_the_steps_estimate_beside_the_measured_speedup() -> 
 def test_savings_check_without_a_timed_step_claims_nothing() -> None:
     plain = [[1, 2]]
     reprise = _result(1.0, plain)
-    reprise["steps"] = [("bench", 2, 1, "reprise", 0, 0.0, 0.0)]
+    reprise["steps"] = [("bench", 2, 1, "reprise", 0, 0.0, 0.0, 0.0, 0.0)]
     check = bench.savings_check(reprise["steps"], reprise, _result(2.0, plain))
     assert check["speedup_estimated"] is None and "error" not in check and check["speedup_measured"] == 2.0
