@@ -54,6 +54,7 @@ class Lease:
     scope: str
     epoch: int
     blocks: list[_Block] = field(default_factory=list)
+    published: list[_Block] = field(default_factory=list)  # blocks this lease's ``publish`` added
 
     @property
     def num_blocks(self) -> int:
@@ -166,30 +167,12 @@ class PrefixCache:
         recently used unpinned leaves make room, and if none can, the rest is not cached. Returns the
         number of blocks added. Nothing is added for a scope dropped since the lease was taken."""
         bs = self.block_size
-        added: list[_Block] = []
         with self._lock:
             if self._epochs.get(lease.scope, 0) != lease.epoch:
                 self._unpin(lease.blocks)
                 return 0
             chain = list(lease.blocks)
-            parent = chain[-1].index if chain else -1
-            for start in range(len(chain) * bs, len(token_ids) - bs + 1, bs):
-                key = (lease.scope, parent, tuple(token_ids[start : start + bs]))
-                block = self._index.get(key)
-                if block is None:
-                    index = self._allocate()
-                    if index is None:
-                        break
-                    block = _Block(index, key, chain[-1] if chain else None)
-                    if block.parent is not None:
-                        block.parent.children += 1
-                    self._index[key] = block
-                    self._lru[index] = block
-                    self._scopes.setdefault(lease.scope, set()).add(index)
-                    added.append(block)
-                block.refs += 1  # pinned while this insert may still evict
-                chain.append(block)
-                parent = block.index
+            added = self._extend(lease.scope, chain, token_ids)
             first_row = (len(chain) - len(added)) * bs
             for j, block in enumerate(added):
                 rows = slice(first_row + j * bs, first_row + (j + 1) * bs)
@@ -198,11 +181,37 @@ class PrefixCache:
             self._unpin(chain)
         return len(added)
 
+    def publish(self, lease: Lease, token_ids: Sequence[int], kv: torch.Tensor, slot: int) -> Lease:
+        """Cache the whole blocks of a running request's prompt ``token_ids`` (KV in rows ``[0, len)``
+        of ``slot``) as ``insert`` does, but keep them pinned: the returned lease holds the chain, and
+        ``insert`` at the request's end adds what follows. Requests of the same scope that start while
+        this one runs (an agent's parallel trials, a fan-out) then reuse its prompt instead of prefilling
+        it again. A scope dropped since the lease was taken publishes nothing."""
+        bs = self.block_size
+        with self._lock:
+            if self._epochs.get(lease.scope, 0) != lease.epoch:
+                return lease
+            chain = list(lease.blocks)
+            added = self._extend(lease.scope, chain, token_ids)
+            first_row = (len(chain) - len(added)) * bs
+            for j, block in enumerate(added):
+                rows = slice(first_row + j * bs, first_row + (j + 1) * bs)
+                self.store[block.index].copy_(kv[:, :, slot, :, rows])  # [2, L, H, bs, D]
+            self._touch(chain)
+            lease.blocks = chain  # the lease's pins and the new ones, one each
+            lease.published = added
+        return lease
+
     def release(self, lease: Lease) -> None:
-        """Let go of a lease without caching anything (a request that failed)."""
+        """Let go of a lease without caching anything (a request that failed, or one whose KV is not to
+        be kept): the blocks its ``publish`` added go too, unless another request holds or extends them."""
         with self._lock:
             self._unpin(lease.blocks)
-            lease.blocks = []
+            for block in reversed(lease.published):  # leaves first
+                if block.live and block.refs == 0 and block.children == 0:
+                    self._forget(block)
+                    self._free.append(block.index)
+            lease.blocks, lease.published = [], []
 
     def drop(self, scope: str) -> int:
         """Forget every block of ``scope`` (a deleted tenant): no later lookup finds them, leases taken
@@ -258,6 +267,32 @@ class PrefixCache:
             assert not set(self._free) & set(self._lru)
 
     # ---- internals (lock held) ---------------------------------------------------------------------------
+    def _extend(self, scope: str, chain: list[_Block], token_ids: Sequence[int]) -> list[_Block]:
+        """Append to ``chain`` (in place) the blocks of ``token_ids`` past it, shared where cached,
+        allocated where not (until the budget runs out), each pinned once; returns the allocated ones,
+        whose KV the caller copies in. Under the lock."""
+        bs = self.block_size
+        added: list[_Block] = []
+        parent = chain[-1].index if chain else -1
+        for start in range(len(chain) * bs, len(token_ids) - bs + 1, bs):
+            key = (scope, parent, tuple(token_ids[start : start + bs]))
+            block = self._index.get(key)
+            if block is None:
+                index = self._allocate()
+                if index is None:
+                    break
+                block = _Block(index, key, chain[-1] if chain else None)
+                if block.parent is not None:
+                    block.parent.children += 1
+                self._index[key] = block
+                self._lru[index] = block
+                self._scopes.setdefault(scope, set()).add(index)
+                added.append(block)
+            block.refs += 1  # pinned while this insert may still evict
+            chain.append(block)
+            parent = block.index
+        return added
+
     def _touch(self, chain: list[_Block]) -> None:
         for block in reversed(chain):  # deepest first: parents end up more recent than their children
             if block.live:
@@ -274,12 +309,16 @@ class PrefixCache:
             return self._free.pop()
         for index, block in self._lru.items():  # least recent first; leaves come before their parents
             if block.refs == 0 and block.children == 0:
-                del self._lru[index]
-                del self._index[block.key]
-                self._scopes[block.key[0]].discard(index)
-                if block.parent is not None:
-                    block.parent.children -= 1
-                block.live = False
+                self._forget(block)
                 self._evicted += 1
                 return index
         return None
+
+    def _forget(self, block: _Block) -> None:
+        """Take a live block out of the index (its store row is the caller's to reuse)."""
+        del self._lru[block.index]
+        del self._index[block.key]
+        self._scopes[block.key[0]].discard(block.index)
+        if block.parent is not None:
+            block.parent.children -= 1
+        block.live = False

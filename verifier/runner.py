@@ -204,12 +204,16 @@ class ModelRunner:
         min_new_tokens: int = 0,
         suppress_ids: Sequence[int] = (),
         cache_scope: str | None = None,
+        publish: bool = False,
     ) -> int:
         """Take a free slot and prefill the prompt (all but its last token, the first step's root).
 
         ``cache_scope`` (a tenant): start from the longest prefix of the prompt that the prefix cache
         holds for that scope and prefill only the rest; ``num_reused(slot)`` says how many tokens that
-        saved. None, a runner without a prefix cache, or one that keeps hidden states prefill it all."""
+        saved. None, a runner without a prefix cache, or one that keeps hidden states prefill it all.
+        ``publish``: cache the prompt's blocks as soon as it is prefilled (``PrefixCache.publish``), so
+        that requests of the scope starting while this one runs reuse it; only for a request whose KV
+        may be kept (``release(keep_cache=True)`` is what it would get at its end)."""
         sampling = sampling or SamplingParams()
         prompt = [int(t) for t in prompt_ids]
         if not prompt:
@@ -242,6 +246,9 @@ class ModelRunner:
                     hidden = self._forward([slot], chain_batch(chunk, start))
                     if self.keep_hidden:
                         chunks.append(hidden[0])
+                if publish and state.lease is not None and self.prefix_cache is not None and len(prompt) - 1 > state.num_reused:
+                    # Its prompt is reusable now, by requests that start while this one runs.
+                    state.lease = self.prefix_cache.publish(state.lease, prompt[:-1], self.pool.kv, slot)
                 if self.keep_hidden:
                     width = self._lm_head.in_features
                     self._slots[slot].prompt_hidden = (

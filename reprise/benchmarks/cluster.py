@@ -309,8 +309,10 @@ def _bench(args: argparse.Namespace, home: Path) -> dict[str, Any]:
         keys = [store.create_api_key(t).secret for t in tenants]
         probe = store.create_tenant("probe").id
         probe_key = store.create_api_key(probe).secret
+        # Several replicas share this host's cores: one torch thread each (model.num_threads' default,
+        # every core, would make them fight over the same cores).
         settings = {"model-num-slots": str(args.num_slots), "store-redis-key-prefix": prefix,
-                    "max-concurrent-requests": str(max(64, args.concurrency))}
+                    "max-concurrent-requests": str(max(64, args.concurrency)), "model-num-threads": "1"}
         if args.model_path:
             settings["model-path"] = args.model_path
         t0 = time.perf_counter()

@@ -333,7 +333,8 @@ class Engine:
             stopping = replace(stopping, min_new_tokens=0)
         started = self.clock()
         slot = self.runner.start(request.prompt_ids, request.sampling, min_new_tokens=stopping.min_new_tokens,
-                                 suppress_ids=stop_ids, cache_scope=request.tenant)  # fmt: skip
+                                 suppress_ids=stop_ids, cache_scope=request.tenant,
+                                 publish=request.record_history)  # fmt: skip
         seconds = self.clock() - started
         try:
             cached = self.runner.num_reused(slot)

@@ -50,7 +50,8 @@ def store_config(redis_url: str, data_dir: Path, cluster: bool = False) -> Any:
 def start_replicas(n: int, workdir: Path, redis_url: str, env: dict[str, str], cluster: bool = False,
                    **settings: str) -> list[ReplicaProcess]:
     """``n`` tiny-model replicas started together, each ready (resync every second, 4 slots)."""
-    settings = {"model-num-slots": "4", "model-max-len": "2048", "cluster-resync-interval-s": "1", **settings}
+    settings = {"model-num-slots": "4", "model-max-len": "2048", "cluster-resync-interval-s": "1",
+                "model-num-threads": "1", **settings}  # replicas on one host: a core each, not every core each
     return launch.start_replicas(n, workdir, redis_url, env, cluster=cluster, **settings)
 
 

@@ -277,3 +277,28 @@ def test_a_runner_that_keeps_hidden_states_prefills_everything(model) -> None:
     slot = runner.start(prompt, cache_scope="a")
     assert runner.num_reused(slot) == 0
     assert runner.take_prompt_hidden(slot).shape[0] == len(prompt) - 1
+
+
+def test_a_published_prompt_serves_requests_that_start_while_it_runs(model) -> None:
+    """``start(publish=True)`` caches the prompt once it is prefilled: an agent's parallel trials of one
+    task prefill their shared prompt once, with the same greedy tokens; a request that then fails (its
+    KV not kept) takes back the blocks nobody else holds."""
+    runner = cached_runner(model, num_slots=3)
+    prompt = prompt_of(21, 29)
+    first = runner.start(prompt, cache_scope="a", publish=True)
+    second = runner.start(prompt + [7, 8, 9, 10], cache_scope="a", publish=True)
+    assert runner.num_reused(first) == 0 and runner.num_reused(second) == 28  # all 7 of first's blocks
+    other = runner.start(prompt, cache_scope="b")
+    assert runner.num_reused(other) == 0  # another tenant never sees it
+    out = [int(runner.verify([VerifyStep(s, DraftTree.empty())])[0].token_ids[0]) for s in (first, second)]
+    assert out[0] == hf_greedy(model, prompt, 1)[0] and out[1] == hf_greedy(model, prompt + [7, 8, 9, 10], 1)[0]
+    runner.release(other, keep_cache=False)
+    assert runner.prefix_cache.scope_stats("a").num_blocks == 8  # first's 7 and second's one more
+    runner.release(second, keep_cache=False)  # second's own block goes; first's it only borrowed stay
+    assert runner.prefix_cache.scope_stats("a").num_blocks == 7
+    runner.release(first, keep_cache=False)  # nobody holds first's now: gone
+    assert runner.prefix_cache.scope_stats("a").num_blocks == 0
+    unpublished = runner.start(prompt, cache_scope="a")
+    assert runner.prefix_cache.scope_stats("a").num_blocks == 0  # not published unless asked
+    runner.release(unpublished, keep_cache=False)
+    runner.prefix_cache.check_integrity()

@@ -81,3 +81,22 @@ def test_unrecorded_and_failed_requests_leave_no_kv() -> None:
     assert engine.generate(prompt, tenant="a", max_new_tokens=2).usage.cached_tokens == 32
     assert engine.forget_tenant("a") > 0
     assert engine.generate(prompt, tenant="a", max_new_tokens=2).usage.cached_tokens == 0
+
+
+def test_parallel_calls_of_a_tenant_prefill_their_shared_prompt_once() -> None:
+    """An agent's parallel trials (or a fan-out) of one tenant sent at once: the first prefills the
+    shared prompt and publishes it, the others start from it while it still runs; another tenant's
+    request with the same prompt prefills its own; outputs stay generate's."""
+    engine = make_engine(num_slots=4)
+    model = engine.runner.model
+    shared = words(20, 48)
+    prompts = [shared + words(21 + i, 3) for i in range(3)] + [shared]
+    tenants = ["a", "a", "a", "b"]
+    stopping = StoppingParams(max_new_tokens=12, ignore_eos=True)
+    handles = [engine.submit(GenerationRequest(tuple(p), stopping=stopping, tenant=t))
+               for p, t in zip(prompts, tenants)]
+    engine.run_until_idle()
+    results = [h.wait() for h in handles]
+    assert [r.usage.cached_tokens for r in results] == [0, 48, 48, 0]
+    for prompt, result in zip(prompts, results):
+        assert list(result.token_ids) == hf_greedy(model, prompt, 12)
