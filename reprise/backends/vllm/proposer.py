@@ -213,7 +213,7 @@ class RepriseVllmProposer:
         if fit is not None and self.step_cost.num_steps % 32 == 0:  # the budgets price drafts by it from now
             self._cost, self._budgets = fit, {}
         weights = {r: 1 + len(self._requests[r].draft) if r in self._requests else 1 for r in req_ids}
-        return _StepTime(seconds, weights, batch, fit.plain_step(batch) if fit is not None else None)
+        return _StepTime(seconds, weights, batch, self.step_cost.plain_step(batch))
 
     def _budget_for(self, batch_size: int) -> DraftBudget | None:
         """The step budget at ``batch_size`` requests: the attached one, on the measured step cost once

@@ -80,6 +80,7 @@ class StepCostMeter:
         self._fit: VllmStepCost | None = None
         self.propose_seconds = 0.0  # the proposer's own call per step, a running mean (forgetting as above)
         self._propose_weight = 0.0
+        self._plain: dict[int, tuple[float, float, int]] = {}  # batch -> decayed (weight, seconds sum, steps)
 
     def observe(self, batch_size: int, draft_tokens: int, seconds: float) -> None:
         """One steady step: ``batch_size`` requests verified ``draft_tokens`` draft tokens in ``seconds``."""
@@ -92,6 +93,21 @@ class StepCostMeter:
         self._undrafted += draft_tokens == 0
         self._batches.add(batch_size)
         self._fit = None
+        if draft_tokens == 0:  # a plain step, measured as it is
+            w, total, steps = self._plain.get(batch_size, (0.0, 0.0, 0))
+            self._plain[batch_size] = (w * self.decay + 1.0, total * self.decay + seconds, steps + 1)
+
+    def plain_step(self, batch_size: int) -> float | None:
+        """What a step of ``batch_size`` requests without drafts costs: the running mean of such steps
+        where at least ``min_undrafted`` were seen at that batch size (no model between the measurement
+        and the price), else the fit's ``base + per_request * batch_size``, else None. The fit's terms
+        are correlated where batches that verify more drafts are also smaller ones, so its plain step can
+        be off by a fifth at 8-16 requests; measured plain steps are not."""
+        w, total, steps = self._plain.get(batch_size, (0.0, 0.0, 0))
+        if steps >= self.min_undrafted and w > 0.0:
+            return total / w
+        fit = self.fit()
+        return fit.plain_step(batch_size) if fit is not None else None
 
     def observe_propose(self, seconds: float) -> None:
         """The proposer's own call took ``seconds`` (drafting time every step pays, drafts or not)."""

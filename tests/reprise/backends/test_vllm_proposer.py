@@ -153,6 +153,11 @@ def test_the_step_cost_meter_tells_requests_from_draft_tokens_and_waits_for_enou
         one_batch.observe(1, drafts, cost(1, drafts))
     assert one_batch.fit().plain_step(1) == pytest.approx(cost(1, 0), rel=0.02)
 
+    skewed = StepCostMeter(min_steps=16)  # plain steps measured at a batch size price it as measured
+    for i in range(60):
+        skewed.observe(8, 0 if i % 2 else 12, 0.101 if i % 2 else 0.13)
+    assert skewed.plain_step(8) == pytest.approx(0.101) and skewed.plain_step(3) is not None
+
     flat = StepCostMeter(min_steps=4)
     for _ in range(10):
         flat.observe(2, 8, 0.05)
@@ -195,6 +200,9 @@ class FixedLine:
         from reprise.backends.vllm.step_cost import VllmStepCost
 
         return VllmStepCost(0.01, 0.002, 0.001, 0.0)
+
+    def plain_step(self, batch_size: int) -> float:
+        return self.fit().plain_step(batch_size)
 
 
 def test_steady_steps_carry_their_time_and_the_plain_estimate_of_their_tokens():
