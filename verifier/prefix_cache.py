@@ -166,17 +166,13 @@ class PrefixCache:
         go of the lease. Blocks already cached are shared, not copied; when the budget is full the least
         recently used unpinned leaves make room, and if none can, the rest is not cached. Returns the
         number of blocks added. Nothing is added for a scope dropped since the lease was taken."""
-        bs = self.block_size
         with self._lock:
             if self._epochs.get(lease.scope, 0) != lease.epoch:
                 self._unpin(lease.blocks)
                 return 0
             chain = list(lease.blocks)
             added = self._extend(lease.scope, chain, token_ids)
-            first_row = (len(chain) - len(added)) * bs
-            for j, block in enumerate(added):
-                rows = slice(first_row + j * bs, first_row + (j + 1) * bs)
-                self.store[block.index].copy_(kv[:, :, slot, :, rows])  # [2, L, H, bs, D]
+            self._copy_in(chain, added, kv, slot)
             self._touch(chain)
             self._unpin(chain)
         return len(added)
@@ -187,16 +183,12 @@ class PrefixCache:
         ``insert`` at the request's end adds what follows. Requests of the same scope that start while
         this one runs (an agent's parallel trials, a fan-out) then reuse its prompt instead of prefilling
         it again. A scope dropped since the lease was taken publishes nothing."""
-        bs = self.block_size
         with self._lock:
             if self._epochs.get(lease.scope, 0) != lease.epoch:
                 return lease
             chain = list(lease.blocks)
             added = self._extend(lease.scope, chain, token_ids)
-            first_row = (len(chain) - len(added)) * bs
-            for j, block in enumerate(added):
-                rows = slice(first_row + j * bs, first_row + (j + 1) * bs)
-                self.store[block.index].copy_(kv[:, :, slot, :, rows])  # [2, L, H, bs, D]
+            self._copy_in(chain, added, kv, slot)
             self._touch(chain)
             lease.blocks = chain  # the lease's pins and the new ones, one each
             lease.published = added
@@ -292,6 +284,14 @@ class PrefixCache:
             chain.append(block)
             parent = block.index
         return added
+
+    def _copy_in(self, chain: list[_Block], added: list[_Block], kv: torch.Tensor, slot: int) -> None:
+        """Copy the KV of ``added`` (the last blocks of ``chain``) from their rows of ``slot``."""
+        bs = self.block_size
+        first_row = (len(chain) - len(added)) * bs
+        for j, block in enumerate(added):
+            rows = slice(first_row + j * bs, first_row + (j + 1) * bs)
+            self.store[block.index].copy_(kv[:, :, slot, :, rows])  # [2, L, H, bs, D]
 
     def _touch(self, chain: list[_Block]) -> None:
         for block in reversed(chain):  # deepest first: parents end up more recent than their children
