@@ -70,9 +70,9 @@ def add_arguments(parser) -> None:
       help=f"vLLM's num_speculative_tokens, for every drafting method (default {MAX_SPECULATIVE_TOKENS}, what "
            "`reprise serve --engine vllm` runs with)")
     a("--dtype", default="bfloat16", help="every engine's dtype (default bfloat16; float32 for exactness)")
-    a("--threads", type=int, default=len(os.sched_getaffinity(0)),
-      help="torch threads of Reprise's own engine (default: every core this process may use, as vLLM's CPU "
-           "build takes them)")
+    a("--threads", type=int, default=0,
+      help="torch threads of Reprise's own engine (default 0: every core this process may use, as vLLM's CPU "
+           "build takes them, and as `reprise serve`'s model.num_threads does)")
     a("--methods", default=",".join(METHODS), help=f"comma-separated subset of {','.join(METHODS)}")
     a("--eager", action="store_true", help="vLLM without graph compilation (starts faster, decodes slower)")
     a("--json", action="store_true", help="print the figures as JSON")
@@ -82,7 +82,9 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     from reprise.arguments import CliError
 
-    for name in ("tasks", "trials", "prompt_tokens", "max_new_tokens", "speculative_tokens", "threads"):
+    if args.threads < 0:
+        raise CliError(f"--threads must be >= 0 (0: every core), got {args.threads}")
+    for name in ("tasks", "trials", "prompt_tokens", "max_new_tokens", "speculative_tokens"):
         if getattr(args, name) < 1:
             raise CliError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.call_index < 0:

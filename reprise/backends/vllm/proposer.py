@@ -80,10 +80,15 @@ class _StepTime:
     batch_size: int
     plain_step_seconds: float | None
 
+    def cost(self, req_id: str, num_tokens: int) -> RequestCost:
+        """The request's part of the step (its weight's) against the plain steps ``num_tokens`` would have
+        taken (serving/savings.py)."""
+        return share(self.seconds, self.weights.get(req_id, 1), sum(self.weights.values()), num_tokens,
+                     self.batch_size, self.plain_step_seconds)
+
     def share(self, req_id: str) -> float:
-        """The request's seconds of the step (its weight's part)."""
-        total = sum(self.weights.values())
-        return self.seconds * self.weights.get(req_id, 0) / total if total > 0 else 0.0
+        """The request's seconds of the step."""
+        return self.cost(req_id, 0).seconds
 
 
 @dataclass(slots=True)
@@ -191,11 +196,12 @@ class RepriseVllmProposer:
         A steady step's seconds: the time since the last call (the step, the engine's work between
         steps and the proposer's last call). A step that was not a steady one (a request joined, left or
         is prefilling: the engine may have been idle, or busy with other work, since the last call) is
-        timed from when the runner began it (``_time_steps``), and is not a plain decoding step: the meters learn
-        nothing from it, its time is shared by the tokens each request scheduled, and it is priced at its
-        own time (no saving claimed), so that the tenant's figures cover all of its engine time, as a run
-        without Reprise would be timed. vLLM's prefix cache is vLLM's own (a vLLM without Reprise has it
-        too): the prompt tokens it gives are no saving of Reprise's here. None: no step to time (the first, or a step the runner did not report)."""
+        timed from when the runner began it (``_time_steps``) and is not a plain decoding step: the
+        meters learn nothing from it, its time is shared by the tokens each request scheduled, and it is
+        priced at its own time (no saving claimed), so that the tenant's figures cover all of its engine
+        time, as a run without Reprise would be timed. vLLM's prefix cache is vLLM's own (a vLLM without
+        Reprise has it too): the prompt tokens it gives are no saving of Reprise's here. None: no step to
+        time (the first, or a step the runner did not report)."""
         last, self._last_step = self._last_step, None
         started, self._step_start = self._step_start, None
         scheduled, self._scheduled = self._scheduled, {}
@@ -310,7 +316,7 @@ class RepriseVllmProposer:
             seconds = timed.share(req_id)
             record = replace(record, num_tokens=len(new), prefill_seconds=seconds, plain_prefill_seconds=seconds)
         elif timed is not None:  # its share of the step, and what its tokens would have cost in plain steps
-            cost = self._decode_cost(req_id, timed, len(new))
+            cost = timed.cost(req_id, len(new))
             record = replace(record, num_tokens=len(new), seconds=cost.seconds, plain_seconds=cost.plain_seconds)
         self._prefilling.discard(req_id)
         self._record(record)
@@ -330,12 +336,6 @@ class RepriseVllmProposer:
                        f"({type(exc).__name__}: {exc}); it drafts nothing from now on")
             req.session = None
             return None
-
-    @staticmethod
-    def _decode_cost(req_id: str, timed: _StepTime, num_tokens: int) -> RequestCost:
-        """The request's share of a decoding step against the plain steps its tokens would have taken."""
-        weight, total = timed.weights.get(req_id, 1), sum(timed.weights.values())
-        return share(timed.seconds, weight, total, num_tokens, timed.batch_size, timed.plain_step_seconds)
 
     def _rerank(self, session: Any, chain: Any, hidden: Any) -> Any:
         """``chain``, or the best path under another of the tree's roots where the target's logits for

@@ -75,7 +75,6 @@ class StepCostMeter:
         self._xx = np.zeros((4, 4))  # decayed sums of x x^T, x = (1, requests, draft tokens, any draft)
         self._xy = np.zeros(4)
         self._steps = 0
-        self._undrafted = 0
         self._batches: set[int] = set()
         self._fit: VllmStepCost | None = None
         self.propose_seconds = 0.0  # the proposer's own call per step, a running mean (forgetting as above)
@@ -90,7 +89,6 @@ class StepCostMeter:
         self._xx = self._xx * self.decay + np.outer(x, x)
         self._xy = self._xy * self.decay + x * seconds
         self._steps += 1
-        self._undrafted += draft_tokens == 0
         self._batches.add(batch_size)
         self._fit = None
         if draft_tokens == 0:  # a plain step, measured as it is
@@ -135,7 +133,8 @@ class StepCostMeter:
         mean_b = self._xx[0, 1] / n
         if len(self._batches) > 1 and self._xx[1, 1] / n - mean_b * mean_b > 1e-6:
             terms.insert(1, 1)
-        if self._undrafted >= self.min_undrafted and self._xx[3, 3] < n * (1 - 1e-6):
+        undrafted = sum(steps for _, _, steps in self._plain.values())
+        if undrafted >= self.min_undrafted and self._xx[3, 3] < n * (1 - 1e-6):
             terms.append(3)
         idx = np.array(terms)
         scale = np.maximum(np.sqrt(np.diag(self._xx)[idx] / n), 1e-12)  # columns of similar size
