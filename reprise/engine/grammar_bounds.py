@@ -17,13 +17,15 @@ here first, from its rules (``Grammar.serialize_json``: rules over a CSR array o
   derivations for all it refers to, no character set matching nothing); a dead one is a path the
   matcher can enter and never leave. ``measure`` raises ``NoFiniteOutput`` naming the cause.
 * ``longest_part``: the most bytes any one reachable alternative needs (and where that comes from).
-* ``forced_levels``: how many nested rules one forced string can run through. Within one alternative a
-  forced string is at most what completing it needs (``longest_part``); it goes on into the enclosing
-  rule only when everything after the finished rule there is forced too. An over-approximation of
-  "forced" (first-byte sets: a point where two different bytes may come next ends any forced string)
-  gives a graph of such continuations; without a cycle every forced string is at most
-  ``(forced_levels + 1) * longest_part`` bytes, with one (``forced_levels`` None: a constant required
-  after a recursive field) it can grow with the output's nesting depth, and the caller turns
+* ``forced_levels``: how many alternatives one forced string can run on into after the one it starts
+  in. Within one alternative a forced string is at most what completing it needs (``longest_part``);
+  once the rule finishes it goes on into the enclosing alternative, through all of what follows there
+  when that is forced too (and then on again), or through a forced beginning of it, where it ends
+  (``[-`` of ``"[" ("0" | "-1000") (", " item){1,}`` forces ``1000, ""``: two parts). An
+  over-approximation of "forced" (first-byte sets: a point where two different bytes may come next
+  ends any forced string) gives a graph of such continuations; without a cycle every forced string is
+  at most ``(forced_levels + 1) * longest_part`` bytes, with one (``forced_levels`` None: a constant
+  required after a recursive field) it can grow with the output's nesting depth, and the caller turns
   jump-forward off.
 * a **shortest complete output** (``shortest_text``), which the caller tokenizes to bound the tokens
   every output needs.
@@ -387,24 +389,32 @@ def _witness(best: list[_Alt | None], root: int) -> str:
 
 
 def _forced_levels(alts: list[list[_Alt]], reachable: list[int]) -> int | None:
-    """How many rules one forced string can finish in a row while adding text, None when unbounded.
+    """How many alternatives one forced string can run on into while adding text, None when unbounded.
 
     The graph: a rule R finished inside an alternative of N runs on into N when the rest of that
     alternative may be forced (``into[R]`` holds (N, the rest has elements)). A cycle of edges whose rests
     are empty (right recursion) adds no text; a cycle through a rest with text makes forced strings grow
-    with nesting (None). Otherwise: the longest path, counting edges with text, over the condensation."""
+    with nesting (None). Otherwise: the longest path, counting edges with text, over the condensation.
+    A rest that may be forced only at its start (``ends_in[R]``: a required item, then a choice) is one
+    more part, and the last: the forced string ends inside it, so it is a step at the end of a path,
+    never an edge of a cycle."""
     nullable, first = _first_bytes(alts)
     forced = _forcible(alts, nullable, first)
     into: dict[int, list[tuple[int, bool]]] = {n: [] for n in reachable}
+    ends_in: set[int] = set()
     for node in reachable:
         for alt in alts[node]:
             rest_ok, rest_null, rest_first = True, True, frozenset[int]()
             for i in range(len(alt.elems) - 1, -1, -1):
                 elem = alt.elems[i]
-                if elem.kind == _REF and rest_ok:
+                if elem.kind == _REF:
                     more = elem.hi == -1 or elem.hi > elem.lo  # another repetition may follow
-                    if not (more and _branches(first[elem.node], rest_null, rest_first)):
+                    if more and _branches(first[elem.node], rest_null, rest_first):
+                        pass  # the rule itself or the rest: a choice, nothing is forced after R here
+                    elif rest_ok:
                         into[elem.node].append((node, i + 1 < len(alt.elems)))
+                    elif not _branches(frozenset(), rest_null, rest_first):  # its first byte may be forced
+                        ends_in.add(elem.node)
                 rest_ok = rest_ok and _elem_forcible(elem, forced, nullable, first, rest_null, rest_first)
                 rest_null, rest_first = _prepend(elem, nullable, first, rest_null, rest_first)
     components = _components(into)  # sinks first
@@ -412,6 +422,8 @@ def _forced_levels(alts: list[list[_Alt]], reachable: list[int]) -> int | None:
     levels = [0] * len(components)
     for c, members in enumerate(components):
         for node in members:
+            if node in ends_in:
+                levels[c] = max(levels[c], 1)
             for target, text in into[node]:
                 if component[target] == c:
                     if text:

@@ -128,6 +128,19 @@ def test_forced_strings_stay_within_the_bound(compiler, schema) -> None:
         assert random_walk_forced(compiler, schema, seed) <= bound
 
 
+def test_a_forced_string_runs_on_into_a_rest_forced_only_at_its_start(compiler) -> None:
+    """After ``[-`` the enum's ``1000`` is forced, then the required first item ``, ""`` of the enclosing
+    array (a choice between another item and ``]`` only after it): two parts, not one."""
+    schema = {"type": "array", "prefixItems": [{"enum": [0, -1000]}], "minItems": 2,
+              "items": {"type": "string", "maxLength": 0}}
+    bound = bounds_of(schema).max_forced_bytes
+    matcher = xgr.GrammarMatcher(compiler.compile_grammar(xgr.Grammar.from_json_schema(
+        json.dumps(schema), any_whitespace=False)))
+    assert matcher.accept_string("[-")
+    assert matcher.find_jump_forward_string() == '1000, ""'
+    assert bound is not None and bound >= len('1000, ""')
+
+
 def test_nested_forced_text_does_grow_where_no_bound_is_claimed(compiler) -> None:
     grammar = xgr.Grammar.from_json_schema(json.dumps(LIST_WITH_CONST), any_whitespace=False)
     matcher = xgr.GrammarMatcher(compiler.compile_grammar(grammar))
