@@ -9,15 +9,18 @@ on CPU the first draft tokens cost more than the line says (GEMV turns into GEMM
 Expected acceptance: node i's path probability is the product of its (calibrated) ``probs`` along its
 ancestors; verifying the ``n`` nodes of highest path probability commits ``1 + sum(path probs)``
 tokens in expectation. The policy keeps the ``n`` that maximises tokens per unit of cost, ``n = 0``
-(a plain decoding step) included. In a batch of ``B`` requests the step's cost is shared: each
-request weighs its draft against its share of a step in which every request drafts as much
-(``DraftBudget.share``), so larger batches verify fewer, surer draft tokens. ``probs`` come from the drafter and can be miscalibrated (prompt
-lookup says 1.0 for every node), so each request scales them by a running ratio of the levels its
-drafts actually passed to the levels they were predicted to pass (``AcceptanceTracker``).
+(a plain decoding step) included. In a batch of ``B`` requests the step's cost is shared. On vLLM each
+request is laid out on its own rows, so each weighs its draft against its share of a step in which
+every request drafts as much (``DraftBudget.share``) and larger batches verify fewer, surer draft
+tokens. The own engine pads every request to the batch's widest draft, so there one width is chosen
+for the whole batch (``DraftBudget.select_batch``). ``probs`` come from the drafter and can be
+miscalibrated (prompt lookup says 1.0 for every node), so each request scales them by a running ratio
+of the levels its drafts actually passed to the levels they were predicted to pass (``AcceptanceTracker``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -51,8 +54,9 @@ class CostModel:
         if any(c <= 0 for _, c in self.points):
             raise ValueError(f"cost model points must be positive, got {self.points}")
 
-    def cost(self, num_draft: np.ndarray) -> np.ndarray:
-        """Cost of steps with ``num_draft`` draft tokens (vectorised)."""
+    def cost(self, num_draft: np.ndarray, batch: int = 1) -> np.ndarray:
+        """Cost of steps with ``num_draft`` draft tokens (vectorised; a fixed model is one batch size's,
+        so ``batch`` does not change it)."""
         d = np.asarray(num_draft, dtype=np.float64)
         if self.points:
             xs, ys = zip(*sorted(self.points))
@@ -110,32 +114,55 @@ class DraftBudget:
         if self.max_draft_tokens < 0:
             raise ValueError(f"max_draft_tokens must be >= 0, got {self.max_draft_tokens}")
 
+    def ranked(self, tree: DraftTree, max_nodes: int, scale: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+        """``tree``'s nodes in the order worth verifying and what each prefix of that order is worth:
+        at most ``max_nodes`` node indices by path probability (ties: tree order, so every parent comes
+        before its children), and ``gain[n]``, the tokens a step verifying the first ``n`` commits in
+        expectation (``1 + sum`` of their path probabilities; ``gain[0]`` is a plain step's 1)."""
+        n = len(tree)
+        if n == 0 or max_nodes <= 0:
+            return _NO_NODES, np.ones(1)
+        parents = np.asarray(tree.parents, dtype=np.int64)
+        path = np.clip(conditional_probs(tree) * scale, 0.0, 1.0)
+        for i in range(n):  # parents precede children
+            if parents[i] >= 0:
+                path[i] *= path[parents[i]]
+        order = np.lexsort((np.arange(n), -path))[: min(n, max_nodes)]
+        return order, 1.0 + np.concatenate(([0.0], np.cumsum(path[order])))
+
     def select(self, tree: DraftTree, max_nodes: int, scale: float = 1.0, batch_size: int = 1) -> np.ndarray:
         """The nodes worth verifying, as sorted indices into ``tree``: at most ``max_nodes`` nodes of
         highest path probability, cut to the size that maximises expected tokens per unit of cost.
         Parents always come along (the indices are closed under parents).
 
-        ``batch_size``: requests verified in the same step. Their plain rows share the step's base
-        cost, so each draft token costs relatively more as the batch grows (ArcticInference #185, vLLM
-        #16258): a request's share of a step in which every one of the ``B`` requests verifies ``d``
-        draft tokens is ``cost(B * (1 + d) - 1) / B`` (the cost table is by rows beyond the first)."""
-        n = len(tree)
-        if n == 0 or max_nodes <= 0:
-            return _NO_NODES
-        parents = np.asarray(tree.parents, dtype=np.int64)
-        probs = np.clip(conditional_probs(tree) * scale, 0.0, 1.0)
-        path = probs.copy()
-        for i in range(n):  # parents precede children
-            if parents[i] >= 0:
-                path[i] *= path[parents[i]]
-        # Sort by path probability (ties: tree order), which keeps every parent before its children.
-        order = np.lexsort((np.arange(n), -path))[: min(n, max_nodes)]
+        ``batch_size``: requests verified in the same step, each laid out on its own rows (vLLM's
+        flattened batch). Their plain rows share the step's base cost, so each draft token costs
+        relatively more as the batch grows (ArcticInference #185, vLLM #16258): a request's share of a
+        step in which every one of the ``B`` requests verifies ``d`` draft tokens is
+        ``cost(B * (1 + d) - 1) / B`` (the cost table is by rows beyond the first). A batch padded to
+        its widest draft (the own engine's) is cut by ``select_batch`` instead."""
+        order, gain = self.ranked(tree, max_nodes, scale)
         keep = len(order)
-        if self.adaptive:
-            sizes = np.arange(keep + 1)
-            gain = 1.0 + np.concatenate(([0.0], np.cumsum(path[order])))
-            keep = int(np.argmax(gain / self.share(sizes, batch_size)))
+        if self.adaptive and keep:
+            keep = int(np.argmax(gain / self.share(np.arange(keep + 1), batch_size)))
         return np.sort(order[:keep]).astype(np.int32)
+
+    def select_batch(self, trees: Sequence[DraftTree], max_nodes: Sequence[int],
+                     scales: Sequence[float]) -> list[np.ndarray]:  # fmt: skip
+        """Each request's nodes worth verifying when the batch's requests are padded to one width (the
+        own engine's runner: ``B`` requests of ``1 + w`` rows cost ``cost(B * (1 + w) - 1)`` however
+        few nodes each fills). The width is chosen for the batch: the ``w`` that maximises the tokens
+        every request commits in expectation, each verifying its best ``w`` nodes (or all it has), per
+        unit of the step's cost. One request alone is ``select``'s cut; a request's wide tree no longer
+        makes the whole batch pay for rows the others leave empty."""
+        ranked = [self.ranked(t, m, s) for t, m, s in zip(trees, max_nodes, scales)]
+        widest = max((len(order) for order, _ in ranked), default=0)
+        width = widest
+        if self.adaptive and widest:
+            widths = np.arange(widest + 1)
+            tokens = sum(gain[np.minimum(widths, len(gain) - 1)] for _, gain in ranked)
+            width = int(np.argmax(tokens / self.cost_model.cost(len(ranked) * (1.0 + widths) - 1.0, len(ranked))))
+        return [np.sort(order[:width]).astype(np.int32) for order, _ in ranked]
 
     def choose(self, tree: DraftTree, max_nodes: int, scale: float = 1.0, batch_size: int = 1) -> DraftTree:
         """The subtree of the nodes ``select`` keeps (``tree`` itself when it keeps them all)."""
@@ -147,4 +174,4 @@ class DraftBudget:
         ``num_draft`` draft tokens (vectorised; ``batch_size`` 1 is the cost model itself)."""
         b = max(1, int(batch_size))
         d = np.asarray(num_draft, dtype=np.float64)
-        return self.cost_model.cost(b * (1.0 + d) - 1.0) / b
+        return self.cost_model.cost(b * (1.0 + d) - 1.0, b) / b

@@ -70,7 +70,6 @@ class StoreTicket(Protocol):
 
 
 HistorySink = Callable[[GenerationResult], "StoreTicket | None"]  # a finished turn to record
-_NO_NODES = np.zeros(0, dtype=np.int32)
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,8 +183,6 @@ class _Draft:
     propose_seconds: float | None = None
     token_mask: Any = None
 
-
-_NO_DRAFT = _Draft(DraftTree.empty(), _NO_NODES)
 
 
 @dataclass(slots=True)
@@ -353,33 +350,42 @@ class Engine:
             raise
 
     def _propose(self, batch: list[_Active]) -> tuple[list[_Active], list[_Draft]]:
-        """Each request's draft, cut by the budget to what is worth verifying in a batch this size; the
-        requests that still go on (one whose drafting or grammar failed has ended) and their drafts."""
-        items, drafts = [], []
+        """Each request's draft, cut by the budget to the batch's width (the runner pads every request
+        to the widest draft, so the width is chosen for the batch: ``DraftBudget.select_batch``), then
+        put under its grammar; the requests that still go on (one whose drafting or grammar failed has
+        ended) and their drafts."""
+        proposed: list[tuple[_Active, DraftTree, int, float | None]] = []
         for item in batch:
             try:
-                draft = self._draft(item, len(batch))
+                proposed.append((item, *self._proposal(item)))
             except Exception as exc:  # noqa: BLE001 - this request's failure ends this request only
+                self._fail(item, "drafting its step", exc)
+        keeps = self.config.budget.select_batch([tree for _, tree, _, _ in proposed],
+                                                [room for _, _, room, _ in proposed],
+                                                [item.tracker.scale for item, _, _, _ in proposed])  # fmt: skip
+        items, drafts = [], []
+        for (item, tree, room, seconds), keep in zip(proposed, keeps):
+            draft = _Draft(tree if len(keep) == len(tree) else subtree(tree, keep), keep, tree.match_len, seconds)
+            try:
+                draft = draft if item.grammar is None else self._constrain(item, draft, room)
+            except Exception as exc:  # noqa: BLE001 - this request's grammar failure ends this request only
                 self._fail(item, "drafting its step", exc)
                 continue
             items.append(item)
             drafts.append(draft)
         return items, drafts
 
-    def _draft(self, item: _Active, batch_size: int) -> _Draft:
-        """One request's draft: proposed, cut by the budget, then put under its grammar."""
+    def _proposal(self, item: _Active) -> tuple[DraftTree, int, float | None]:
+        """One request's proposed tree, the most nodes it may verify, and what proposing took (None
+        when it did not propose: no room, or a request that does not speculate)."""
         budget = self.config.budget
         room = min(budget.max_draft_tokens, self.runner.max_draft_nodes, self.runner.remaining(item.slot) - 1,
                    item.stop.max_tokens - len(item.stop.token_ids) - 1)  # drafts past the last token are waste
         if room <= 0 or not item.handle.request.speculate:
-            return _NO_DRAFT if item.grammar is None else self._constrain(item, _NO_DRAFT, 0)
+            return DraftTree.empty(), 0, None
         t0 = time.perf_counter()
         tree = item.session.propose(room)  # a failing drafter gives an empty draft (GuardedSession)
-        seconds = time.perf_counter() - t0
-        keep = budget.select(tree, room, item.tracker.scale, batch_size)
-        verified = tree if len(keep) == len(tree) else subtree(tree, keep)
-        draft = _Draft(verified, keep, tree.match_len, seconds)
-        return draft if item.grammar is None else self._constrain(item, draft, room)
+        return tree, room, time.perf_counter() - t0
 
     @staticmethod
     def _constrain(item: _Active, draft: _Draft, room: int) -> _Draft:
@@ -404,7 +410,8 @@ class Engine:
         try:
             results = self.runner.verify(steps)
             if fit is not None:  # rows beyond the first: B requests padded to the longest tree
-                fit.observe(len(steps) * (1 + max(len(d.tree) for d in drafts)) - 1, fit.clock() - started)
+                fit.observe(len(steps) * (1 + max(len(d.tree) for d in drafts)) - 1, fit.clock() - started,
+                            len(steps))
             return batch, drafts, results
         except Exception as exc:  # a failing verifier fails requests, never the engine
             if len(batch) == 1 or before != [self.runner.remaining(item.slot) for item in batch]:
@@ -442,7 +449,8 @@ class Engine:
         if self.config.observer is None or not reports:
             return
         fit = self.step_costs
-        plain = float(fit.cost(np.asarray(len(reports) - 1))) if fit is not None and fit.measured else None
+        plain = (float(fit.cost(np.asarray(len(reports) - 1), len(reports)))
+                 if fit is not None and fit.measured else None)
         costs = attribute_step(seconds, [1 + r.num_draft for r in reports], [r.num_tokens for r in reports], plain)
         try:
             self.config.observer.on_step([replace(r, cost=c) for r, c in zip(reports, costs)])

@@ -8,6 +8,14 @@ requests padded to ``Q`` rows: the x of the budget's cost table), and the table 
 last ``window`` steps at each grid point, made non-decreasing (more rows never cost less). Until a grid
 point has ``min_samples`` steps it is left out and the table interpolates over it.
 
+A step of ``B`` requests reads ``B`` cached prefixes (attention, the gather of their KV) besides its
+rows, so it costs more than one request's step of as many rows: the table is fitted from single-request
+steps only, and each batch size ``B > 1`` adds its own offset, the median over its last ``2 * window``
+steps of their time less the table's price of their rows (``cost(rows, batch=B) = table(rows) +
+offset[B]``; rows and prefixes are the two things a step pays for, the matrix products by row and
+attention by request). One table over every batch size would price a single request's seven draft
+rows like a plain step of eight requests.
+
 ``calibrate`` fills the table at start-up with a few steps of each draft size on a random prompt
 (about three seconds for SmolLM2-135M on one CPU thread); without calibration or steps the budget uses
 the table measured on the development machine (``FALLBACK_POINTS``).
@@ -90,6 +98,9 @@ class StepCostFit:
         self.clock_name = clock_name
         self._samples = np.full((len(self.grid), window), np.nan)  # [grid, window] seconds, a ring per point
         self._counts = np.zeros(len(self.grid), dtype=np.int64)
+        # Batch size -> (ring of [rows beyond the first, seconds] of its last 2 * window steps, steps seen).
+        self._batches: dict[int, tuple[np.ndarray, list[int]]] = {}
+        self._offsets: dict[int, float] = {}  # batch size -> seconds a step pays beyond the table; whole, as _points
         self._pending = 0
         self.calibrated = False
         self.num_observed = 0
@@ -111,27 +122,39 @@ class StepCostFit:
             self.clock, self.clock_name = time.perf_counter, "wall"
 
     # ---- recording (engine thread) ----------------------------------------------------------------------
-    def observe(self, extra_rows: int, seconds: float) -> None:
-        """One step of ``extra_rows`` rows beyond the first took ``seconds``."""
-        i = self._bucket[min(max(extra_rows, 0), len(self._bucket) - 1)]
-        self._samples[i, self._counts[i] % self.window] = seconds
-        self._counts[i] += 1
+    def observe(self, extra_rows: int, seconds: float, batch: int = 1) -> None:
+        """One step of ``batch`` requests and ``extra_rows`` rows beyond the first took ``seconds``."""
+        if batch > 1:
+            ring, seen = self._batches.setdefault(batch, (np.full((2 * self.window, 2), np.nan), [0]))
+            ring[seen[0] % len(ring)] = (extra_rows, seconds)
+            seen[0] += 1
+        else:
+            i = self._bucket[min(max(extra_rows, 0), len(self._bucket) - 1)]
+            self._samples[i, self._counts[i] % self.window] = seconds
+            self._counts[i] += 1
         self.num_observed += 1
         self._pending += 1
         if self._pending >= self.refresh_every:
             self.refit()
 
     def refit(self) -> None:
-        """Recompute the table from the recorded steps (kept as it is while none is usable)."""
+        """Recompute the table from the recorded single-request steps (kept as it is while none is
+        usable), then each batch size's offset against it (once the table is measured)."""
         self._pending = 0
         usable = np.flatnonzero(self._counts >= self.min_samples)
-        if not len(usable):
-            return
-        medians = np.nanmedian(self._samples[usable], axis=1)
-        weights = np.minimum(self._counts[usable], self.window).astype(np.float64)
-        xs = tuple(float(x) for x in self.grid[usable])
-        self._points = (xs, tuple(float(y) for y in monotone(medians, weights)))
-        self.measured = True
+        if len(usable):
+            medians = np.nanmedian(self._samples[usable], axis=1)
+            weights = np.minimum(self._counts[usable], self.window).astype(np.float64)
+            xs = tuple(float(x) for x in self.grid[usable])
+            self._points = (xs, tuple(float(y) for y in monotone(medians, weights)))
+            self.measured = True
+        if self.measured:
+            offsets = {}
+            for batch, (ring, seen) in self._batches.items():
+                if seen[0] >= self.min_samples:
+                    steps = ring[: min(seen[0], len(ring))]
+                    offsets[batch] = float(np.median(steps[:, 1] - interpolate(*self._points, steps[:, 0])))
+            self._offsets = offsets
 
     def calibrate(self, runner: Any, *, sizes: Sequence[int] = CALIBRATION_SIZES, reps: int = 3,
                   prefix_len: int = 512, seed: int = 0) -> None:  # fmt: skip
@@ -162,10 +185,14 @@ class StepCostFit:
         self.calibrated = self.measured
 
     # ---- the budget's view ---------------------------------------------------------------------------
-    def cost(self, num_draft: np.ndarray) -> np.ndarray:
-        """Cost of steps with ``num_draft`` rows beyond the first (vectorised; seconds once measured)."""
+    def cost(self, num_draft: np.ndarray, batch: int = 1) -> np.ndarray:
+        """Cost of steps of ``batch`` requests with ``num_draft`` rows beyond the first (vectorised;
+        seconds once measured): the table's price of the rows plus the batch size's offset. A step is
+        never priced below a tenth of the table's cheapest (an offset fitted on a busier host)."""
         xs, ys = self._points
-        return interpolate(xs, ys, num_draft)
+        rows = interpolate(xs, ys, num_draft)
+        offset = self._offsets.get(batch, 0.0)
+        return np.maximum(rows + offset, 0.1 * ys[0]) if offset else rows
 
     def table(self) -> list[tuple[int, float, int]]:
         """The fitted points: (rows beyond the first, seconds, steps recorded there)."""
@@ -173,6 +200,10 @@ class StepCostFit:
             return []
         xs, ys = self._points
         return [(int(x), y, int(self._counts[self._bucket[int(x)]])) for x, y in zip(xs, ys)]
+
+    def offsets(self) -> dict[int, tuple[float, int]]:
+        """Each batch size's offset: (seconds beyond the table, steps recorded at that size)."""
+        return {b: (o, self._batches[b][1][0]) for b, o in sorted(self._offsets.items())}
 
     def report(self) -> dict[str, Any]:
         """The fitted model as plain values (``reprise bench verify --json``)."""
@@ -187,4 +218,5 @@ class StepCostFit:
                  "steps": n}
                 for x, y, n in table
             ],
+            "batch_offsets": [{"batch": b, "ms": round(1000 * o, 2), "steps": n} for b, (o, n) in self.offsets().items()],
         }  # fmt: skip

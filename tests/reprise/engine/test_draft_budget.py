@@ -49,6 +49,28 @@ def test_confident_chain_is_kept_and_doubtful_one_is_cut() -> None:
     assert len(DraftBudget(adaptive=False).choose(middling, 32)) == 30
 
 
+def test_batch_width_is_chosen_for_the_padded_batch() -> None:
+    """The own engine pads every request to the widest draft: one sure tree among seven requests with
+    nothing to draft would make all eight pay for its rows, so the batch's width stays 0; when all eight
+    are sure, they all verify wide trees. One request alone is ``select``'s cut."""
+    budget = DraftBudget(cost_model=CostModel(a=66.0, b=3.4))
+    sure, empty = tree_of([0.99] * 20), DraftTree.empty()
+    alone_in_share = budget.select(sure, 32, batch_size=8)
+    assert len(alone_in_share) == 20  # its share of a flattened batch pays for it
+    keeps = budget.select_batch([sure] + [empty] * 7, [32] * 8, [1.0] * 8)
+    assert [len(k) for k in keeps] == [0] * 8
+    keeps = budget.select_batch([sure] * 8, [32] * 8, [1.0] * 8)
+    assert len({len(k) for k in keeps}) == 1 and len(keeps[0]) >= 10
+    middling = tree_of([0.7] * 30)
+    for tree in (sure, middling, tree_of([0.05] * 20)):
+        assert budget.select_batch([tree], [32], [1.0])[0].tolist() == budget.select(tree, 32).tolist()
+    # Requests fill the chosen width with their own best nodes, each up to its own limit.
+    keeps = budget.select_batch([sure, sure, middling], [32, 4, 32], [1.0, 1.0, 1.0])
+    width = len(keeps[0])
+    assert len(keeps[1]) == min(4, width) and len(keeps[2]) == min(30, width)
+    assert [len(k) for k in DraftBudget(adaptive=False).select_batch([sure, middling], [32, 5], [1.0, 1.0])] == [20, 5]
+
+
 def test_choice_keeps_parents_and_best_branches() -> None:
     # root children: 0 (p .9) and 1 (p .2); 2 under 0 (.9); 3 under 1 (.9); 4 under 2 (.1)
     tree = tree_of([0.9, 0.2, 0.9, 0.9, 0.1], parents=[-1, -1, 0, 1, 2])
@@ -126,14 +148,14 @@ def test_larger_batches_keep_fewer_draft_tokens() -> None:
     assert len(budget.choose(tree_of([0.5] * 8), 8, batch_size=64)) < len(budget.choose(tree_of([0.5] * 8), 8))
 
 
-def test_the_engine_tells_the_budget_its_batch_size() -> None:
-    seen: list[int] = []
+def test_the_engine_cuts_its_whole_batch_to_one_width() -> None:
+    seen: list[tuple[int, set[int]]] = []
 
     class Spy(DraftBudget):
-        def select(self, tree, max_nodes, scale=1.0, batch_size=1):
-            seen.append(batch_size)
-            return super().select(tree, max_nodes, scale, batch_size)
-
+        def select_batch(self, trees, max_nodes, scales):
+            keeps = super().select_batch(trees, max_nodes, scales)
+            seen.append((len(trees), {len(k) for k, t in zip(keeps, trees) if len(t) > len(k)}))
+            return keeps
 
     model = tiny_model("llama", vocab_size=64, seed=1)
     engine = Engine(ModelRunner(model, num_slots=3, max_len=64), make_proposer("prompt_lookup"), None,
@@ -144,4 +166,5 @@ def test_the_engine_tells_the_budget_its_batch_size() -> None:
                for i in range(3)]
     engine.run_until_idle()
     assert all(len(h.wait().token_ids) == 4 for h in handles)
-    assert seen and max(seen) == 3
+    assert seen and max(n for n, _ in seen) == 3
+    assert all(len(cut) <= 1 for _, cut in seen)  # every tree the budget cut was cut to the same width

@@ -40,6 +40,29 @@ def test_more_rows_never_cost_less_and_old_steps_leave_the_window() -> None:
     assert fit.table()[1][1] == pytest.approx(0.085)
 
 
+def test_a_batch_pays_its_own_offset_over_the_single_request_table() -> None:
+    """Eight requests of one row each read eight prefixes: a step dearer than one request's step of
+    eight rows. Batched steps leave the table alone and price their batch size's offset."""
+    fit = StepCostFit(window=4, min_samples=2, refresh_every=1000)
+    for rows, seconds in ((0, 0.010), (0, 0.010), (7, 0.014), (7, 0.014), (16, 0.020), (16, 0.020)):
+        fit.observe(rows, seconds)
+    for seconds in (0.030, 0.031, 0.032):
+        fit.observe(7, seconds, batch=8)  # plain steps of eight requests
+    fit.observe(15, 0.036, batch=8)  # one draft token each
+    fit.refit()
+    assert [(x, y) for x, y, _ in fit.table()] == [(0, 0.010), (7, 0.014), (16, 0.020)]  # single requests only
+    fifteen = 0.014 + 8 / 9 * 0.006  # the table between its points 7 and 16
+    offset = float(np.median([0.016, 0.017, 0.018, 0.036 - fifteen]))
+    assert fit.offsets() == {8: (pytest.approx(offset), 4)}
+    assert fit.cost(np.array([7]), batch=8)[0] == pytest.approx(0.014 + offset)
+    assert fit.cost(np.array([7]))[0] == pytest.approx(0.014)
+    assert fit.cost(np.array([7]), batch=4)[0] == pytest.approx(0.014)  # no step of four yet: the table
+    assert [o["batch"] for o in fit.report()["batch_offsets"]] == [8]
+    # The budget weighs a batch's draft rows against its own plain step: relatively cheaper here.
+    budget = DraftBudget(cost_model=fit)
+    assert budget.share(np.array([1]), 8)[0] == pytest.approx((fifteen + offset) / 8)
+
+
 def test_a_noisy_point_pools_with_its_neighbours_instead_of_lifting_them_to_itself() -> None:
     values = np.array([1.0, 1.1, 2.5, 1.3, 1.4, 1.6])  # the third point caught a busy moment
     assert monotone(values, np.ones(6)).tolist() == pytest.approx([1.0, 1.1, 1.7, 1.7, 1.7, 1.7])
