@@ -75,6 +75,9 @@ def add_arguments(parser) -> None:
            "build takes them, and as `reprise serve`'s model.num_threads does)")
     a("--methods", default=",".join(METHODS), help=f"comma-separated subset of {','.join(METHODS)}")
     a("--eager", action="store_true", help="vLLM without graph compilation (starts faster, decodes slower)")
+    a("--rerank-head", type=Path, metavar="CHECKPOINT",
+      help="a Medusa head (`reprise train-drafter --kind mtp --mtp-style medusa`) whose first head ranks the "
+           "chain's roots by the token after next: the headroom adds what that re-rank would get (reranked_head)")
     a("--json", action="store_true", help="print the figures as JSON")
     a("--out", type=Path, help="also write the JSON here, rewritten after every method")
 
@@ -89,6 +92,14 @@ def run(args) -> int:
             raise CliError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.call_index < 0:
         raise CliError(f"--call-index must be >= 0, got {args.call_index}")
+    rerank_head = None
+    if args.rerank_head is not None:
+        from reprise.backends.vllm.first_token import load_rerank_head
+
+        try:
+            rerank_head = load_rerank_head(args.rerank_head)
+        except (OSError, ValueError, KeyError) as exc:
+            raise CliError(f"--rerank-head {args.rerank_head}: {exc}") from None
     levels = in_flight_levels(args.in_flight)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     unknown = sorted(set(methods) - set(METHODS))
@@ -157,7 +168,7 @@ def run(args) -> int:
 
                 target = load_model(folder, num_threads=1)
             report.setdefault("headroom", {})[trace] = _headroom(prompts, plain_outputs, tokenizer,
-                                                                 args.speculative_tokens, target)
+                                                                 args.speculative_tokens, target, rerank_head)
             save()
         if isinstance(runners.get("vllm_reprise"), _Vllm):  # degraded steps would read as "no draft"
             report["proposer_health"] = runners["vllm_reprise"].engine.rpc("reprise_health")[0]
@@ -421,7 +432,7 @@ def _summarise(outputs: dict[str, Any], calls: dict[str, Any], levels: tuple[int
 
 
 def _headroom(prompts: list[list[int]], outputs: list[list[int]], tokenizer: Any, budget: int,
-              target: Any = None) -> dict[str, Any]:
+              target: Any = None, rerank_head: Any = None) -> dict[str, Any]:
     """Tokens per step a chain replay of vLLM plain's outputs gets from Reprise's proposer (history
     empty at first, each call recorded as it ends, as in the passes), and what better first tokens would
     get (``replay_traces.headroom``): how much of these outputs the history can predict at all.
@@ -430,7 +441,9 @@ def _headroom(prompts: list[list[int]], outputs: list[list[int]], tokenizer: Any
     first token been re-ranked by the target's logits as vLLM + Reprise does it
     (``first_token.FirstTokenRerank``, the logits the previous token was chosen from, computed here by
     one forward pass over each call), and ``first_token_right``: the share of steps whose first draft
-    token is right as drafted, as re-ranked, and for the best root (an oracle)."""
+    token is right as drafted, as re-ranked, and for the best root (an oracle). With ``rerank_head``
+    (``first_token.load_rerank_head``) also ``reranked_head``: the roots ranked by that head's logits
+    for the token after next instead."""
     import numpy as np
 
     from replay_traces.replay import StepTally, decode_response
@@ -443,26 +456,35 @@ def _headroom(prompts: list[list[int]], outputs: list[list[int]], tokenizer: Any
     observer = _RerankHeadroom(budget, FIRST_TOKEN)
     tally = StepTally()
     for prompt, output in zip(prompts, outputs):
-        observer.logits = _choice_logits(target, prompt, output) if target is not None else None
+        observer.logits, observer.head_logits = (_choice_logits(target, prompt, output, rerank_head)
+                                                 if target is not None else (None, None))
         session = chains.begin(TENANT, "", np.asarray(prompt, dtype=np.int32))
         decode_response(session, np.asarray(output, dtype=np.int32), budget, tally, "headroom", observer.observe)
         session.finish(record=True)
     figures: dict[str, Any] = {name: round(tau, 3) for name, tau in observer.chains.taus().items()}
     if target is not None and observer.steps:
         figures["reranked"] = round(observer.reranked_tokens / observer.steps, 3)
+        if rerank_head is not None:
+            figures["reranked_head"] = round(observer.head_tokens / observer.steps, 3)
         figures["first_token_right"] = {name: round(n / observer.steps, 3) for name, n in observer.right.items()}
     return figures
 
 
-def _choice_logits(target: Any, prompt: list[int], output: list[int]) -> Any:
+def _choice_logits(target: Any, prompt: list[int], output: list[int], head: Any = None) -> tuple[Any, Any]:
     """The target's logits each output token was chosen from ([len(output), vocab] float32): row ``j``
-    from the position before ``output[j]``."""
+    from the position before ``output[j]``; with ``head`` (a re-rank head) also the logits of that head's
+    features at the same positions (else None)."""
     import torch
 
     ids = torch.tensor([list(prompt) + list(output[:-1])])
     with torch.inference_mode():
-        logits = target.model(ids).logits[0, len(prompt) - 1:]
-    return logits.float().numpy()
+        out = target.model(ids, output_hidden_states=True) if head is not None else target.model(ids)
+        logits = out.logits[0, len(prompt) - 1:].float()
+        if head is None:
+            return logits.numpy(), None
+        hidden = out.hidden_states[-1][0, len(prompt) - 1:].float()  # after the final norm, as vLLM's
+        head_logits = target.model.get_output_embeddings()(head(hidden).to(out.logits.dtype)).float()
+    return logits.numpy(), head_logits.numpy()
 
 
 class _RerankHeadroom:
@@ -477,7 +499,9 @@ class _RerankHeadroom:
         self.rerank = rerank
         self.steps = 0
         self.logits: Any = None
+        self.head_logits: Any = None  # the re-rank head's logits, as ``logits`` (None: no head)
         self.reranked_tokens = 0
+        self.head_tokens = 0
         self.right = {"drafted": 0, "reranked": 0, "any_root": 0}
 
     def observe(self, session: Any, target: list[int], pos: int) -> None:
@@ -490,17 +514,26 @@ class _RerankHeadroom:
         self.steps += 1
         tree, left = session.tree, len(target) - pos
         paths, values = root_paths(tree, self.budget)
-        got = 0
+        got = got_head = 0
         if paths:
             roots = tree.token_ids[[int(p[0]) for p in paths]]
+
+            def accepted(pick: int) -> int:
+                path = paths[pick]
+                return len(accepted_path(tree.token_ids[path].tolist(), list(range(-1, len(path) - 1)), target, pos))
+
             # In vLLM the step's last token was chosen from these logits; the first step has none.
             pick = self.rerank.choose(values, self.logits[pos - 1][roots]) if pos > 0 else 0
-            path = paths[pick]
-            got = len(accepted_path(tree.token_ids[path].tolist(), list(range(-1, len(path) - 1)), target, pos))
+            got = accepted(pick)
             self.right["drafted"] += int(roots[0] == target[pos])
             self.right["reranked"] += int(roots[pick] == target[pos])
             self.right["any_root"] += int(target[pos] in roots.tolist())
+            if self.head_logits is not None:
+                pick = self.rerank.choose(values, self.head_logits[pos - 1][roots]) if pos > 0 else 0
+                got_head = accepted(pick)
+                self.right["reranked_head"] = self.right.get("reranked_head", 0) + int(roots[pick] == target[pos])
         self.reranked_tokens += min(got + 1, left)
+        self.head_tokens += min(got_head + 1, left)
 
 
 def _drafting(steps: list[tuple[str, int, int, str]]) -> dict[str, float]:

@@ -14,11 +14,19 @@ sampled from and ``W`` the target's output embedding:
 
 ``weight`` 0 is the drafter's own choice; large weights follow the target's ranking of the roots.
 Computing the logits of a handful of rows costs a few dot products per request.
+
+The next-token logits only hint at the token after next. A Medusa head trained on the target's own
+states predicts it (``reprise train-drafter --kind mtp --mtp-style medusa``: head 1 on ``h_t`` is trained
+against the target's greedy token ``t + 2``); with one (``load_rerank_head``), ``h`` becomes that head's
+feature ``h + SiLU(W1 h + b1)`` before the product with ``W`` (one ``d x d`` matrix-vector product per
+request and step). An untrained Medusa block is the identity, so the head starts as the logits re-rank.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -49,3 +57,17 @@ class FirstTokenRerank:
         log_belief -= np.log(np.exp(log_belief).sum())
         score = np.log(np.maximum(np.asarray(values[:k], dtype=np.float64), 1e-9)) + self.weight * log_belief
         return int(np.argmax(score))
+
+
+def load_rerank_head(path: str | Path) -> Any:
+    """The first Medusa block of a ``reprise train-drafter --kind mtp --mtp-style medusa`` checkpoint (a
+    checkpoint folder or its parent ``OUT``): a float32 module from the hidden state a token was sampled
+    from to features whose logits rank the token after it. ValueError for a checkpoint of another kind."""
+    from neural_drafters.checkpoint import load_head
+    from neural_drafters.heads import MedusaHead
+
+    head, _ = load_head(path)
+    if not isinstance(head, MedusaHead):
+        raise ValueError(f"{path}: a {type(head).__name__} checkpoint; re-ranking the first token needs a Medusa "  # noqa: TRY004 - the file is wrong, not the caller's type
+                         "head (reprise train-drafter --kind mtp --mtp-style medusa)")
+    return head.blocks[0].float().eval()

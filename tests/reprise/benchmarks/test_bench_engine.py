@@ -300,6 +300,69 @@ def test_headroom_reranks_the_first_token_by_the_targets_logits() -> None:
     assert np.isclose(figures["chain"], bench._headroom([prompt] * 4, outputs, Chars(), budget=8)["chain"])
 
 
+def test_headroom_reranks_by_a_head_for_the_token_after_next() -> None:
+    """The target's own logits favour X (the drafter's choice too, wrongly); a re-rank head that reads
+    the same hidden states and predicts Y moves the chain to Y: ``reranked_head`` beats ``reranked``."""
+    import torch
+
+    class Chars:
+        def decode(self, ids):
+            return chr(ids[0])
+
+        def __len__(self):
+            return 256
+
+    class Model:  # what _choice_logits reads: model(ids, output_hidden_states=True), the output embedding
+        out = torch.nn.Linear(256, 256, bias=False)
+        out.weight.data = torch.eye(256)
+
+        def __call__(self, ids, output_hidden_states=False):
+            hidden = torch.zeros(1, ids.shape[1], 256)  # the top state after the final norm: favours X
+            hidden[..., ord("X")] = 5.0
+            return type("Out", (), {"logits": self.out(hidden), "hidden_states": (hidden,)})()
+
+        def get_output_embeddings(self):
+            return self.out
+
+    target = type("Target", (), {"model": Model()})()
+    swap = [ord("Y") if i == ord("X") else ord("X") if i == ord("Y") else i for i in range(256)]
+
+    def to_y(hidden):  # a head whose feature for the token after next is Y's
+        return hidden[..., swap]
+
+    prompt = [ord(c) for c in "q:"]
+    outputs = [[ord(c) for c in text] for text in ("1XXXXXXXX", "2XXXXXXXX", "3YYYYYYYY", "4YYYYYYYY")]
+    figures = bench._headroom([prompt] * 4, outputs, Chars(), budget=8, target=target, rerank_head=to_y)
+    right = figures["first_token_right"]
+    assert right["reranked_head"] > right["reranked"]
+    assert figures["reranked_head"] > figures["reranked"]
+    assert "reranked_head" not in bench._headroom([prompt] * 4, outputs, Chars(), budget=8, target=target)
+
+
+def test_the_rerank_head_is_a_medusa_checkpoints_first_block(tmp_path) -> None:
+    import torch
+
+    from neural_drafters.checkpoint import save_checkpoint
+    from neural_drafters.config import HeadConfig
+    from neural_drafters.heads import build_head
+    from reprise.backends.vllm.first_token import load_rerank_head
+
+    def config(kind: str) -> HeadConfig:
+        return HeadConfig(kind=kind, hidden_size=8, num_attention_heads=2, num_key_value_heads=1, head_dim=4,
+                          intermediate_size=16, vocab_size=32, draft_vocab_size=32, num_heads=2 if kind == "medusa" else 1)
+
+    medusa = build_head(config("medusa"))
+    with torch.no_grad():
+        medusa.blocks[0].linear.weight.fill_(0.5)
+    save_checkpoint(tmp_path / "medusa", medusa, step=1)
+    block = load_rerank_head(tmp_path / "medusa")
+    h = torch.randn(3, 8)
+    assert torch.allclose(block(h), h + torch.nn.functional.silu(h @ torch.full((8, 8), 0.5).T))
+    save_checkpoint(tmp_path / "eagle", build_head(config("eagle")), step=1)
+    with pytest.raises(ValueError, match="needs a Medusa head"):
+        load_rerank_head(tmp_path / "eagle")
+
+
 def test_savings_check_sets_the_steps_estimate_beside_the_measured_speedup() -> None:
     plain = [[1, 2, 3, 4, 5, 6, 7, 8]]
     reprise = _result(2.0, plain)
