@@ -232,3 +232,9 @@ class _EngineCollector:
             for rows, seconds, _ in fit.table():
                 cost.add_metric([str(rows)], seconds)
             yield cost
+            offset = GaugeMetricFamily("reprise_step_cost_batch_offset_seconds",
+                                       "Fitted time a step of this many requests pays beyond the table's price of "
+                                       "its rows (reading each request's cached prefix)", labels=["batch"])
+            for batch, (seconds, _) in fit.offsets().items():
+                offset.add_metric([str(batch)], seconds)
+            yield offset

@@ -7,6 +7,7 @@ import json
 import re
 from pathlib import Path
 
+import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from reprise.server.metrics import ServiceMetrics
@@ -81,8 +82,9 @@ def test_savings_counters_are_service_wide() -> None:
     assert s[("reprise_engine_plain_seconds_total", (("phase", "prefill"),))] == 3.0
 
 
-def watching_an_engine() -> ServiceMetrics:
-    """Metrics of a service whose engine has a prefix cache and a fitted step cost (a tiny model)."""
+def watching_an_engine(engines: list | None = None) -> ServiceMetrics:
+    """Metrics of a service whose engine has a prefix cache and a fitted step cost (a tiny model); the
+    engine is appended to ``engines`` when given."""
     from reprise.engine.engine import Engine
     from retrieval.registry import make_proposer
     from verifier.runner import ModelRunner
@@ -90,7 +92,10 @@ def watching_an_engine() -> ServiceMetrics:
 
     runner = ModelRunner(tiny_model("llama", vocab_size=64), max_len=96, max_draft_nodes=4, prefix_cache_bytes=1 << 20)
     m = ServiceMetrics()
-    m.watch_engine(Engine(runner, make_proposer("prompt_lookup")))
+    engine = Engine(runner, make_proposer("prompt_lookup"))
+    m.watch_engine(engine)
+    if engines is not None:
+        engines.append(engine)
     return m
 
 
@@ -101,6 +106,18 @@ def test_the_engines_prefix_cache_and_step_cost_are_exported() -> None:
     assert s[("reprise_prefix_cache_queries_total", ())] == 0
     costs = {dict(labels)["extra_rows"]: v for (name, labels), v in s.items() if name == "reprise_step_cost_seconds"}
     assert set(costs) >= {"0", "1", "4"} and all(v > 0 for v in costs.values())
+    assert not any(name == "reprise_step_cost_batch_offset_seconds" for name, _ in s)  # no batch has run yet
+
+
+def test_each_batch_sizes_step_cost_offset_is_exported() -> None:
+    engines: list = []
+    m = watching_an_engine(engines)
+    fit = engines[0].step_costs
+    for _ in range(fit.refresh_every):
+        fit.observe(3, 2 * float(fit.cost(np.array([3]))[0]), batch=4)  # four requests: twice four rows' price
+    offsets = {dict(labels)["batch"]: v for (name, labels), v in samples(m).items()
+               if name == "reprise_step_cost_batch_offset_seconds"}
+    assert list(offsets) == ["4"] and offsets["4"] > 0
 
 
 def test_dashboards_use_only_exported_metrics() -> None:
