@@ -184,7 +184,6 @@ class _Draft:
     token_mask: Any = None
 
 
-
 @dataclass(slots=True)
 class _NotStored:
     """The ticket of a turn the history sink failed to take: waiting on it says it was not stored."""
