@@ -98,8 +98,9 @@ class StepCostFit:
         self.clock_name = clock_name
         self._samples = np.full((len(self.grid), window), np.nan)  # [grid, window] seconds, a ring per point
         self._counts = np.zeros(len(self.grid), dtype=np.int64)
-        # Batch size -> (ring of [rows beyond the first, seconds] of its last 2 * window steps, steps seen).
-        self._batches: dict[int, tuple[np.ndarray, list[int]]] = {}
+        # Batch size -> ring of [rows beyond the first, seconds] of its last 2 * window steps; steps seen.
+        self._batch_steps: dict[int, np.ndarray] = {}
+        self._batch_seen: dict[int, int] = {}
         self._offsets: dict[int, float] = {}  # batch size -> seconds a step pays beyond the table; whole, as _points
         self._pending = 0
         self.calibrated = False
@@ -125,9 +126,10 @@ class StepCostFit:
     def observe(self, extra_rows: int, seconds: float, batch: int = 1) -> None:
         """One step of ``batch`` requests and ``extra_rows`` rows beyond the first took ``seconds``."""
         if batch > 1:
-            ring, seen = self._batches.setdefault(batch, (np.full((2 * self.window, 2), np.nan), [0]))
-            ring[seen[0] % len(ring)] = (extra_rows, seconds)
-            seen[0] += 1
+            ring = self._batch_steps.setdefault(batch, np.full((2 * self.window, 2), np.nan))
+            seen = self._batch_seen.get(batch, 0)
+            ring[seen % len(ring)] = (extra_rows, seconds)
+            self._batch_seen[batch] = seen + 1
         else:
             i = self._bucket[min(max(extra_rows, 0), len(self._bucket) - 1)]
             self._samples[i, self._counts[i] % self.window] = seconds
@@ -150,9 +152,10 @@ class StepCostFit:
             self.measured = True
         if self.measured:
             offsets = {}
-            for batch, (ring, seen) in self._batches.items():
-                if seen[0] >= self.min_samples:
-                    steps = ring[: min(seen[0], len(ring))]
+            for batch, ring in self._batch_steps.items():
+                seen = self._batch_seen[batch]
+                if seen >= self.min_samples:
+                    steps = ring[: min(seen, len(ring))]
                     offsets[batch] = float(np.median(steps[:, 1] - interpolate(*self._points, steps[:, 0])))
             self._offsets = offsets
 
@@ -203,7 +206,7 @@ class StepCostFit:
 
     def offsets(self) -> dict[int, tuple[float, int]]:
         """Each batch size's offset: (seconds beyond the table, steps recorded at that size)."""
-        return {b: (o, self._batches[b][1][0]) for b, o in sorted(self._offsets.items())}
+        return {b: (o, self._batch_seen[b]) for b, o in sorted(self._offsets.items())}
 
     def report(self) -> dict[str, Any]:
         """The fitted model as plain values (``reprise bench verify --json``)."""
