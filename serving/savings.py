@@ -14,7 +14,8 @@ A tenant's ``Savings`` sums them; ``speedup`` = (plain decode + plain prefill) /
 ``seconds_saved`` the difference, split into drafts and cache. The seconds are those of the engine's
 cost clock (CPU time of the engine thread on a one-thread CPU host, wall time otherwise), the same clock
 for both sides of every ratio. Where the engine has no measured cost model yet, a step's plain estimate
-is its own measured time (it counts as no saving rather than as a guess). docs/service.md says where
+is its own measured time (it counts as no saving rather than as a guess); vLLM's worker holds such
+steps until its step cost is measured and prices them then. docs/service.md says where
 the estimate can be wrong and how far it was from a measurement.
 """
 

@@ -18,7 +18,7 @@ from typing import Any
 from reprise.engine.engine import StepReport
 from reprise.engine.request import GenerationResult
 from serving.admin import TenantStats
-from serving.savings import Savings
+from serving.savings import RequestCost, Savings
 
 MAX_POSITIONS = 64
 
@@ -66,6 +66,12 @@ class TenantAccounting:
                     name = r.source or "unknown"
                     c.drafter_steps[name] = c.drafter_steps.get(name, 0) + 1
 
+    def record_costs(self, tenant: str, cost: RequestCost, num_tokens: int) -> None:
+        """A step's costs that come after its counts (a step vLLM's worker priced late), not a step."""
+        with self._lock:
+            c = self._counts.setdefault(tenant, _Counts())
+            c.savings = c.savings.add_step(cost, num_tokens)
+
     def record_request(self, tenant: str) -> None:
         with self._lock:
             self._counts.setdefault(tenant, _Counts()).num_requests += 1
@@ -108,6 +114,12 @@ class StepMeter:
                                           r.match_len if r.propose_seconds is not None else None,
                                           skipped=not r.speculated)
                 self.metrics.observe_costs(r.cost, r.prefill)
+
+    def on_late_costs(self, tenant: str, cost: RequestCost, num_tokens: int) -> None:
+        """Costs of a step already counted (``TenantAccounting.record_costs``)."""
+        self.accounting.record_costs(tenant, cost, num_tokens)
+        if self.metrics is not None:
+            self.metrics.observe_costs(cost)
 
     def on_finish(self, result: GenerationResult) -> None:
         self.accounting.record_request(result.request.tenant)

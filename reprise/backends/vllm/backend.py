@@ -317,13 +317,18 @@ class VllmBackend:
             return 0
         with self._drain_lock:
             raw = self.engine.rpc("reprise_drain_steps")[0]
-            steps = [StepRecord.from_wire(item) for item in raw]
+            records = [StepRecord.from_wire(item) for item in raw]
+            steps = [s for s in records if not s.late]
             if steps and self._meter is not None:
                 self._meter.on_step([StepReport(s.tenant, s.num_draft, s.num_accepted, s.source, 0, None, True,
                                                 s.num_tokens, RequestCost(s.seconds, s.plain_seconds)
                                                 if s.num_tokens else None,
                                                 RequestCost(s.prefill_seconds, s.plain_prefill_seconds)
                                                 if s.prefill_seconds > 0 else None) for s in steps])
+            if self._meter is not None:
+                for s in records:
+                    if s.late:
+                        self._meter.on_late_costs(s.tenant, RequestCost(s.seconds, s.plain_seconds), s.num_tokens)
         return len(raw)
 
     def health(self) -> dict[str, int]:

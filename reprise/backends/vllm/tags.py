@@ -36,7 +36,7 @@ class RequestTag:
         return cls(raw["tenant"], str(raw.get("session") or ""), bool(raw.get("speculate", True)))
 
 
-StepWire = tuple[str, int, int, str, int, float, float, float, float]  # a StepRecord as vLLM's RPC carries it
+StepWire = tuple[str, int, int, str, int, float, float, float, float, bool]  # a StepRecord as vLLM's RPC carries it
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +46,9 @@ class StepRecord:
     (``proposer.RepriseVllmProposer._time_step``) also the tokens it committed, its share of the step's
     seconds and the plain-step estimate of those tokens (serving/savings.py), or, on a step that
     prefilled its prompt (or a chunk of it), that share as prefill seconds against the same plus what
-    prefilling its cached prompt tokens would have cost; 0 otherwise."""
+    prefilling its cached prompt tokens would have cost; 0 otherwise. ``late``: the costs of a step
+    whose drafts and counts went out earlier (a step priced once vLLM's step cost was measured:
+    ``proposer.RepriseVllmProposer._hold``), not a step of its own."""
 
     tenant: str
     num_draft: int
@@ -57,13 +59,14 @@ class StepRecord:
     plain_seconds: float = 0.0
     prefill_seconds: float = 0.0
     plain_prefill_seconds: float = 0.0
+    late: bool = False
 
     def to_wire(self) -> StepWire:
         return (self.tenant, self.num_draft, self.num_accepted, self.source, self.num_tokens, self.seconds,
-                self.plain_seconds, self.prefill_seconds, self.plain_prefill_seconds)
+                self.plain_seconds, self.prefill_seconds, self.plain_prefill_seconds, self.late)
 
     @classmethod
     def from_wire(cls, raw: Any) -> StepRecord:
-        tenant, num_draft, num_accepted, source, num_tokens, seconds, plain_seconds, prefill, plain_prefill = raw
+        tenant, num_draft, num_accepted, source, num_tokens, seconds, plain_seconds, prefill, plain_prefill, late = raw
         return cls(str(tenant), int(num_draft), int(num_accepted), str(source), int(num_tokens), float(seconds),
-                   float(plain_seconds), float(prefill), float(plain_prefill))
+                   float(plain_seconds), float(prefill), float(plain_prefill), bool(late))

@@ -12,6 +12,7 @@ from reprise.server.metering import StepMeter, TenantAccounting
 from reprise.server.metrics import ServiceMetrics
 from retrieval.draft_tree import DraftTree
 from retrieval.registry import make_proposer
+from serving.savings import RequestCost
 from verifier.runner import ModelRunner
 from verifier.testing import hf_greedy
 
@@ -29,6 +30,21 @@ def test_accounting_figures() -> None:
     assert s.drafter_steps == {"reprise": 2, "corpus": 1}
     acc.forget("t")
     assert acc.stats("t").num_steps == 0
+
+
+def test_late_costs_add_to_the_savings_without_counting_a_step() -> None:
+    """vLLM's worker sends a step's counts at once and, before its step cost is measured, its costs
+    later (``StepRecord.late``): they add seconds, plain seconds and tokens, and no step."""
+    accounting = TenantAccounting()
+    metrics = ServiceMetrics()
+    meter = StepMeter(accounting, metrics)
+    meter.on_step([StepReport("t", 4, 2, "reprise", 0, None, True)])
+    meter.on_late_costs("t", RequestCost(0.1, 0.3), 3)
+    s = accounting.stats("t")
+    assert (s.num_steps, s.num_drafted_steps, s.num_accepted_tokens) == (1, 1, 2)
+    assert s.savings.decode_seconds == 0.1 and s.savings.plain_decode_seconds == 0.3 and s.savings.num_tokens == 3
+    body = metrics.render()[0].decode()
+    assert 'reprise_engine_plain_seconds_total{phase="decode"} 0.3' in body
 
 
 class TruthSession:
