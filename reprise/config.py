@@ -183,7 +183,9 @@ class ModelConfig:
         "memory for the KV of finished requests, reused by later requests of the same tenant whose prompts "
         "start with the same tokens (least recently used blocks go first); 0 turns prefix reuse off"))
     drafter: str = field(default="", metadata=_help(
-        "proposer name from the retrieval registry; empty = the full Reprise proposer"))
+        "proposer name from the retrieval registry; empty = the full Reprise proposer; engine vllm: "
+        "reprise, or hybrid (retrieval, and a Medusa head's chains where retrieval expects fewer accepted "
+        "tokens than the tenant's hybrid_threshold; docs/vllm.md)"))
     engine: str = field(default="transformers", metadata=_help(
         "what decodes: transformers (Reprise's own engine, tree verification) or vllm (vLLM's engine with "
         "Reprise's proposer; needs the vllm extra, docs/vllm.md)"))

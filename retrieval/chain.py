@@ -130,7 +130,7 @@ class ChainSession:
     def __init__(self, inner: Any, tree_factor: int) -> None:
         self._inner = inner
         self._factor = tree_factor
-        self._nodes = np.zeros(0, dtype=np.int64)  # the tree node of each node of the last chain
+        self._nodes: np.ndarray | None = np.zeros(0, dtype=np.int64)  # the tree node of each node of the last chain (None: send_other)
         self.tree = DraftTree.empty()  # the tree the last chain was taken from
 
     def propose(self, budget: int) -> DraftTree:
@@ -160,8 +160,18 @@ class ChainSession:
             verify_only(chain)
         return chain
 
+    def send_other(self, chain: DraftTree) -> DraftTree:
+        """Send ``chain``, which is no path of the last proposed ``tree`` (another drafter's, e.g. a neural
+        fallback's): at commit the inner session is told that none of its tree was verified."""
+        self._nodes = None
+        return chain
+
     def commit(self, verified: Verified) -> None:
         """``verified.accepted`` names nodes of the chain; the inner session is told its tree's nodes."""
+        if self._nodes is None:  # the chain was another drafter's (``send_other``)
+            self._nodes = np.zeros(0, dtype=np.int64)
+            self._inner.commit(replace(verified, accepted=np.zeros(0, dtype=np.int32), draft_verified=False))
+            return
         accepted = self._nodes[np.asarray(verified.accepted, dtype=np.int64)].astype(np.int32)
         self._inner.commit(replace(verified, accepted=accepted))
 

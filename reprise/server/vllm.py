@@ -12,6 +12,7 @@ within ``server.index_memory_bytes``; the backend returned loads an evicted tena
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 from reprise.backends.vllm.attach import MAX_SPECULATIVE_TOKENS, attach_reprise, model_folder
@@ -47,6 +48,25 @@ class DrainingAccounting:
         return getattr(self.inner, name)
 
 
+VLLM_DRAFTERS = ("reprise", "hybrid")  # the model.drafter values the vllm engine drafts with
+
+
+def fallback_head(drafter: str) -> Path | None:
+    """The Medusa checkpoint of the neural fallback for ``model.drafter = "hybrid"``
+    (``$REPRISE_DRAFTER_CHECKPOINT``, else ``$REPRISE_HOME/drafters/default``, as the own engine's hybrid
+    drafter), or None: another drafter, or no checkpoint there (a warning: retrieval alone)."""
+    if drafter != "hybrid":
+        return None
+    from neural_drafters.proposers import default_checkpoint
+
+    path = default_checkpoint()
+    if not path.exists():
+        log.warning("model.drafter hybrid: no drafter checkpoint at %s (reprise train-drafter --kind mtp "
+                    "--mtp-style medusa --out %s): the vllm engine drafts by retrieval alone", path, path)
+        return None
+    return path
+
+
 def start_vllm(config: Any, store: Any, accounting: Any, metrics: Any, history_sink: Any,
                on_close: Any = None, on_fatal: Any = None, engine: VllmEngine | None = None) -> tuple[IndexedBackend, Any]:
     """The started vLLM backend and the ``TenantIndexes`` over the worker's drafting state. ``engine``:
@@ -55,10 +75,10 @@ def start_vllm(config: Any, store: Any, accounting: Any, metrics: Any, history_s
         return wire_vllm(engine, config, store, accounting, metrics, history_sink, on_close, on_fatal=on_fatal)
     m = config.model
     folder = model_folder(m.path)
-    drafting = (m.drafter or "reprise") == "reprise"
+    drafting = (m.drafter or "reprise") in VLLM_DRAFTERS
     if not drafting:
-        log.warning("model.drafter %r: the vllm engine drafts with Reprise's proposer only; drafting is off",
-                    m.drafter)
+        log.warning("model.drafter %r: the vllm engine drafts with Reprise's proposer (reprise, or hybrid "
+                    "with a Medusa head) only; drafting is off", m.drafter)
     engine = VllmEngine(VllmSettings(
         model=folder, dtype=resolve_dtype(m.dtype, m.device), max_model_len=m.max_len, max_num_seqs=m.num_slots,
         num_speculative_tokens=min(config.drafting.max_draft_tokens, MAX_SPECULATIVE_TOKENS),
@@ -81,7 +101,7 @@ def wire_vllm(engine: VllmEngine, config: Any, store: Any, accounting: Any, metr
     metered = DrainingAccounting(accounting)
     tenants = WorkerTenants(engine) if engine.settings.speculation == "reprise" else None
     if tenants is not None:
-        attach_reprise(engine, config.drafting, tokenizer)
+        attach_reprise(engine, config.drafting, tokenizer, fallback_head=fallback_head(config.model.drafter))
         tuned = apply_tenant_configs(tenants, store.list_tenants(), config.home)
         if tuned:
             log.info("%d tenants draft with their own tuned settings", tuned)

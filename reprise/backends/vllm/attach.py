@@ -36,9 +36,11 @@ def vocabulary(tokenizer: Any) -> list[str]:
 
 def attach_reprise(engine: VllmEngine, drafting: Any, tokenizer: Any, *, adaptive: bool = True,
                    stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S,
-                   first_token: FirstTokenRerank | None = FIRST_TOKEN) -> None:
+                   first_token: FirstTokenRerank | None = FIRST_TOKEN, fallback_head: str | Path | None = None) -> None:
     """Start Reprise's proposer in every worker with ``drafting`` (a ``DraftingConfig``); ``first_token``
-    re-ranks each chain's first token by the target's logits (None: the drafter's order)."""
+    re-ranks each chain's first token by the target's logits (None: the drafter's order);
+    ``fallback_head``: a Medusa checkpoint that drafts where retrieval has little (``fallback``)."""
     words = vocabulary(tokenizer) if tokenizer is not None else None
     rerank = (first_token.top, first_token.weight) if first_token is not None else None
-    engine.rpc("reprise_attach", drafting.to_dict(), words, CHAIN_TREE_FACTOR, stall_timeout_s, adaptive, rerank)
+    engine.rpc("reprise_attach", drafting.to_dict(), words, CHAIN_TREE_FACTOR, stall_timeout_s, adaptive, rerank,
+               str(fallback_head) if fallback_head is not None else None)

@@ -17,7 +17,8 @@ chains. Per step:
         plain-step estimate of its tokens: serving/savings.py) for the service's accounting, propose the
         next chain, its first token re-ranked by the target's own logits for the tree's roots
         (``first_token``: the hidden state the row's last token was sampled from, times the output
-        embedding's rows)
+        embedding's rows); where that chain expects little, a Medusa head's chain from the same hidden
+        state instead (``fallback``, when the engine was started with a head)
     cut each chain to what the batch pays for (``DraftBudget``: fewer, surer tokens as the batch grows,
         its probabilities scaled by how the request's own drafts fared: ``AcceptanceTracker``; its cost
         per verified row measured on this engine as it runs: ``step_cost.StepCostMeter``)
@@ -41,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from reprise.backends.vllm.fallback import NeuralFallback
 from reprise.backends.vllm.first_token import FirstTokenRerank
 from reprise.backends.vllm.step_cost import StepCostMeter, VllmStepCost
 from reprise.backends.vllm.tags import RequestTag, StepRecord, StepWire
@@ -53,6 +55,7 @@ log = logging.getLogger(__name__)
 DEFAULT_STALL_TIMEOUT_S = 1.0
 RECOVERY_STEPS = 16  # good steps in a row that end a failure episode (the next failure warns again)
 _MAX_PENDING_STEPS = 200_000  # step records kept for the service between two drains
+UNPRICED_HOLD_S = 120.0  # how long a steady step's record waits for a measured step cost before it goes out unpriced
 
 
 @dataclass(slots=True)
@@ -73,12 +76,14 @@ class _StepTime:
     """A step as the proposer timed it: its ``seconds``, each request's ``weights`` in it (rows verified
     on a steady step, tokens scheduled on one that prefilled), its ``batch_size``, and the cost of a plain
     step (one row per request) of that batch (None: a step that was not a steady one, or no price yet;
-    priced at its own time)."""
+    priced at its own time). ``unpriced``: a steady step before any step cost was measured, whose
+    records wait for one (``RepriseVllmProposer._hold``)."""
 
     seconds: float
     weights: dict[str, int]
     batch_size: int
     plain_step_seconds: float | None
+    unpriced: bool = False
 
     def cost(self, req_id: str, num_tokens: int) -> RequestCost:
         """The request's part of the step (its weight's) against the plain steps ``num_tokens`` would have
@@ -100,6 +105,7 @@ class ProposerHealth:
     skipped_steps: int = 0  # a stalled drafting call was still running
     warnings: int = 0
     reranked_steps: int = 0  # chains whose first token the target's logits changed
+    fallback_steps: int = 0  # chains the neural fallback drafted instead of retrieval
 
 
 class RepriseVllmProposer:
@@ -119,6 +125,8 @@ class RepriseVllmProposer:
         self._requests: dict[str, _Request] = {}
         self._steps: list[StepWire] = []
         self._steps_lock = threading.Lock()
+        self._unpriced: list[tuple[StepRecord, int, float]] = []  # (record, batch size, when): ``_hold``
+        self.unpriced_hold_s = UNPRICED_HOLD_S
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reprise-draft")
         self._running: Future[list[list[int]]] | None = None
         self._warned = False
@@ -129,6 +137,7 @@ class RepriseVllmProposer:
         self._scheduled: dict[str, int] = {}  # that step's scheduled tokens per request
         self._prefilling: set[str] = set()  # requests still prefilling their prompts
         self.first_token: FirstTokenRerank | None = None
+        self.fallback: NeuralFallback | None = None  # a Medusa head's chains where retrieval has little
         self._out_embed: Any = None  # the target's output embedding [vocab, hidden] (first_token)
         self._step_hidden: Any = None  # (sample_hidden_states, spec_decode_metadata) of the running step
         # (call time, batch, rows verified next, the call's own seconds)
@@ -219,7 +228,10 @@ class RepriseVllmProposer:
         if fit is not None and self.step_cost.num_steps % 32 == 0:  # the budgets price drafts by it from now
             self._cost, self._budgets = fit, {}
         weights = {r: 1 + len(self._requests[r].draft) if r in self._requests else 1 for r in req_ids}
-        return _StepTime(seconds, weights, batch, self.step_cost.plain_step(batch))
+        plain = self.step_cost.plain_step(batch)
+        if plain is not None and self._unpriced:
+            self._price_held()
+        return _StepTime(seconds, weights, batch, plain, unpriced=plain is None)
 
     def _budget_for(self, batch_size: int) -> DraftBudget | None:
         """The step budget at ``batch_size`` requests: the attached one, on the measured step cost once
@@ -240,13 +252,14 @@ class RepriseVllmProposer:
 
     def _row_hidden(self, sampled_token_ids: list[list[int]]) -> Any:
         """Each row's hidden state its last sampled token came from ([num_rows, hidden] float32 copy), or
-        None when the first-token re-rank is off or the step's states were not captured.
+        None when neither the first-token re-rank nor the neural fallback is on, or the step's states were
+        not captured.
 
         vLLM computes logits at ``num_draft_tokens + 1`` positions per row (one without a draft); a row
         that accepted ``a`` draft tokens sampled ``a + 1`` tokens, the last from position ``a`` of its
         run."""
         captured = self._step_hidden
-        if captured is None or self._out_embed is None or self.first_token is None:
+        if captured is None or self._out_embed is None or (self.first_token is None and self.fallback is None):
             return None
         import torch
 
@@ -315,11 +328,19 @@ class RepriseVllmProposer:
         if timed is not None and req_id in self._prefilling:  # its prompt's last chunk: prefill time
             seconds = timed.share(req_id)
             record = replace(record, num_tokens=len(new), prefill_seconds=seconds, plain_prefill_seconds=seconds)
+            self._record(record)
         elif timed is not None:  # its share of the step, and what its tokens would have cost in plain steps
             cost = timed.cost(req_id, len(new))
             record = replace(record, num_tokens=len(new), seconds=cost.seconds, plain_seconds=cost.plain_seconds)
+            if timed.unpriced:  # its counts now, its costs once they can be priced
+                self._record(replace(record, num_tokens=0, seconds=0.0, plain_seconds=0.0))
+                self._hold(StepRecord(req.tag.tenant, 0, 0, "", len(new), cost.seconds, cost.plain_seconds, late=True),
+                           timed.batch_size)
+            else:
+                self._record(record)
+        else:
+            self._record(record)
         self._prefilling.discard(req_id)
-        self._record(record)
         verified = Verified(new, np.arange(accepted, dtype=np.int32), draft_verified=len(req.draft) > 0)
         if req.chain is not None and req.tracker is not None:  # a request whose drafts fail verifies fewer
             req.tracker.update(req.chain, verified.accepted)
@@ -329,7 +350,11 @@ class RepriseVllmProposer:
         try:
             req.session.commit(verified)
             chain = req.session.propose(self.num_speculative_tokens)
-            return self._rerank(req.session, chain, hidden) if hidden is not None else chain
+            if hidden is not None and self.first_token is not None:
+                chain = self._rerank(req.session, chain, hidden)
+            if hidden is not None and self.fallback is not None:
+                chain = self._fall_back(req, chain, hidden)
+            return chain
         except Exception as exc:  # noqa: BLE001 - this request stops drafting; the others go on
             self.health.failed_steps += 1
             self._warn(f"Reprise drafting failed for a request of tenant {req.tag.tenant!r} "
@@ -357,6 +382,19 @@ class RepriseVllmProposer:
         self.health.reranked_steps += 1
         return session.send(top[pick])
 
+    def _fall_back(self, req: _Request, chain: Any, hidden: Any) -> Any:
+        """``chain``, or the neural fallback's chain where retrieval's expects fewer accepted tokens than
+        the tenant's ``hybrid_threshold`` and the head's expects more than retrieval's (``fallback``)."""
+        assert self.fallback is not None
+        config = self.tenants.tenant_config(req.tag.tenant) or self.tenants.config
+        if chain.score >= config.hybrid_threshold:
+            return chain
+        head = self.fallback.draft(hidden, self.num_speculative_tokens)
+        if head.score <= chain.score:
+            return chain
+        self.health.fallback_steps += 1
+        return req.session.send_other(head)
+
     def _begin(self, tag: RequestTag, prompt: np.ndarray) -> Any:
         from retrieval.chain import ChainSession
 
@@ -379,6 +417,26 @@ class RepriseVllmProposer:
             if len(self._steps) < _MAX_PENDING_STEPS:
                 self._steps.append(step.to_wire())
 
+    def _hold(self, step: StepRecord, batch_size: int) -> None:
+        """Keep the costs (a ``late`` record) of a steady step taken before vLLM's step cost was measured
+        (the meter needs ``min_steps`` steady steps) until it is: priced then at the plain step of its
+        batch size (``_price_held``), not at its own time, so that a fresh worker's first steps count what
+        they saved. The step's drafting counts went out at once. Costs still unpriced after
+        ``unpriced_hold_s`` go out at their own time (no saving claimed: ``drain_steps``)."""
+        with self._steps_lock:
+            if len(self._unpriced) < _MAX_PENDING_STEPS:
+                self._unpriced.append((step, batch_size, time.monotonic()))
+
+    def _price_held(self) -> None:
+        """Price the held records now that the meter has a step cost, and hand them to the service."""
+        with self._steps_lock:
+            held, self._unpriced = self._unpriced, []
+        for step, batch, _ in held:
+            plain = self.step_cost.plain_step(batch)
+            if plain is not None:
+                step = replace(step, plain_seconds=step.num_tokens * plain / max(batch, 1))
+            self._record(step)
+
     def _warn(self, message: str) -> None:
         if not self._warned:
             self._warned = True
@@ -388,7 +446,8 @@ class RepriseVllmProposer:
     # ---- the service's side (through the worker extension) -------------------------------------------
 
     def attach(self, runner: Any, tenants: Any, *, chain_factor: int, stall_timeout_s: float,
-               budget: DraftBudget | None, first_token: FirstTokenRerank | None = None) -> None:
+               budget: DraftBudget | None, first_token: FirstTokenRerank | None = None,
+               fallback: NeuralFallback | None = None) -> None:
         """Start drafting: ``runner`` names the batch's requests, ``tenants`` (a ``RepriseProposer``)
         holds every tenant's drafting state; with ``first_token``, each chain's first token is re-ranked
         by the target's logits (where the runner has a model with a whole output embedding)."""
@@ -398,15 +457,25 @@ class RepriseVllmProposer:
         self.stall_timeout_s = stall_timeout_s
         self._budget = budget
         _time_steps(runner, self)
-        self._out_embed = _output_embedding(runner) if first_token is not None else None
+        self._out_embed = _output_embedding(runner) if first_token is not None or fallback is not None else None
         self.first_token = first_token if self._out_embed is not None else None
-        if self.first_token is not None:
+        self.fallback = fallback if self._out_embed is not None else None
+        if self.fallback is not None:
+            self.fallback.bind(self._out_embed)
+        elif fallback is not None:
+            log.warning("the neural fallback needs the target's whole output embedding on this rank: it is off")
+        if self.first_token is not None or self.fallback is not None:
             _capture_hidden_states(runner, self)
 
-    def drain_steps(self) -> list[StepWire]:
-        """The step records since the last drain (wire form of ``StepRecord``)."""
+    def drain_steps(self, held: bool = False) -> list[StepWire]:
+        """The step records since the last drain (wire form of ``StepRecord``), with the held ones
+        (``_hold``) older than ``unpriced_hold_s`` at their own time; ``held``: all of them (a benchmark
+        that ends a pass wants its steps in it, priced or not)."""
+        cutoff = float("inf") if held else time.monotonic() - self.unpriced_hold_s
         with self._steps_lock:
-            steps, self._steps = self._steps, []
+            stale = [step for step, _, when in self._unpriced if when <= cutoff]
+            self._unpriced = [item for item in self._unpriced if item[2] > cutoff]
+            steps, self._steps = self._steps + [step.to_wire() for step in stale], []
         return steps
 
     def close(self) -> None:

@@ -60,10 +60,14 @@ class RepriseWorkerExtension:
         return drafter
 
     def reprise_attach(self, drafting: dict[str, Any], vocabulary: list[str] | None, chain_factor: int,
-                       stall_timeout_s: float, adaptive: bool, first_token: tuple[int, float] | None = None) -> int:
+                       stall_timeout_s: float, adaptive: bool, first_token: tuple[int, float] | None = None,
+                       fallback_head: str | None = None) -> int:
         """Start drafting with these settings; returns the draft length vLLM verifies at most.
         ``first_token`` (top, weight): re-rank each chain's first token by the target's logits
-        (``first_token.FirstTokenRerank``); None keeps the drafter's order."""
+        (``first_token.FirstTokenRerank``); None keeps the drafter's order. ``fallback_head``: a Medusa
+        checkpoint whose chains replace retrieval's where those expect little (``fallback``); a
+        checkpoint that does not load raises here, before any request."""
+        from reprise.backends.vllm.fallback import load_fallback
         from reprise.backends.vllm.first_token import FirstTokenRerank
         from reprise.engine.draft_budget import DraftBudget
         from retrieval.config import DraftingConfig
@@ -77,8 +81,9 @@ class RepriseWorkerExtension:
             tenants.set_vocabulary(lambda i: words[i] if 0 <= i < len(words) else "", len(words))
         budget = DraftBudget(max_draft_tokens=proposer.num_speculative_tokens, adaptive=adaptive)
         rerank = FirstTokenRerank(int(first_token[0]), float(first_token[1])) if first_token is not None else None
+        fallback = load_fallback(fallback_head) if fallback_head else None
         proposer.attach(self.model_runner, tenants, chain_factor=chain_factor, stall_timeout_s=stall_timeout_s,
-                        budget=budget, first_token=rerank)
+                        budget=budget, first_token=rerank, fallback=fallback)
         return int(proposer.num_speculative_tokens)
 
     def reprise_load(self, tenant: str, trajectories: list[tuple[str, bytes, bytes]], first: bool) -> int:
@@ -122,8 +127,10 @@ class RepriseWorkerExtension:
     def reprise_index_stats(self, tenant: str) -> dict[str, int]:
         return {k: int(v) for k, v in dataclasses.asdict(self._reprise_proposer().tenants.index_stats(tenant)).items()}
 
-    def reprise_drain_steps(self) -> list[StepWire]:
-        return self._reprise_proposer().drain_steps()
+    def reprise_drain_steps(self, held: bool = False) -> list[StepWire]:
+        """The step records since the last drain; ``held``: also those waiting for a step cost, at their
+        own time (``proposer.RepriseVllmProposer.drain_steps``)."""
+        return self._reprise_proposer().drain_steps(held)
 
     def reprise_health(self) -> dict[str, int]:
         return dataclasses.asdict(self._reprise_proposer().health)

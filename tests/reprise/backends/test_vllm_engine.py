@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import os
 import threading
 import uuid
@@ -54,15 +55,15 @@ def vllm_engine() -> Iterator[object]:
 class Stack:
     """A store, the history writer and the backend over the shared engine: what the service wires."""
 
-    def __init__(self, engine: object, home: Path, master_env: dict[str, str]) -> None:
+    def __init__(self, engine: object, home: Path, master_env: dict[str, str], drafter: str = "") -> None:
         from privacy import open_store
         from privacy.config import StoreConfig
-        from reprise.config import ServiceConfig
+        from reprise.config import ModelConfig, ServiceConfig
         from reprise.server.history_writer import HistoryWriter
         from reprise.server.metering import TenantAccounting
         from reprise.server.vllm import wire_vllm
 
-        self.config = ServiceConfig(home=home)
+        self.config = ServiceConfig(home=home, model=ModelConfig(drafter=drafter))
         self.store = open_store(StoreConfig(data_dir=home), env=master_env)
         self.history = HistoryWriter(self.store)
         self.accounting = TenantAccounting()
@@ -226,3 +227,47 @@ def test_history_through_vllm_lands_in_the_store_and_survives_a_restart(vllm_eng
         assert second.stats(tenant).drafter_steps.get("reprise:history", 0) > 0
     finally:
         second.close()
+
+
+def test_the_neural_fallback_drafts_where_retrieval_has_nothing_and_outputs_stay_the_targets(
+        vllm_engine, tmp_path, master_env, monkeypatch):
+    """``model.drafter = "hybrid"``: a Medusa checkpoint at the drafter checkpoint's place drafts the
+    steps retrieval has nothing for (a tenant without history, text its prompt does not hold). An
+    untrained Medusa block is the identity, so this head guesses with the target's own next-token
+    confidence: a sure guess, often wrong, verified like any draft. Greedy outputs stay the target's."""
+    from neural_drafters.checkpoint import save_checkpoint
+    from neural_drafters.config import HeadConfig
+    from neural_drafters.heads import build_head
+
+    folder = vllm_engine.settings.model
+    cfg = json.loads((Path(folder) / "config.json").read_text())
+    head = build_head(HeadConfig(kind="medusa", hidden_size=cfg["hidden_size"], num_attention_heads=cfg["num_attention_heads"],
+                                 num_key_value_heads=cfg["num_key_value_heads"],
+                                 head_dim=cfg["hidden_size"] // cfg["num_attention_heads"],
+                                 intermediate_size=cfg["intermediate_size"], vocab_size=cfg["vocab_size"],
+                                 draft_vocab_size=cfg["vocab_size"], num_heads=2, target=folder))
+    save_checkpoint(tmp_path / "head", head, step=1)
+    monkeypatch.setenv("REPRISE_DRAFTER_CHECKPOINT", str(tmp_path / "head"))
+    plain = Stack(vllm_engine, tmp_path / "plain", master_env)
+    try:
+        expected = [plain.generate(plain.tenant(), t, speculate=False) for t in TASKS[:2]]
+    finally:
+        plain.close()
+    hybrid = Stack(vllm_engine, tmp_path / "home", master_env, drafter="hybrid")
+    try:
+        before = hybrid.backend.health()
+        tenant = hybrid.tenant()
+        assert [hybrid.generate(tenant, t) for t in TASKS[:2]] == expected
+        after = hybrid.backend.health()
+        assert after["fallback_steps"] - before.get("fallback_steps", 0) > 0
+        stats = hybrid.stats(tenant)
+        assert stats.drafter_steps.get("neural", 0) > 0  # some of its chains were verified
+    finally:
+        hybrid.close()
+    again = Stack(vllm_engine, tmp_path / "again", master_env)  # the default drafter: no fallback
+    try:
+        before = again.backend.health()["fallback_steps"]
+        again.generate(again.tenant(), TASKS[0], max_new_tokens=16)
+        assert again.backend.health()["fallback_steps"] == before
+    finally:
+        again.close()

@@ -222,6 +222,79 @@ def test_steady_steps_carry_their_time_and_the_plain_estimate_of_their_tokens():
     assert any(s.num_tokens > 1 for s in timed)  # drafts committed several tokens in a step
 
 
+class ColdLine(FixedLine):
+    """``FixedLine`` once ``measured``; before, no step cost (the meter's first ``min_steps`` steps)."""
+
+    measured = False
+
+    def fit(self):
+        return super().fit() if self.measured else None
+
+    def plain_step(self, batch_size: int) -> float | None:
+        return super().plain_step(batch_size) if self.measured else None
+
+
+def test_steady_steps_before_the_step_cost_is_measured_are_priced_when_it_is():
+    """A fresh worker's first steady steps send their drafting counts at once and hold their costs until
+    the meter has a price, then go out priced at the plain step of their batch size (not at their own
+    time: that would claim no saving for them), as ``late`` records that are no step of their own."""
+    tenants = RepriseProposer()
+    tenants.record("acme", "old", [1, 2, 3], TEXT)
+    batch = Batch()
+    batch.add("r1", RequestTag("acme", "s1"), [1, 2, 3])
+    p = _proposer(batch, tenants)
+    p.step_cost = cold = ColdLine()
+    _decode(p, batch, TEXT[:12], steps=12)
+    early = [StepRecord.from_wire(s) for s in p.drain_steps()]
+    assert any(s.num_draft for s in early) and all(s.num_tokens == 0 and not s.late for s in early)
+    held = len(p._unpriced)
+    assert held == len(early) - 1  # every timed step (the first call has none before it)
+    cold.measured = True
+    batch.add("r2", RequestTag("acme", "s2"), [1, 2, 3])  # a later step, priced: the held ones go with it
+    p._last_step = (time.perf_counter(), ("r1", "r2"), 2, 0.0)
+    p.propose([[1], [1]], batch.lengths, batch.tokens)
+    late = [StepRecord.from_wire(s) for s in p.drain_steps() if StepRecord.from_wire(s).late]
+    assert len(late) == held and not p._unpriced
+    committed = int(batch.lengths[0]) - 3 - 1  # after the prompt and the prefill step's token
+    assert sum(s.num_tokens for s in late) == committed
+    for s in late:  # alone in its batch: one plain step of one request per token
+        assert s.num_draft == 0 and s.seconds > 0 and s.plain_seconds == pytest.approx(s.num_tokens * 0.012)
+
+
+def test_held_costs_go_out_at_their_own_time_when_no_step_cost_is_measured_in_time():
+    tenants = RepriseProposer()
+    tenants.record("acme", "old", [1, 2, 3], TEXT)
+    batch = Batch()
+    batch.add("r1", RequestTag("acme", "s1"), [1, 2, 3])
+    p = _proposer(batch, tenants)
+    p.step_cost = ColdLine()
+    _decode(p, batch, TEXT[:12], steps=12)
+    p.drain_steps()
+    held = len(p._unpriced)
+    assert held >= 2 and len(p.drain_steps()) == 0  # not yet stale
+    p.unpriced_hold_s = 0.0
+    stale = [StepRecord.from_wire(s) for s in p.drain_steps()]
+    assert len(stale) == held and not p._unpriced
+    for s in stale:  # no saving claimed for them
+        assert s.late and s.num_tokens and s.plain_seconds == s.seconds > 0
+
+
+def test_a_drain_that_asks_for_the_held_costs_gets_them_all_at_their_own_time():
+    """What a benchmark does at the end of a pass: every step of the pass in it, priced or not."""
+    tenants = RepriseProposer()
+    tenants.record("acme", "old", [1, 2, 3], TEXT)
+    batch = Batch()
+    batch.add("r1", RequestTag("acme", "s1"), [1, 2, 3])
+    p = _proposer(batch, tenants)
+    p.step_cost = ColdLine()
+    _decode(p, batch, TEXT[:12], steps=12)
+    held = len(p._unpriced)
+    records = [StepRecord.from_wire(s) for s in p.drain_steps(held=True)]
+    late = [s for s in records if s.late]
+    assert held >= 2 and len(late) == held and not p._unpriced
+    assert all(s.plain_seconds == s.seconds for s in late)
+
+
 def test_a_step_that_is_not_steady_is_priced_at_its_own_time_and_teaches_the_line_nothing():
     batch = Batch()
     batch.add("r1", RequestTag("acme", "s1"), [1, 2, 3])
