@@ -11,6 +11,9 @@ once; calls in file order):
   vllm_suffix     vLLM's ``suffix`` proposer (SuffixDecoding, arctic-inference's suffix tree; installed
                   by ``make install-arctic``), reported as unavailable where its module does not import
   vllm_reprise    vLLM with Reprise's proposer (chains from the tenant's history, corpus and request)
+  vllm_hybrid     the same with the neural fallback (``--fallback-head``, a Medusa checkpoint: its chains
+                  where retrieval's expect fewer accepted tokens than ``--hybrid-threshold``;
+                  reported as unavailable without one)
   reprise_engine  Reprise's own engine (tree verification, its tenant-scoped prefix cache, as ``reprise
                   serve`` runs it; in ``--dtype`` on ``--threads`` torch threads)
   reprise_plain   the same engine without drafts (one token a step; its prefix cache on, as vLLM's is)
@@ -47,11 +50,12 @@ from typing import Any
 
 from reprise.backends.vllm.attach import MAX_SPECULATIVE_TOKENS
 
-METHODS = ("vllm_plain", "vllm_ngram", "vllm_suffix", "vllm_reprise", "reprise_engine", "reprise_plain")
+METHODS = ("vllm_plain", "vllm_ngram", "vllm_suffix", "vllm_reprise", "vllm_hybrid", "reprise_engine", "reprise_plain")
 TENANT = "bench"
-RATIOS = ("reprise_vs_suffix", "reprise_vs_ngram", "reprise_vs_plain", "engine_vs_plain", "engine_vs_suffix",
-          "engine_vs_reprise", "engine_plain_vs_plain")
-SPECULATION = {"vllm_plain": "off", "vllm_ngram": "ngram", "vllm_suffix": "suffix", "vllm_reprise": "reprise"}
+RATIOS = ("reprise_vs_suffix", "reprise_vs_ngram", "reprise_vs_plain", "hybrid_vs_suffix", "hybrid_vs_reprise",
+          "engine_vs_plain", "engine_vs_suffix", "engine_vs_reprise", "engine_plain_vs_plain")
+SPECULATION = {"vllm_plain": "off", "vllm_ngram": "ngram", "vllm_suffix": "suffix", "vllm_reprise": "reprise",
+               "vllm_hybrid": "reprise"}
 
 
 def add_arguments(parser) -> None:
@@ -78,6 +82,12 @@ def add_arguments(parser) -> None:
     a("--rerank-head", type=Path, metavar="CHECKPOINT",
       help="a Medusa head (`reprise train-drafter --kind mtp --mtp-style medusa`) whose first head ranks the "
            "chain's roots by the token after next: the headroom adds what that re-rank would get (reranked_head)")
+    a("--fallback-head", type=Path, metavar="CHECKPOINT",
+      help="a Medusa head whose chains vllm_hybrid sends where retrieval's expect little (the vLLM engine's "
+           "neural fallback, `model.drafter = hybrid` in the service)")
+    a("--hybrid-threshold", type=float, default=None, metavar="T",
+      help="vllm_hybrid's threshold: the head drafts where retrieval's chain expects fewer accepted tokens "
+           "than T (default: DraftingConfig's hybrid_threshold)")
     a("--json", action="store_true", help="print the figures as JSON")
     a("--out", type=Path, help="also write the JSON here, rewritten after every method")
 
@@ -100,6 +110,15 @@ def run(args) -> int:
             rerank_head = load_rerank_head(args.rerank_head)
         except (OSError, ValueError, KeyError) as exc:
             raise CliError(f"--rerank-head {args.rerank_head}: {exc}") from None
+    if args.fallback_head is not None:
+        from reprise.backends.vllm.fallback import load_fallback
+
+        try:
+            load_fallback(args.fallback_head)
+        except (OSError, ValueError, KeyError) as exc:
+            raise CliError(f"--fallback-head {args.fallback_head}: {exc}") from None
+    if args.hybrid_threshold is not None and not args.hybrid_threshold >= 0.0:
+        raise CliError(f"--hybrid-threshold must be >= 0, got {args.hybrid_threshold}")
     levels = in_flight_levels(args.in_flight)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     unknown = sorted(set(methods) - set(METHODS))
@@ -173,6 +192,8 @@ def run(args) -> int:
         if isinstance(runners.get("vllm_reprise"), _Vllm):  # degraded steps would read as "no draft"
             report["proposer_health"] = runners["vllm_reprise"].engine.rpc("reprise_health")[0]
             report["proposer_step_cost"] = runners["vllm_reprise"].engine.rpc("reprise_step_cost")[0]
+        if isinstance(runners.get("vllm_hybrid"), _Vllm):
+            report["hybrid_proposer_health"] = runners["vllm_hybrid"].engine.rpc("reprise_health")[0]
     finally:
         for runner in runners.values():
             if not isinstance(runner, str):
@@ -261,6 +282,8 @@ def _make_runner(method: str, folder: str, levels: tuple[int, ...], args, tokeni
     """A started method (``run(prompts) -> outputs``, ``reset()``, ``close()``), or why it cannot run."""
     if method in ("reprise_engine", "reprise_plain"):
         return _OwnEngine(folder, levels, args, tokenizer, speculate=method == "reprise_engine")
+    if method == "vllm_hybrid" and args.fallback_head is None:
+        return "vllm_hybrid needs --fallback-head (a Medusa checkpoint)"
     if method == "vllm_suffix":
         try:
             import arctic_inference.suffix_decoding  # noqa: F401 - only whether it imports
@@ -283,11 +306,14 @@ class _Vllm:
             max_num_seqs=max(levels), num_speculative_tokens=args.speculative_tokens,
             speculation=SPECULATION[method], enforce_eager=args.eager))
         self.method = method
-        self.drafting = method == "vllm_reprise"
+        self.drafting = method in ("vllm_reprise", "vllm_hybrid")
         self.max_new_tokens = args.max_new_tokens
         self.tag = RequestTag(TENANT, "", self.drafting).to_extra_args()
         if self.drafting:
-            attach_reprise(self.engine, DraftingConfig(), tokenizer)
+            config = DraftingConfig() if args.hybrid_threshold is None else DraftingConfig(
+                hybrid_threshold=args.hybrid_threshold)
+            attach_reprise(self.engine, config, tokenizer,
+                           fallback_head=args.fallback_head if method == "vllm_hybrid" else None)
 
     async def _one(self, ids: list[int]) -> list[int]:
         from vllm import SamplingParams
@@ -323,7 +349,7 @@ class _Vllm:
 
     def drain_steps(self) -> list[tuple[str, int, int, str]]:
         """The proposer's step records since the last drain (``StepRecord`` wire form; none without it)."""
-        return self.engine.rpc("reprise_drain_steps")[0] if self.drafting else []
+        return self.engine.rpc("reprise_drain_steps", True)[0] if self.drafting else []
 
     def close(self) -> None:
         self.engine.close()
@@ -418,6 +444,12 @@ def _summarise(outputs: dict[str, Any], calls: dict[str, Any], levels: tuple[int
                     other = rates.get(f"vllm_{base}")
                     if isinstance(other, float):
                         row[f"reprise_vs_{base}"] = round(reprise / other, 3)
+            hybrid = rates.get("vllm_hybrid")
+            if isinstance(hybrid, float):
+                for base in ("suffix", "reprise"):
+                    other = rates.get(f"vllm_{base}")
+                    if isinstance(other, float):
+                        row[f"hybrid_vs_{base}"] = round(hybrid / other, 3)
             own_plain, vllm_plain = rates.get("reprise_plain"), rates.get("vllm_plain")
             if isinstance(own_plain, float) and isinstance(vllm_plain, float):
                 row["engine_plain_vs_plain"] = round(own_plain / vllm_plain, 3)
@@ -466,6 +498,11 @@ def _headroom(prompts: list[list[int]], outputs: list[list[int]], tokenizer: Any
         figures["reranked"] = round(observer.reranked_tokens / observer.steps, 3)
         if rerank_head is not None:
             figures["reranked_head"] = round(observer.head_tokens / observer.steps, 3)
+            figures["neural_fallback"] = {
+                f"below_{threshold:g}": {"tokens_per_step": round(tokens / observer.steps, 3),
+                                         "head_steps": round(steps / observer.steps, 3),
+                                         "head_right": round(right / steps, 3) if steps else 0.0}
+                for threshold, (tokens, steps, right) in observer.fallback.items()}
         figures["first_token_right"] = {name: round(n / observer.steps, 3) for name, n in observer.right.items()}
     return figures
 
@@ -487,6 +524,11 @@ def _choice_logits(target: Any, prompt: list[int], output: list[int], head: Any 
     return logits.numpy(), head_logits.numpy()
 
 
+# The headroom's neural fallback drafts where retrieval's chain expects fewer accepted tokens than each of
+# these (as ``hybrid_threshold`` in vLLM's worker) and the head's guess is surer than that chain.
+FALLBACK_THRESHOLDS = (0.1, 0.5, 1.0, 2.0)
+
+
 class _RerankHeadroom:
     """``ChainHeadroom``'s figures (``chains``) plus what the first-token re-rank would accept at each
     step (``logits``: the current call's ``_choice_logits``, None to skip)."""
@@ -503,8 +545,12 @@ class _RerankHeadroom:
         self.reranked_tokens = 0
         self.head_tokens = 0
         self.right = {"drafted": 0, "reranked": 0, "any_root": 0}
+        # the neural fallback by threshold: [tokens, steps the head drafted, of those right]
+        self.fallback = {threshold: [0, 0, 0] for threshold in FALLBACK_THRESHOLDS}
 
     def observe(self, session: Any, target: list[int], pos: int) -> None:
+        import numpy as np
+
         from replay_traces.replay import accepted_path
         from retrieval.chain import root_paths
 
@@ -534,11 +580,29 @@ class _RerankHeadroom:
                 self.right["reranked_head"] = self.right.get("reranked_head", 0) + int(roots[pick] == target[pos])
         self.reranked_tokens += min(got + 1, left)
         self.head_tokens += min(got_head + 1, left)
+        if self.head_logits is not None and pos > 0:
+            value = float(values[0]) if paths else 0.0
+            row = self.head_logits[pos - 1]
+            guess = int(np.argmax(row))
+            confidence = 1.0 / float(np.exp(row - row[guess]).sum())  # the head's probability of its guess
+            for threshold, tally in self.fallback.items():
+                if value < threshold and confidence > value:  # the head's one-token chain instead, as served
+                    right = int(guess == target[pos])
+                    tally[0] += min(right + 1, left)
+                    tally[1] += 1
+                    tally[2] += right
+                else:
+                    tally[0] += min(got + 1, left)
+        elif self.head_logits is not None:
+            for tally in self.fallback.values():
+                tally[0] += min(got + 1, left)
 
 
-def _drafting(steps: list[tuple[str, int, int, str]]) -> dict[str, float]:
+def _drafting(steps: list[tuple]) -> dict[str, float]:
     """What the proposer's decoding steps verified: tokens each step yielded (its accepted draft tokens
-    and the one the target model adds), draft tokens sent per step, and the share of them accepted."""
+    and the one the target model adds), draft tokens sent per step, and the share of them accepted
+    (``StepRecord`` wire forms; a ``late`` one holds costs only and is no step)."""
+    steps = [s for s in steps if not (len(s) > 9 and s[9])]
     drafted = sum(s[1] for s in steps)
     accepted = sum(s[2] for s in steps)
     return {"steps": len(steps), "tokens_per_step": round(1 + accepted / len(steps), 3),

@@ -391,3 +391,39 @@ def test_savings_check_without_a_timed_step_claims_nothing() -> None:
     reprise["steps"] = [("bench", 2, 1, "reprise", 0, 0.0, 0.0, 0.0, 0.0)]
     check = bench.savings_check(reprise["steps"], reprise, _result(2.0, plain))
     assert check["speedup_estimated"] is None and "error" not in check and check["speedup_measured"] == 2.0
+
+
+def test_headroom_counts_a_neural_fallback_where_retrieval_has_little() -> None:
+    """Where retrieval drafts nothing (a first call, empty history) a head that predicts the token after
+    next right adds what its one-token chains accept: ``neural_fallback`` by threshold, each with the
+    share of steps the head drafted and how often it was right."""
+    import torch
+
+    class Chars:
+        def decode(self, ids):
+            return chr(ids[0])
+
+        def __len__(self):
+            return 256
+
+    class Model:
+        out = torch.nn.Linear(256, 256, bias=False)
+        out.weight.data = torch.eye(256)
+
+        def __call__(self, ids, output_hidden_states=False):
+            hidden = torch.zeros(1, ids.shape[1], 256)
+            hidden[..., ord("Y")] = 5.0  # every feature's best token is Y
+            return type("Out", (), {"logits": self.out(hidden), "hidden_states": (hidden,)})()
+
+        def get_output_embeddings(self):
+            return self.out
+
+    target = type("Target", (), {"model": Model()})()
+    prompt = [ord(c) for c in "q:"]
+    outputs = [[ord(c) for c in "aYbYcYdYeY"]]
+    figures = bench._headroom([prompt], outputs, Chars(), budget=8, target=target, rerank_head=lambda h: h)
+    fallback = figures["neural_fallback"]
+    nothing = fallback["below_0.1"]
+    assert nothing["head_steps"] > 0 and nothing["head_right"] > 0
+    assert nothing["tokens_per_step"] > figures["reranked"]
+    assert fallback["below_2"]["head_steps"] >= nothing["head_steps"]
