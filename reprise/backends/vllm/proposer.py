@@ -19,9 +19,11 @@ chains. Per step:
         (``first_token``: the hidden state the row's last token was sampled from, times the output
         embedding's rows); where that chain expects little, a Medusa head's chain from the same hidden
         state instead (``fallback``, when the engine was started with a head)
-    cut each chain to what the batch pays for (``DraftBudget``: fewer, surer tokens as the batch grows,
-        its probabilities scaled by how the request's own drafts fared: ``AcceptanceTracker``; its cost
-        per verified row measured on this engine as it runs: ``step_cost.StepCostMeter``)
+    cut the chains to what the step pays for: its surest draft tokens overall, as many as maximise the
+        step's tokens per second on vLLM's step cost measured on this engine as it runs
+        (``step_cost.StepCostMeter``, ``VllmStepCost.cut``; each request's share of the attached
+        ``DraftBudget``'s table until then), probabilities scaled by how each request's own drafts
+        fared (``AcceptanceTracker``)
     requests that left the batch: end their sessions (their turns reach the history from the service)
 
 Failures never reach vLLM: drafting runs on a helper thread with a deadline; a step whose drafting
@@ -47,6 +49,7 @@ from reprise.backends.vllm.first_token import FirstTokenRerank
 from reprise.backends.vllm.step_cost import StepCostMeter, VllmStepCost
 from reprise.backends.vllm.tags import RequestTag, StepRecord, StepWire
 from reprise.engine.draft_budget import AcceptanceTracker, DraftBudget
+from retrieval.draft_tree import subtree
 from retrieval.session import Verified
 from serving.savings import RequestCost, share
 
@@ -120,8 +123,7 @@ class RepriseVllmProposer:
         self.stall_timeout_s = DEFAULT_STALL_TIMEOUT_S
         self.health = ProposerHealth()
         self._budget: DraftBudget | None = None
-        self._budgets: dict[int, DraftBudget] = {}  # the budget at each batch size, on the measured step cost
-        self._cost: VllmStepCost | None = None  # the measured step cost the budgets use (None: the default table)
+        self._cost: VllmStepCost | None = None  # the measured step cost the cut uses (None: the budget's table)
         self._requests: dict[str, _Request] = {}
         self._steps: list[StepWire] = []
         self._steps_lock = threading.Lock()
@@ -225,24 +227,13 @@ class RepriseVllmProposer:
         seconds = now - last[0]  # the step and the engine's work between steps, as a plain engine's
         self.step_cost.observe(batch, last[2] - batch, seconds - last[3])  # less the proposer's own call
         fit = self.step_cost.fit()
-        if fit is not None and self.step_cost.num_steps % 32 == 0:  # the budgets price drafts by it from now
-            self._cost, self._budgets = fit, {}
+        if fit is not None and self.step_cost.num_steps % 32 == 0:  # the cut prices drafts by it from now
+            self._cost = fit
         weights = {r: 1 + len(self._requests[r].draft) if r in self._requests else 1 for r in req_ids}
         plain = self.step_cost.plain_step(batch)
         if plain is not None and self._unpriced:
             self._price_held()
         return _StepTime(seconds, weights, batch, plain, unpriced=plain is None)
-
-    def _budget_for(self, batch_size: int) -> DraftBudget | None:
-        """The step budget at ``batch_size`` requests: the attached one, on the measured step cost once
-        there is one (when it adapts)."""
-        if self._budget is None or self._cost is None or not self._budget.adaptive:
-            return self._budget
-        budget = self._budgets.get(batch_size)
-        if budget is None:
-            budget = self._budgets[batch_size] = DraftBudget(self._budget.max_draft_tokens,
-                                                             self._cost.cost_model(batch_size), adaptive=True)
-        return budget
 
     def _record_prefill_chunk(self, req_id: str, tag: RequestTag | None, timed: _StepTime) -> None:
         """A row that prefilled a prompt chunk and sampled nothing: its share of the step, as prefill."""
@@ -296,17 +287,35 @@ class RepriseVllmProposer:
             if chain is not None and len(chain):
                 chains.append((i, req_id, chain))
         batch = len(rows)
-        for i, req_id, chain in chains:
+        for (i, req_id, chain), kept in zip(chains, self._cut(chains, batch)):
             req = self._requests[req_id]
-            scale = req.tracker.scale if req.tracker is not None else 1.0
-            budget = self._budget_for(batch)
-            kept = budget.choose(chain, self.num_speculative_tokens, scale, batch) if budget else chain
             ids = kept.token_ids[: self.num_speculative_tokens]
             req.chain = kept
             req.draft = np.asarray(ids, dtype=np.int32)
             req.source = chain.source
             drafts[i] = [int(t) for t in ids]
         return drafts
+
+    def _cut(self, chains: list[tuple[int, str, Any]], batch: int) -> list[Any]:
+        """Each chain cut to what the step pays for: once vLLM's step cost is measured, the step's surest
+        draft tokens overall, as many as maximise its tokens per second (``VllmStepCost.cut``, the
+        proposer's own call counted as paid either way); before, each request's share on the attached
+        budget's table (``DraftBudget.choose``). Probabilities are scaled by how each request's drafts
+        fared (``AcceptanceTracker``)."""
+        scales = [self._requests[r].tracker.scale if self._requests[r].tracker is not None else 1.0
+                  for _, r, _ in chains]
+        budget = self._budget
+        if budget is None:
+            return [chain for _, _, chain in chains]
+        if self._cost is None or not budget.adaptive:
+            return [budget.choose(chain, self.num_speculative_tokens, scale, batch)
+                    for (_, _, chain), scale in zip(chains, scales)]
+        ranked = [budget.ranked(chain, self.num_speculative_tokens, scale)
+                  for (_, _, chain), scale in zip(chains, scales)]
+        counts = self._cost.cut([np.diff(gain) for _, gain in ranked], batch, self.step_cost.plain_step(batch),
+                                self.step_cost.propose_seconds)
+        return [chain if n == len(chain) else subtree(chain, np.sort(order[:n]).astype(np.int32))
+                for (_, _, chain), (order, _), n in zip(chains, ranked, counts)]
 
     def _draft_row(self, req_id: str, tag: RequestTag | None, row: np.ndarray, length: int,
                    timed: _StepTime | None = None, hidden: Any = None) -> Any:

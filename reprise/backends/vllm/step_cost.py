@@ -26,6 +26,7 @@ between requests, would make the gap a different thing), and gaps under ``max_ga
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -58,6 +59,36 @@ class VllmStepCost:
         first = plain + self.drafted + self.per_draft * b
         points = ((b - 1, plain), (2 * b - 1, first), (2 * b - 1 + 32 * b, first + self.per_draft * 32 * b))
         return CostModel(points=points)
+
+    def cut(self, probs: Sequence[np.ndarray], batch_size: int, plain_step: float | None = None,
+            overhead: float = 0.0) -> np.ndarray:
+        """How many draft tokens each request of a step sends, the step's tokens per second at its best.
+
+        ``probs[r]``: request ``r``'s draft tokens' path probabilities in the order it would send them
+        (non-increasing: a chain's). A step of ``batch_size`` requests that sends ``n`` draft tokens in
+        all commits ``batch_size + sum`` of their probabilities in expectation and costs ``plain_step +
+        overhead + drafted + per_draft * n`` (``plain_step``: the measured one where given, else this
+        fit's; ``overhead``: what every step pays either way, the proposer's own call). A draft token
+        costs the same row whichever request it rides on, so the tokens sent are the step's surest
+        overall, as many as maximise tokens per second; none where a plain step does better. Unlike
+        each request weighing its own share (``DraftBudget.select``), this prices the drafted step's
+        overhead once for the step, however few of its requests draft."""
+        counts = np.zeros(len(probs), dtype=np.int64)
+        if not len(probs):
+            return counts
+        flat = np.concatenate([np.asarray(p, dtype=np.float64) for p in probs])
+        if not len(flat):
+            return counts
+        owner = np.repeat(np.arange(len(probs)), [len(p) for p in probs])
+        order = np.argsort(-flat, kind="stable")  # within a request its own order stays
+        b = max(batch_size, 1)
+        base = (self.plain_step(b) if plain_step is None else plain_step) + overhead
+        n = np.arange(1, len(flat) + 1)
+        rate = (b + np.cumsum(flat[order])) / (base + self.drafted + self.per_draft * n)
+        best = int(np.argmax(rate))
+        if rate[best] <= b / base:
+            return counts
+        return np.bincount(owner[order[: best + 1]], minlength=len(probs)).astype(np.int64)
 
 
 class StepCostMeter:

@@ -165,23 +165,43 @@ def test_the_step_cost_meter_tells_requests_from_draft_tokens_and_waits_for_enou
 
 
 def test_steady_steps_replace_the_default_cost_model():
-    from reprise.backends.vllm.step_cost import StepCostMeter
+    from reprise.backends.vllm.step_cost import StepCostMeter, VllmStepCost
 
     tenants = RepriseProposer()
     tenants.record("acme", "old", [1, 2, 3], TEXT)
     batch = Batch()
     batch.add("r1", RequestTag("acme", "s1"), [1, 2, 3])
     p = _proposer(batch, tenants)
-    p._budget = default = DraftBudget(max_draft_tokens=8)
+    p._budget = DraftBudget(max_draft_tokens=8)
     p.step_cost = StepCostMeter(min_steps=4, min_spread=0.01)
     rng = np.random.default_rng(1)
     for _ in range(70):  # one token per step, alternating text the history knows and noise
         p.propose([[1]], batch.lengths, batch.tokens)
         batch.commit(0, [int(rng.integers(30, 40))] if rng.random() < 0.5 else TEXT[:1])
-    assert p.step_cost.num_steps >= 64
-    measured = p._budget_for(1)
-    assert measured is not default and measured.cost_model != default.cost_model
-    assert p._budget_for(1) is measured and p._budget_for(4) is not measured  # one per batch size
+    assert p.step_cost.num_steps >= 64 and p._cost is not None  # the cut prices drafts by what was measured
+    batch.commit(0, TEXT[:4])  # text the history knows: a sure chain
+    p._cost = VllmStepCost(0.01, 0.002, 10.0, 0.0)  # a draft token dearer than any step
+    assert p.propose([[1]], batch.lengths, batch.tokens) == [[]]
+    batch.commit(0, TEXT[4:5])
+    p._cost = VllmStepCost(0.01, 0.002, 0.0, 0.0)  # free: every token that may pass goes
+    assert len(p.propose([[1]], batch.lengths, batch.tokens)[0]) > 1
+
+
+def test_the_cut_prices_a_drafted_step_once_and_sends_the_steps_surest_tokens():
+    from reprise.backends.vllm.step_cost import VllmStepCost
+    from retrieval.draft_tree import DraftTree
+
+    cost = VllmStepCost(base=0.02, per_request=0.01, per_draft=0.001, drafted=0.004)
+    assert list(cost.cut([np.array([0.9, 0.8, 0.5, 0.1])], 1)) == [4]  # even 0.1 token beats the step's rate
+    # One unsure token among 8 requests: the drafted step's overhead is the step's, not an eighth of it.
+    # Each request weighing its own share (as if all 8 drafted) would send it.
+    assert list(cost.cut([np.array([0.3])], 8)) == [0]
+    chain = DraftTree.chain(np.array([5], dtype=np.int32), np.array([0.3]))
+    assert len(DraftBudget(cost_model=cost.cost_model(8)).select(chain, 1, batch_size=8)) == 1
+    dear = VllmStepCost(base=0.02, per_request=0.01, per_draft=0.004, drafted=0.004)
+    assert list(dear.cut([np.array([0.95, 0.9]), np.array([0.2, 0.1])], 2)) == [2, 0]  # the surest overall
+    assert list(dear.cut([np.array([0.95, 0.9]), np.array([])], 2, plain_step=0.04, overhead=0.0)) == [2, 0]
+    assert list(dear.cut([], 3)) == []
 
 
 class FixedLine:
