@@ -15,12 +15,14 @@ Per request and step, the worker sends the head's chain instead of retrieval's w
 expects fewer accepted tokens than the tenant's ``hybrid_threshold`` (``reprise tune --hybrid`` tunes it;
 the service's ``DraftingConfig`` otherwise) and the head's chain expects more than it. The step budget
 then cuts the chain like any other, so on a host where a drafted step costs more than the head's
-tokens are worth it sends nothing. EAGLE and MTP-style heads need the sampled token's embedding and
+tokens are worth it sends nothing; and where the head's own calls cost more than its chains save over
+retrieval's, it rests (``FallbackPayoff``). EAGLE and MTP-style heads need the sampled token's embedding and
 run one after another; only Medusa heads are read here.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +66,48 @@ class NeuralFallback:
             p, idx = probs.max(dim=-1)
         tokens = self.d2t[idx].numpy().astype(np.int32)
         return DraftTree.chain(tokens, p.numpy().astype(np.float32), source=SOURCE)
+
+
+@dataclass(slots=True)
+class FallbackPayoff:
+    """Whether the head pays on the running host, measured as it drafts: the seconds its calls took
+    (every step retrieval expected little, whether its chain went out or not) against the seconds its
+    chains saved, their accepted tokens beyond what the retrieval chain each replaced expected, each
+    worth a request's share of a plain step. Every ``min_calls`` calls the two are compared; where the
+    head did not pay, it rests for ``rest_steps`` steps (retrieval's chains alone), then is measured
+    again: a host, load or tenant mix on which it pays turns it back on."""
+
+    min_calls: int = 64
+    rest_steps: int = 1024
+    calls: int = 0
+    seconds: float = 0.0  # the head's calls since the last settlement
+    saved: float = 0.0  # what its accepted chains saved since then (negative: they did worse than retrieval's)
+    resting_until: int = 0  # the proposer's step count from which the head drafts again
+    rests: int = 0
+
+    def active(self, step: int) -> bool:
+        return step >= self.resting_until
+
+    def spent(self, seconds: float) -> None:
+        self.calls += 1
+        self.seconds += seconds
+
+    def credit(self, tokens: float, token_seconds: float) -> None:
+        """A head chain verified: ``tokens`` accepted beyond retrieval's expectation, each worth
+        ``token_seconds`` (a plain step's share of one request)."""
+        self.saved += tokens * token_seconds
+
+    def settle(self, step: int) -> bool:
+        """Compare once ``min_calls`` calls are in; True when the head starts a rest."""
+        if self.calls < self.min_calls:
+            return False
+        pays = self.saved >= self.seconds
+        self.calls, self.seconds, self.saved = 0, 0.0, 0.0
+        if pays:
+            return False
+        self.resting_until = step + self.rest_steps
+        self.rests += 1
+        return True
 
 
 def load_fallback(path: str | Path) -> NeuralFallback:

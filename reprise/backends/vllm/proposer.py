@@ -44,7 +44,8 @@ from typing import Any
 
 import numpy as np
 
-from reprise.backends.vllm.fallback import NeuralFallback
+from reprise.backends.vllm.fallback import SOURCE as NEURAL
+from reprise.backends.vllm.fallback import FallbackPayoff, NeuralFallback
 from reprise.backends.vllm.first_token import FirstTokenRerank
 from reprise.backends.vllm.step_cost import StepCostMeter, VllmStepCost
 from reprise.backends.vllm.tags import RequestTag, StepRecord, StepWire
@@ -72,6 +73,7 @@ class _Request:
     chain: Any = None  # the DraftTree of the last chain sent (for the request's acceptance tracker)
     source: str = ""
     tracker: AcceptanceTracker | None = None  # this request's own calibration of its drafts' probabilities
+    replaced: float = 0.0  # what the retrieval chain the last (neural) chain replaced expected
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +111,7 @@ class ProposerHealth:
     warnings: int = 0
     reranked_steps: int = 0  # chains whose first token the target's logits changed
     fallback_steps: int = 0  # chains the neural fallback drafted instead of retrieval
+    fallback_rests: int = 0  # times the neural fallback was found not to pay and rested (FallbackPayoff)
 
 
 class RepriseVllmProposer:
@@ -140,6 +143,8 @@ class RepriseVllmProposer:
         self._prefilling: set[str] = set()  # requests still prefilling their prompts
         self.first_token: FirstTokenRerank | None = None
         self.fallback: NeuralFallback | None = None  # a Medusa head's chains where retrieval has little
+        self.payoff = FallbackPayoff()
+        self._num_steps = 0  # propose calls so far (the payoff's clock)
         self._out_embed: Any = None  # the target's output embedding [vocab, hidden] (first_token)
         self._step_hidden: Any = None  # (sample_hidden_states, spec_decode_metadata) of the running step
         # (call time, batch, rows verified next, the call's own seconds)
@@ -165,6 +170,7 @@ class RepriseVllmProposer:
             self.health.skipped_steps += 1  # the stalled call still holds the sessions
             return empty
         now = time.perf_counter()
+        self._num_steps += 1
         try:
             req_ids = list(self.runner.input_batch.req_ids[:num_rows])
             timed = self._time_step(now, req_ids, sampled_token_ids)
@@ -294,6 +300,10 @@ class RepriseVllmProposer:
             req.draft = np.asarray(ids, dtype=np.int32)
             req.source = chain.source
             drafts[i] = [int(t) for t in ids]
+        if self.fallback is not None and self.payoff.settle(self._num_steps):
+            self.health.fallback_rests += 1
+            log.info("the neural fallback's calls cost more than its chains saved over retrieval's: it rests "
+                     "for %d steps", self.payoff.rest_steps)
         return drafts
 
     def _cut(self, chains: list[tuple[int, str, Any]], batch: int) -> list[Any]:
@@ -333,6 +343,9 @@ class RepriseVllmProposer:
             return None
         req.seen = length
         accepted = _matched(req.draft, new[:-1])
+        if req.source == NEURAL and len(req.draft) and timed is not None:  # what the head's chain won or lost
+            plain = timed.plain_step_seconds if timed.plain_step_seconds is not None else timed.seconds
+            self.payoff.credit(accepted - req.replaced, plain / max(timed.batch_size, 1))
         record = StepRecord(req.tag.tenant, len(req.draft), accepted, req.source if len(req.draft) else "")
         if timed is not None and req_id in self._prefilling:  # its prompt's last chunk: prefill time
             seconds = timed.share(req_id)
@@ -396,12 +409,15 @@ class RepriseVllmProposer:
         the tenant's ``hybrid_threshold`` and the head's expects more than retrieval's (``fallback``)."""
         assert self.fallback is not None
         config = self.tenants.tenant_config(req.tag.tenant) or self.tenants.config
-        if chain.score >= config.hybrid_threshold:
+        if chain.score >= config.hybrid_threshold or not self.payoff.active(self._num_steps):
             return chain
+        started = time.perf_counter()
         head = self.fallback.draft(hidden, self.num_speculative_tokens)
+        self.payoff.spent(time.perf_counter() - started)
         if head.score <= chain.score:
             return chain
         self.health.fallback_steps += 1
+        req.replaced = chain.score
         return req.session.send_other(head)
 
     def _begin(self, tag: RequestTag, prompt: np.ndarray) -> Any:

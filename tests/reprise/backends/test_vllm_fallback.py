@@ -87,10 +87,10 @@ def _proposer(tenants: RepriseProposer, fallback):
     return p
 
 
-def _step(p, row: list[int]) -> list[int]:
+def _step(p, row: list[int], timed=None) -> list[int]:
     tokens = np.array([row], dtype=np.int32)
     return p._draft_step([(0, "r1", RequestTag("acme", "s1"))], np.array([len(row)]), tokens, {"r1"}, 1,
-                         hidden=torch.zeros(1, 8))[0]
+                         timed, hidden=torch.zeros(1, 8))[0]
 
 
 def test_where_retrieval_has_nothing_the_head_drafts_and_its_tokens_commit_as_usual() -> None:
@@ -161,3 +161,42 @@ def test_the_chain_session_commits_another_drafters_chain_as_no_draft_of_its_own
     session.propose(4)  # and the next chain is the tree's again
     session.commit(Verified(np.array([1, 2], dtype=np.int32), np.array([0], dtype=np.int32), True))
     assert inner.committed.accepted.tolist() == [0] and inner.committed.draft_verified
+
+
+class _Slow(_Guess):
+    """A guess that takes ``seconds`` to make."""
+
+    def __init__(self, tokens: list[int], p: float, seconds: float) -> None:
+        super().__init__(tokens, p)
+        self.seconds = seconds
+
+    def draft(self, hidden, max_len: int) -> DraftTree:
+        import time
+
+        time.sleep(self.seconds)
+        return super().draft(hidden, max_len)
+
+
+@pytest.mark.parametrize("right", [False, True])
+def test_a_head_whose_calls_cost_more_than_its_chains_save_rests(right: bool) -> None:
+    """Every call takes 2 ms; a step's plain share of a request is 50 ms. A head that is always wrong
+    saves nothing and rests after ``min_calls`` calls; one whose two tokens always pass saves far more
+    than it costs and keeps drafting."""
+    from reprise.backends.vllm.fallback import FallbackPayoff
+    from reprise.backends.vllm.proposer import _StepTime
+
+    tenants = RepriseProposer(DraftingConfig(hybrid_threshold=1.0))
+    p = _proposer(tenants, _Slow([7, 8], 0.9, 0.002))
+    p.payoff = FallbackPayoff(min_calls=4, rest_steps=100)
+    timed = _StepTime(0.05, {"r1": 1}, 1, 0.05)
+    try:
+        row = [1, 2, 3, 4]
+        for i in range(8):  # the target's own tokens are new each step: retrieval never has anything
+            _step(p, row, timed)
+            row = row + ([7, 8, 100 + i] if right else [100 + i])  # both draft tokens and the bonus, or a miss
+        assert p.health.fallback_rests == (0 if right else 1)
+        drafted = p.health.fallback_steps
+        assert (_step(p, row, timed) == [7, 8]) is right  # resting: retrieval's (empty) chain alone
+        assert p.health.fallback_steps == drafted + int(right)
+    finally:
+        p.close()
