@@ -28,7 +28,8 @@ would. Printed per trace and level: tokens/s of each method, ``reprise_vs_suffix
 ``engine_plain_vs_plain`` (without drafts),
 ``outputs_identical`` (every method's greedy output equals vLLM plain's), and for
 vLLM with Reprise's proposer what its decoding steps verified (``drafting``: tokens each step yielded,
-draft tokens sent per step, the share accepted; from the proposer's step records) and ``savings_check``:
+draft tokens sent per step, the share accepted; from the proposer's step records) and ``savings_check``
+(``savings_check_hybrid`` for vllm_hybrid):
 the service's savings estimate from those records (the speedup it would report for the tenant) against
 the speedup measured over vLLM plain on the same calls, and the error. Per trace,
 ``headroom``: vLLM plain's outputs (one at a time) replayed as chains through Reprise's proposer, the
@@ -426,8 +427,9 @@ def _summarise(outputs: dict[str, Any], calls: dict[str, Any], levels: tuple[int
                 row["tokens_per_s"][method] = round(r["tokens"] / r["seconds"], 2)
                 if r.get("steps"):
                     row.setdefault("drafting", {})[method] = _drafting(r["steps"])
-                if method == "vllm_reprise" and r.get("steps") and level in plain.get(trace, {}):
-                    row["savings_check"] = savings_check(r["steps"], r, plain[trace][level])
+                if method in ("vllm_reprise", "vllm_hybrid") and r.get("steps") and level in plain.get(trace, {}):
+                    key = "savings_check" if method == "vllm_reprise" else "savings_check_hybrid"
+                    row[key] = savings_check(r["steps"], r, plain[trace][level])
                 if method.startswith("reprise_") and dtype != "float32":
                     row["outputs_identical"][method] = None
                 elif trace in plain:
@@ -662,12 +664,13 @@ def format_report(report: dict[str, Any]) -> str:
             for method, d in row.get("drafting", {}).items():
                 lines.append(f"  {method}: {d['tokens_per_step']} tokens per decoding step, "
                              f"{d['draft_tokens_per_step']} draft tokens sent per step, {d['acceptance']} accepted")
-            check = row.get("savings_check")
-            if check and check.get("speedup_estimated") is not None:
-                lines.append(f"  savings estimate: speedup {check['speedup_estimated']:.2f}x estimated from vllm_reprise's "
-                             f"timed steps ({check['timed_share']:.0%} of its pass), {check['speedup_measured']:.2f}x "
-                             f"measured (vllm_plain / vllm_reprise, wall): error {check['error']:+.1%}; over the "
-                             f"whole pass {check['speedup_estimated_pass']:.2f}x, error {check['error_pass']:+.1%}")
+            for key, method in (("savings_check", "vllm_reprise"), ("savings_check_hybrid", "vllm_hybrid")):
+                check = row.get(key)
+                if check and check.get("speedup_estimated") is not None:
+                    lines.append(f"  savings estimate: speedup {check['speedup_estimated']:.2f}x estimated from {method}'s "
+                                 f"timed steps ({check['timed_share']:.0%} of its pass), {check['speedup_measured']:.2f}x "
+                                 f"measured (vllm_plain / {method}, wall): error {check['error']:+.1%}; over the "
+                                 f"whole pass {check['speedup_estimated_pass']:.2f}x, error {check['error_pass']:+.1%}")
     if "proposer_health" in report:
         lines.append("vllm_reprise's proposer: " + ", ".join(f"{k} {v}" for k, v in report["proposer_health"].items()))
         lines.append("vllm_reprise's measured step cost: " + ", ".join(
