@@ -35,7 +35,10 @@ class DraftingConfig:
     tenant's most frequent next tokens where its indexes' first guesses missed, by the shape of the
     context's last token (``retrieval.vocabulary.token_categories``), compete with the indexes' nodes for
     the budget; ``history_max_bytes`` is each tenant's history index budget (oldest trajectories are
-    evicted first; 0: none); ``session_cache_bytes`` bounds the request indexes kept for a session's next call.
+    evicted first; 0: none); ``session_cache_bytes`` bounds the request indexes kept for a session's next call;
+    ``live_history``: a running request's output joins the tenant's history as it is generated (its
+    lead-in first), so that the tenant's other running requests draft from it (parallel trials, forks of
+    one conversation); it is replaced by the recorded turn when the request ends.
 
     Hybrid proposer ("hybrid", neural_drafters/hybrid.py): a retrieval draft whose score (expected accepted
     tokens) reaches ``hybrid_threshold`` is used alone; below it hidden-state reuse and the neural head
@@ -67,6 +70,7 @@ class DraftingConfig:
     fallback: bool = True
     history_max_bytes: int = 1 << 30
     session_cache_bytes: int = 256 << 20
+    live_history: bool = True
     max_spec_factor: float = 16.0
     max_spec_offset: float = 0.0
     min_token_prob: float = 0.01

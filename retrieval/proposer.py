@@ -24,7 +24,6 @@ import numpy as np
 
 from retrieval.config import DraftingConfig
 from retrieval.draft_tree import DraftTree
-from retrieval.policy import AcceptanceMonitor
 from retrieval.session import Verified
 from retrieval.tenant_history import HistoryStats, TenantHistory, Trajectory
 from retrieval.vocabulary import identity_classes, no_categories, number_classes, token_categories
@@ -51,7 +50,9 @@ class RepriseSession:
         "_cap",
         "_chain",
         "_finished",
+        "_history",
         "_learn",
+        "_live",
         "_monitor",
         "_native",
         "_output",
@@ -62,9 +63,11 @@ class RepriseSession:
     )
 
     def __init__(self, owner: RepriseProposer, tenant: str, session_id: str, native: DraftingSession,
-                 prompt: np.ndarray, monitor: AcceptanceMonitor) -> None:
+                 prompt: np.ndarray, history: TenantHistory) -> None:
         self._owner = owner
-        self._monitor = monitor
+        self._history = history
+        self._monitor = history.monitor
+        self._live = history.open_live(prompt)  # the tenant's other running requests draft from this one
         self._tenant = tenant
         self._session_id = session_id
         self._native = native
@@ -101,12 +104,16 @@ class RepriseSession:
             if expected > 0:
                 self._monitor.observe(expected, accepted)
             self._output.append(tokens)
+            if self._live is not None:
+                self._history.extend_live(self._live, tokens)
 
     def finish(self, record: bool = True) -> None:
         """End the request; with ``record`` its lead-in and output join the tenant's history."""
         if self._finished:
             return
         self._finished = True
+        if self._live is not None:
+            self._history.close_live(self._live)
         output = np.concatenate(self._output) if self._output else np.zeros(0, dtype=np.int32)
         if record and len(output):
             try:
@@ -186,7 +193,7 @@ class RepriseProposer:
             for index, kind, canonical in history.sources():
                 native.add_source(index, kind, canonical)
         native.rebase(prompt, _REBASE_OVERLAP)
-        return RepriseSession(self, tenant, session_id, native, prompt, history.monitor)
+        return RepriseSession(self, tenant, session_id, native, prompt, history)
 
     # ---- tenants ----
 

@@ -79,6 +79,7 @@ class TenantHistory:
         self.prompts = SuffixIndex(max_depth=depth, max_bytes=budget) if use_prompts else None
         self.prompts_canon = SuffixIndex(max_depth=depth, max_bytes=budget) if use_prompts and self._canonical else None
         self._prompt_seen: dict[str, tuple[int, int]] = {}  # session -> (sequence id, prompt tokens indexed)
+        self._live_leads: dict[int, np.ndarray] = {}  # running requests' lead-ins, until their first tokens
         self.calibration = Calibration(config.prior_strength)
         self.fallback = FallbackTable() if config.fallback else None
         self.monitor = AcceptanceMonitor(MonitorConfig(threshold=config.collapse_threshold))
@@ -111,6 +112,39 @@ class TenantHistory:
         if self.history_canon is not None:
             self.history_canon.add(seq_id, self.canonical(seq))
         return seq_id
+
+    def open_live(self, prompt_ids: Sequence[int] | np.ndarray) -> int | None:
+        """A history sequence for a running request (``DraftingConfig.live_history``): its lead-in and
+        output from its first committed tokens on (``extend_live``), so the tenant's other running
+        requests draft from it. None where the history is not drafted from. ``close_live`` ends it."""
+        if not (self._config.live_history and self._config.use_history):
+            return None
+        prompt = as_tokens(prompt_ids, "prompt_ids")
+        lead = prompt[len(prompt) - self._config.lead_in :] if self._config.lead_in else prompt[:0]
+        with self._lock:
+            seq_id = self._next_seq
+            self._next_seq += 1
+            self._live_leads[seq_id] = lead.copy()
+        return seq_id
+
+    def extend_live(self, seq_id: int, tokens: np.ndarray) -> None:
+        """Tokens a running request committed (``open_live``); the first ones come after its lead-in."""
+        with self._lock:
+            lead = self._live_leads.pop(seq_id, None)
+        if lead is not None and len(lead):
+            tokens = np.concatenate([lead, tokens])
+        self.history.extend(seq_id, tokens)
+        if self.history_canon is not None:
+            self.history_canon.extend(seq_id, self.canonical(tokens))
+
+    def close_live(self, seq_id: int) -> None:
+        """The request ended: its live sequence goes (the turn is recorded whole, if at all, by ``record``;
+        one the byte budget already evicted is gone)."""
+        with self._lock:
+            self._live_leads.pop(seq_id, None)
+        for index in (self.history, self.history_canon):
+            if index is not None and seq_id in index:
+                index.remove(seq_id)
 
     def _record_prompt(self, session_id: str, prompt: np.ndarray) -> None:
         """Index the part of a session's prompt not indexed yet (agents' prompts grow by appending; a

@@ -120,6 +120,30 @@ def test_record_false_keeps_history_unchanged() -> None:
     assert p.index_stats("t").num_trajectories == 1
 
 
+@pytest.mark.parametrize("live", [True, False])
+def test_running_requests_of_a_tenant_draft_from_each_others_output(live: bool) -> None:
+    """Two trials of one task at once (``live_history``): the second drafts what the first has generated
+    so far, before the first ends; another tenant's request never does; once the first ends unrecorded,
+    its live output is gone."""
+    rng = np.random.default_rng(3)
+    prompt = rng.integers(0, 500, 40).astype(np.int32)
+    answer = rng.integers(0, 500, 60).astype(np.int32)
+    p = RepriseProposer(DraftingConfig(live_history=live))
+    first = p.begin("t", "trial-0", prompt)
+    first.commit(Verified.tokens(answer[:40]))  # running: 40 tokens generated, not finished
+    second = p.begin("t", "trial-1", prompt)
+    other = p.begin("u", "trial-0", prompt)
+    assert decode_walk(second.propose(16), list(answer)) == (16 if live else 0)
+    assert decode_walk(other.propose(16), list(answer)) == 0  # tenants share nothing
+    first.finish(record=False)
+    assert decode_walk(second.propose(16), list(answer)) == 0
+    assert p.index_stats("t").num_trajectories == 0
+    second.commit(Verified.tokens(answer[:8]))
+    assert p.index_stats("t").num_trajectories == int(live)  # running: its live output
+    second.finish(record=True)
+    assert p.index_stats("t").num_trajectories == 1  # the recorded turn, once
+
+
 def _toy_vocabulary():
     words = {i: f"w{i}" for i in range(100)}
     words.update({100 + i: str(i) for i in range(50)})  # number tokens
