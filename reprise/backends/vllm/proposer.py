@@ -213,10 +213,13 @@ class RepriseVllmProposer:
         A steady step's seconds: the time since the last call (the step, the engine's work between
         steps and the proposer's last call). A step that was not a steady one (a request joined, left or
         is prefilling: the engine may have been idle, or busy with other work, since the last call) is
-        timed from when the runner began it (``_time_steps``) and is not a plain decoding step: the
-        meters learn nothing from it, its time is shared by the tokens each request scheduled, and it is
-        priced at its own time (no saving claimed), so that the tenant's figures cover all of its engine
-        time, as a run without Reprise would be timed. vLLM's prefix cache is vLLM's own (a vLLM without
+        timed from when the runner began it (``_time_steps``) and the meters learn nothing from it; its
+        time is shared by the tokens each request scheduled. One that only decoded (the batch changed
+        because a request left, or the engine idled in between) is priced at the plain step of its batch
+        size like a steady one: a request that drafted well finishes early, and each such finish would
+        otherwise claim nothing for a step of several tokens a request. One that prefilled is priced at
+        its own time (no saving claimed), so that the tenant's figures cover all of its engine time, as
+        a run without Reprise would be timed. vLLM's prefix cache is vLLM's own (a vLLM without
         Reprise has it too): the prompt tokens it gives are no saving of Reprise's here. None: no step to
         time (the first, or a step the runner did not report)."""
         last, self._last_step = self._last_step, None
@@ -228,7 +231,11 @@ class RepriseVllmProposer:
         if not steady:  # timed from the runner's start: the engine may have been idle before it
             if started is None:
                 return None
-            return _StepTime(now - started, {r: scheduled.get(r, 1) for r in req_ids}, batch, None)
+            decoding = all(sampled_token_ids) and not self._prefilling.intersection(req_ids) and all(
+                scheduled.get(r, 1) <= 1 + (len(self._requests[r].draft) if r in self._requests else 0)
+                for r in req_ids)  # a decoding step after the batch changed: priced like a steady one
+            return _StepTime(now - started, {r: scheduled.get(r, 1) for r in req_ids}, batch,
+                             self.step_cost.plain_step(batch) if decoding else None)
         assert last is not None
         seconds = now - last[0]  # the step and the engine's work between steps, as a plain engine's
         self.step_cost.observe(batch, last[2] - batch, seconds - last[3])  # less the proposer's own call

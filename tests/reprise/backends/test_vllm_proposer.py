@@ -315,7 +315,7 @@ def test_a_drain_that_asks_for_the_held_costs_gets_them_all_at_their_own_time():
     assert all(s.plain_seconds == s.seconds for s in late)
 
 
-def test_a_step_that_is_not_steady_is_priced_at_its_own_time_and_teaches_the_line_nothing():
+def test_a_step_that_is_not_steady_teaches_the_line_nothing_and_one_that_prefilled_claims_nothing():
     batch = Batch()
     batch.add("r1", RequestTag("acme", "s1"), [1, 2, 3])
     p = _proposer(batch, RepriseProposer())
@@ -333,7 +333,12 @@ def test_a_step_that_is_not_steady_is_priced_at_its_own_time_and_teaches_the_lin
     assert p._time_step(30.0 + p.step_cost.max_gap_s + 1, ["r1", "r2"], [[5], [6]]) is None  # idle, unreported
     p._last_step, p._step_start = (40.0, ("r1", "r2"), 2, 0.001), 50.0  # idle, then a step begun at 50
     alone = p._time_step(50.3, ["r1", "r2"], [[5], [6]])
-    assert alone is not None and alone.seconds == pytest.approx(0.3) and alone.plain_step_seconds is None
+    assert alone is not None and alone.seconds == pytest.approx(0.3)  # decoding only: priced as decoding
+    assert alone.plain_step_seconds == pytest.approx(0.01 + 0.002 * 2)
+    p._last_step, p._step_start = (45.0, ("r1", "r2", "r3"), 3, 0.001), 45.1  # r3 left: a step of two
+    left = p._time_step(45.2, ["r1", "r2"], [[5], [6]])
+    assert left.seconds == pytest.approx(0.1) and left.plain_step_seconds == pytest.approx(0.01 + 0.002 * 2)
+    assert p.step_cost.num_steps == 1  # still only the steady step above
     p._last_step, p._step_start = (60.0, ("r0",), 1, 0.001), 60.2  # the engine ran other work in between
     assert p._time_step(60.3, ["r1", "r2"], [[5], [6]]).seconds == pytest.approx(0.1)
 
