@@ -80,6 +80,7 @@ class TenantHistory:
         self.prompts_canon = SuffixIndex(max_depth=depth, max_bytes=budget) if use_prompts and self._canonical else None
         self._prompt_seen: dict[str, tuple[int, int]] = {}  # session -> (sequence id, prompt tokens indexed)
         self._live_leads: dict[int, np.ndarray] = {}  # running requests' lead-ins, until their first tokens
+        self._live: set[int] = set()  # running requests' sequences in the history (``open_live``)
         self.calibration = Calibration(config.prior_strength)
         self.fallback = FallbackTable() if config.fallback else None
         self.monitor = AcceptanceMonitor(MonitorConfig(threshold=config.collapse_threshold))
@@ -131,6 +132,7 @@ class TenantHistory:
         """Tokens a running request committed (``open_live``); the first ones come after its lead-in."""
         with self._lock:
             lead = self._live_leads.pop(seq_id, None)
+            self._live.add(seq_id)
         if lead is not None and len(lead):
             tokens = np.concatenate([lead, tokens])
         self.history.extend(seq_id, tokens)
@@ -142,6 +144,7 @@ class TenantHistory:
         one the byte budget already evicted is gone)."""
         with self._lock:
             self._live_leads.pop(seq_id, None)
+            self._live.discard(seq_id)
         for index in (self.history, self.history_canon):
             if index is not None and seq_id in index:
                 index.remove(seq_id)
@@ -230,7 +233,8 @@ class TenantHistory:
         fallback table) are read too.
         """
         with self._lock:
-            parts = [ix.serialize() if ix is not None else b"" for ix in
+            live = [seq for seq in self._live if seq in self.history]
+            parts = [self._without(ix, live) if ix is not None else b"" for ix in
                      (self.history, self.history_canon, self.corpus, self.corpus_canon, self.prompts,
                       self.prompts_canon)]
             parts.append(self.calibration.table().astype("<f4").tobytes())
@@ -238,6 +242,18 @@ class TenantHistory:
             head = self._MAGIC + struct.pack("<IQQ", self._VERSION, self._next_seq, self._num_documents)
         body = head + b"".join(struct.pack("<Q", len(p)) + p for p in parts)
         return body + struct.pack("<I", zlib.crc32(body))
+
+    @staticmethod
+    def _without(index: SuffixIndex, live: list[int]) -> bytes:
+        """``index`` serialised without running requests' live sequences (a snapshot holds recorded
+        turns only: the running ones are recorded whole when they end)."""
+        live = [seq for seq in live if seq in index]
+        if not live:
+            return index.serialize()
+        copy = SuffixIndex.deserialize(index.serialize())
+        for seq in live:
+            copy.remove(seq)
+        return copy.serialize()
 
     def restore(self, data: bytes) -> None:
         """Replace this state with a ``snapshot``; ValueError (nothing changed) if the bytes are not one."""

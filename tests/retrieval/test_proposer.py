@@ -135,8 +135,10 @@ def test_running_requests_of_a_tenant_draft_from_each_others_output(live: bool) 
     other = p.begin("u", "trial-0", prompt)
     assert decode_walk(second.propose(16), list(answer)) == (16 if live else 0)
     assert decode_walk(other.propose(16), list(answer)) == 0  # tenants share nothing
+    snapshot = p.history("t").snapshot()  # recorded turns only: the running one is recorded when it ends
     first.finish(record=False)
     assert decode_walk(second.propose(16), list(answer)) == 0
+    assert snapshot == p.history("t").snapshot()
     assert p.index_stats("t").num_trajectories == 0
     second.commit(Verified.tokens(answer[:8]))
     assert p.index_stats("t").num_trajectories == int(live)  # running: its live output

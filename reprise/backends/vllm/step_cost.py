@@ -138,6 +138,11 @@ class StepCostMeter:
         fit = self.fit()
         return fit.plain_step(batch_size) if fit is not None else None
 
+    def measured_plain(self) -> dict[int, float]:
+        """The plain step by batch size where it was measured (``plain_step``'s first choice)."""
+        return {b: total / w for b, (w, total, steps) in sorted(self._plain.items())
+                if steps >= self.min_undrafted and w > 0.0}
+
     def observe_propose(self, seconds: float) -> None:
         """The proposer's own call took ``seconds`` (drafting time every step pays, drafts or not)."""
         self._propose_weight = self._propose_weight * self.decay + 1.0

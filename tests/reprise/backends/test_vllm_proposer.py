@@ -157,6 +157,7 @@ def test_the_step_cost_meter_tells_requests_from_draft_tokens_and_waits_for_enou
     for i in range(60):
         skewed.observe(8, 0 if i % 2 else 12, 0.101 if i % 2 else 0.13)
     assert skewed.plain_step(8) == pytest.approx(0.101) and skewed.plain_step(3) is not None
+    assert skewed.measured_plain() == {8: pytest.approx(0.101)}
 
     flat = StepCostMeter(min_steps=4)
     for _ in range(10):
