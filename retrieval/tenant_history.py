@@ -308,8 +308,10 @@ class TenantHistory:
     def stats(self) -> HistoryStats:
         indexes = [ix for ix in (self.history, self.history_canon, self.corpus, self.corpus_canon, self.prompts,
                                  self.prompts_canon) if ix is not None]
+        with self._lock:
+            running = sum(1 for seq in self._live if seq in self.history)
         return HistoryStats(
-            num_trajectories=self.history.num_sequences,
+            num_trajectories=self.history.num_sequences - running,  # recorded turns, not running outputs
             num_history_tokens=self.history.num_tokens,
             num_corpus_documents=self.corpus.num_sequences,
             num_corpus_tokens=self.corpus.num_tokens,

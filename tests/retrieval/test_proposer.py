@@ -141,7 +141,8 @@ def test_running_requests_of_a_tenant_draft_from_each_others_output(live: bool) 
     assert snapshot == p.history("t").snapshot()
     assert p.index_stats("t").num_trajectories == 0
     second.commit(Verified.tokens(answer[:8]))
-    assert p.index_stats("t").num_trajectories == int(live)  # running: its live output
+    assert p.index_stats("t").num_trajectories == 0  # a running output is not a recorded turn
+    assert p.index_stats("t").num_history_tokens == (16 + 8 if live else 0)  # but is drafted from
     second.finish(record=True)
     assert p.index_stats("t").num_trajectories == 1  # the recorded turn, once
 
