@@ -12,6 +12,7 @@ Each index comes in two forms, real token ids and canonical ids (numbers replace
 
 from __future__ import annotations
 
+import itertools
 import struct
 import threading
 import zlib
@@ -59,6 +60,14 @@ class HistoryStats:
     fallback_observations: int = 0
 
 
+@dataclass(slots=True)
+class _Live:
+    """A running request's sequence: its history id once indexed, its tokens until then."""
+
+    waiting: list[np.ndarray]
+    seq_id: int | None = None
+
+
 class TenantHistory:
     """The indexes a tenant's requests draft from, besides their own.
 
@@ -79,8 +88,8 @@ class TenantHistory:
         self.prompts = SuffixIndex(max_depth=depth, max_bytes=budget) if use_prompts else None
         self.prompts_canon = SuffixIndex(max_depth=depth, max_bytes=budget) if use_prompts and self._canonical else None
         self._prompt_seen: dict[str, tuple[int, int]] = {}  # session -> (sequence id, prompt tokens indexed)
-        self._live_leads: dict[int, np.ndarray] = {}  # running requests' lead-ins, until their first tokens
-        self._live: set[int] = set()  # running requests' sequences in the history (``open_live``)
+        self._live: dict[int, _Live] = {}  # running requests' sequences by handle (``open_live``)
+        self._live_handles = itertools.count()
         self.calibration = Calibration(config.prior_strength)
         self.fallback = FallbackTable() if config.fallback else None
         self.monitor = AcceptanceMonitor(MonitorConfig(threshold=config.collapse_threshold))
@@ -115,39 +124,64 @@ class TenantHistory:
         return seq_id
 
     def open_live(self, prompt_ids: Sequence[int] | np.ndarray) -> int | None:
-        """A history sequence for a running request (``DraftingConfig.live_history``): its lead-in and
-        output from its first committed tokens on (``extend_live``), so the tenant's other running
-        requests draft from it. None where the history is not drafted from. ``close_live`` ends it."""
+        """A handle on a history sequence for a running request (``DraftingConfig.live_history``): its
+        lead-in and output, so the tenant's other running requests draft from it. None where the history
+        is not drafted from. While the request is the tenant's only one running, its tokens wait in
+        memory (nothing else would draft from them, and its own drafts already see its context; a
+        tenant whose requests never overlap drafts exactly as without live history); they join the index
+        as soon as another request of the tenant runs. ``close_live`` ends it."""
         if not (self._config.live_history and self._config.use_history):
             return None
         prompt = as_tokens(prompt_ids, "prompt_ids")
         lead = prompt[len(prompt) - self._config.lead_in :] if self._config.lead_in else prompt[:0]
         with self._lock:
-            seq_id = self._next_seq
-            self._next_seq += 1
-            self._live_leads[seq_id] = lead.copy()
-        return seq_id
+            handle = next(self._live_handles)
+            self._live[handle] = _Live(waiting=[lead.copy()])
+            self._share_live()
+        return handle
 
-    def extend_live(self, seq_id: int, tokens: np.ndarray) -> None:
-        """Tokens a running request committed (``open_live``); the first ones come after its lead-in."""
+    def extend_live(self, handle: int, tokens: np.ndarray) -> None:
+        """Tokens a running request committed (``open_live``)."""
         with self._lock:
-            lead = self._live_leads.pop(seq_id, None)
-            self._live.add(seq_id)
-        if lead is not None and len(lead):
-            tokens = np.concatenate([lead, tokens])
+            live = self._live.get(handle)
+            if live is None:  # ended
+                return
+            if live.seq_id is not None:
+                self._index_live(live.seq_id, tokens)
+                return
+            live.waiting.append(np.asarray(tokens, dtype=np.int32).copy())
+            self._share_live()
+
+    def close_live(self, handle: int) -> None:
+        """The request ended: its live sequence goes (the turn is recorded whole, if at all, by ``record``;
+        one the byte budget already evicted is gone)."""
+        with self._lock:
+            live = self._live.pop(handle, None)
+            if live is None or live.seq_id is None:
+                return  # never in the index
+            for index in (self.history, self.history_canon):
+                if index is not None and live.seq_id in index:
+                    index.remove(live.seq_id)
+
+    def _share_live(self) -> None:
+        """With two or more requests running, every waiting one that has output joins the index (lock held)."""
+        if len(self._live) < 2:
+            return
+        for live in self._live.values():
+            if live.seq_id is None and len(live.waiting) > 1:  # its lead-in and some output
+                live.seq_id = self._next_seq
+                self._next_seq += 1
+                tokens, live.waiting = np.concatenate(live.waiting), []
+                self._index_live(live.seq_id, tokens)
+
+    def _index_live(self, seq_id: int, tokens: np.ndarray) -> None:
         self.history.extend(seq_id, tokens)
         if self.history_canon is not None:
             self.history_canon.extend(seq_id, self.canonical(tokens))
 
-    def close_live(self, seq_id: int) -> None:
-        """The request ended: its live sequence goes (the turn is recorded whole, if at all, by ``record``;
-        one the byte budget already evicted is gone)."""
-        with self._lock:
-            self._live_leads.pop(seq_id, None)
-            self._live.discard(seq_id)
-        for index in (self.history, self.history_canon):
-            if index is not None and seq_id in index:
-                index.remove(seq_id)
+    def _indexed_live(self) -> list[int]:
+        """Running requests' sequences in the history index (lock held)."""
+        return [live.seq_id for live in self._live.values() if live.seq_id is not None and live.seq_id in self.history]
 
     def _record_prompt(self, session_id: str, prompt: np.ndarray) -> None:
         """Index the part of a session's prompt not indexed yet (agents' prompts grow by appending; a
@@ -233,7 +267,7 @@ class TenantHistory:
         fallback table) are read too.
         """
         with self._lock:
-            live = [seq for seq in self._live if seq in self.history]
+            live = self._indexed_live()
             parts = [self._without(ix, live) if ix is not None else b"" for ix in
                      (self.history, self.history_canon, self.corpus, self.corpus_canon, self.prompts,
                       self.prompts_canon)]
@@ -309,7 +343,7 @@ class TenantHistory:
         indexes = [ix for ix in (self.history, self.history_canon, self.corpus, self.corpus_canon, self.prompts,
                                  self.prompts_canon) if ix is not None]
         with self._lock:
-            running = sum(1 for seq in self._live if seq in self.history)
+            running = len(self._indexed_live())
         return HistoryStats(
             num_trajectories=self.history.num_sequences - running,  # recorded turns, not running outputs
             num_history_tokens=self.history.num_tokens,

@@ -131,7 +131,9 @@ def test_running_requests_of_a_tenant_draft_from_each_others_output(live: bool) 
     p = RepriseProposer(DraftingConfig(live_history=live))
     first = p.begin("t", "trial-0", prompt)
     first.commit(Verified.tokens(answer[:40]))  # running: 40 tokens generated, not finished
+    assert p.index_stats("t").num_history_tokens == 0  # alone: nobody else would draft from it
     second = p.begin("t", "trial-1", prompt)
+    assert p.index_stats("t").num_history_tokens == (16 + 40 if live else 0)  # its lead-in and output
     other = p.begin("u", "trial-0", prompt)
     assert decode_walk(second.propose(16), list(answer)) == (16 if live else 0)
     assert decode_walk(other.propose(16), list(answer)) == 0  # tenants share nothing
@@ -142,7 +144,6 @@ def test_running_requests_of_a_tenant_draft_from_each_others_output(live: bool) 
     assert p.index_stats("t").num_trajectories == 0
     second.commit(Verified.tokens(answer[:8]))
     assert p.index_stats("t").num_trajectories == 0  # a running output is not a recorded turn
-    assert p.index_stats("t").num_history_tokens == (16 + 8 if live else 0)  # but is drafted from
     second.finish(record=True)
     assert p.index_stats("t").num_trajectories == 1  # the recorded turn, once
 

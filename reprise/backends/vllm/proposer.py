@@ -319,8 +319,8 @@ class RepriseVllmProposer:
         proposer's own call counted as paid either way); before, each request's share on the attached
         budget's table (``DraftBudget.choose``). Probabilities are scaled by how each request's drafts
         fared (``AcceptanceTracker``)."""
-        scales = [self._requests[r].tracker.scale if self._requests[r].tracker is not None else 1.0
-                  for _, r, _ in chains]
+        trackers = [self._requests[r].tracker for _, r, _ in chains]
+        scales = [t.scale if t is not None else 1.0 for t in trackers]
         budget = self._budget
         if budget is None:
             return [chain for _, _, chain in chains]
