@@ -74,6 +74,43 @@ class _Request:
     source: str = ""
     tracker: AcceptanceTracker | None = None  # this request's own calibration of its drafts' probabilities
     replaced: float = 0.0  # what the retrieval chain the last (neural) chain replaced expected
+    stopping: _Stopping | None = None  # where vLLM ends its output (None: not known here)
+
+
+@dataclass(slots=True)
+class _Stopping:
+    """Where vLLM ends a request's output: at ``max_tokens``, or at a stop token (the EOS unless
+    ignored, ``stop_token_ids``) once ``min_tokens`` are out. A step that accepts drafts past the end
+    writes them to the runner's token buffer before the scheduler cuts them; the user never gets them,
+    so the savings estimate must not count them."""
+
+    max_tokens: int | None
+    min_tokens: int
+    stops: frozenset[int]
+    produced: int = 0  # output tokens delivered so far (the first one, the prefill's, included)
+    ended: bool = False
+
+    @classmethod
+    def of(cls, params: Any) -> _Stopping | None:
+        if params is None or not hasattr(params, "max_tokens"):
+            return None
+        stops = set(getattr(params, "stop_token_ids", None) or ())
+        eos = getattr(params, "eos_token_id", None)
+        if eos is not None and not getattr(params, "ignore_eos", False):
+            stops.add(int(eos))
+        return cls(getattr(params, "max_tokens", None), int(getattr(params, "min_tokens", 0) or 0), frozenset(stops))
+
+    def deliver(self, new: np.ndarray) -> int:
+        """How many of ``new`` (a step's tokens, in order) reach the user."""
+        n = 0
+        for token in new.tolist():
+            if self.ended or (self.max_tokens is not None and self.produced >= self.max_tokens):
+                break
+            n += 1
+            self.produced += 1
+            if token in self.stops and self.produced > self.min_tokens:
+                self.ended = True
+        return n
 
 
 @dataclass(frozen=True, slots=True)
@@ -344,26 +381,29 @@ class RepriseVllmProposer:
             num_prompt = int(getattr(self.runner.requests.get(req_id), "num_prompt_tokens", 0) or 0)
             num_prompt = min(num_prompt, length) if num_prompt else max(length - 1, 0)
             session = self._begin(tag, row[:num_prompt]) if tag.speculate else None
-            req = self._requests[req_id] = _Request(tag, session, num_prompt, tracker=AcceptanceTracker())
+            stopping = _Stopping.of(getattr(self.runner.requests.get(req_id), "sampling_params", None))
+            req = self._requests[req_id] = _Request(tag, session, num_prompt, tracker=AcceptanceTracker(),
+                                                    stopping=stopping)
         new = np.asarray(row[req.seen:length], dtype=np.int32)
         if not len(new):
             return None
         req.seen = length
         accepted = _matched(req.draft, new[:-1])
+        delivered = req.stopping.deliver(new) if req.stopping is not None else len(new)
         if req.source == NEURAL and len(req.draft) and timed is not None:  # what the head's chain won or lost
             plain = timed.plain_step_seconds if timed.plain_step_seconds is not None else timed.seconds
             self.payoff.credit(accepted - req.replaced, plain / max(timed.batch_size, 1))
         record = StepRecord(req.tag.tenant, len(req.draft), accepted, req.source if len(req.draft) else "")
         if timed is not None and req_id in self._prefilling:  # its prompt's last chunk: prefill time
             seconds = timed.share(req_id)
-            record = replace(record, num_tokens=len(new), prefill_seconds=seconds, plain_prefill_seconds=seconds)
+            record = replace(record, num_tokens=delivered, prefill_seconds=seconds, plain_prefill_seconds=seconds)
             self._record(record)
         elif timed is not None:  # its share of the step, and what its tokens would have cost in plain steps
-            cost = timed.cost(req_id, len(new))
-            record = replace(record, num_tokens=len(new), seconds=cost.seconds, plain_seconds=cost.plain_seconds)
+            cost = timed.cost(req_id, delivered)
+            record = replace(record, num_tokens=delivered, seconds=cost.seconds, plain_seconds=cost.plain_seconds)
             if timed.unpriced:  # its counts now, its costs once they can be priced
                 self._record(replace(record, num_tokens=0, seconds=0.0, plain_seconds=0.0))
-                self._hold(StepRecord(req.tag.tenant, 0, 0, "", len(new), cost.seconds, cost.plain_seconds, late=True),
+                self._hold(StepRecord(req.tag.tenant, 0, 0, "", delivered, cost.seconds, cost.plain_seconds, late=True),
                            timed.batch_size)
             else:
                 self._record(record)

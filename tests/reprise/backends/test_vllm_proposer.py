@@ -243,6 +243,35 @@ def test_steady_steps_carry_their_time_and_the_plain_estimate_of_their_tokens():
     assert any(s.num_tokens > 1 for s in timed)  # drafts committed several tokens in a step
 
 
+def test_tokens_past_the_end_of_an_output_are_not_counted():
+    """A step that accepts drafts past the request's end (its EOS, or max_tokens) wrote them to the
+    runner's buffer; vLLM cuts them and the user never gets them, so they count as no tokens."""
+    from reprise.backends.vllm.proposer import _Stopping
+
+    params = SimpleNamespace(max_tokens=6, min_tokens=0, stop_token_ids=[9], eos_token_id=2, ignore_eos=False)
+    stop = _Stopping.of(params)
+    assert stop.deliver(np.array([5, 6, 7])) == 3 and stop.deliver(np.array([8, 2, 4, 4])) == 2  # EOS ends it
+    assert stop.deliver(np.array([4])) == 0
+    longest = _Stopping.of(SimpleNamespace(max_tokens=4, min_tokens=0, stop_token_ids=None, eos_token_id=2,
+                                           ignore_eos=True))
+    assert longest.deliver(np.array([2, 2, 2])) == 3 and longest.deliver(np.array([2, 2])) == 1  # max_tokens
+    early = _Stopping.of(SimpleNamespace(max_tokens=None, min_tokens=3, stop_token_ids=[9], eos_token_id=None))
+    assert early.deliver(np.array([9, 9, 9, 9, 9])) == 4  # a stop before min_tokens does not stop
+    assert _Stopping.of(None) is None and _Stopping.of(SimpleNamespace(extra_args=None)) is None
+
+    tenants = RepriseProposer()
+    tenants.record("acme", "old", [1, 2, 3], TEXT)
+    batch = Batch()
+    batch.add("r1", RequestTag("acme", "s1"), [1, 2, 3])
+    batch.requests["r1"].sampling_params.max_tokens = 10
+    p = _proposer(batch, tenants)
+    p.step_cost = FixedLine()
+    _decode(p, batch, TEXT)  # drafts run well past 10 tokens
+    steps = [StepRecord.from_wire(s) for s in p.drain_steps()]
+    assert sum(s.num_tokens for s in steps) == 10 - 1  # the first, untimed here (no step before it), aside
+    assert sum(s.num_accepted + 1 for s in steps[1:]) > 10  # what the steps verified ran past the end
+
+
 class ColdLine(FixedLine):
     """``FixedLine`` once ``measured``; before, no step cost (the meter's first ``min_steps`` steps)."""
 
