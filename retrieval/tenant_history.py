@@ -338,6 +338,7 @@ class TenantHistory:
             self.monitor = AcceptanceMonitor(MonitorConfig(threshold=self._config.collapse_threshold))
             self._next_seq = next_seq
             self._num_documents = num_docs
+            self._live.clear()  # running requests' sequences were in the replaced index: they stop sharing
 
     def stats(self) -> HistoryStats:
         indexes = [ix for ix in (self.history, self.history_canon, self.corpus, self.corpus_canon, self.prompts,

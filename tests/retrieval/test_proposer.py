@@ -148,6 +148,25 @@ def test_running_requests_of_a_tenant_draft_from_each_others_output(live: bool) 
     assert p.index_stats("t").num_trajectories == 1  # the recorded turn, once
 
 
+def test_a_restore_while_requests_run_leaves_the_restored_turns_alone() -> None:
+    """A restore replaces the index running requests shared: from then on they share nothing, and their
+    later tokens and ends touch none of the restored sequences (whose ids may be theirs)."""
+    rng = np.random.default_rng(4)
+    prompt = rng.integers(0, 500, 30).astype(np.int32)
+    p = RepriseProposer()
+    first, second = p.begin("t", "a", prompt), p.begin("t", "b", prompt)
+    first.commit(Verified.tokens(rng.integers(0, 500, 20).astype(np.int32)))  # shared: in the index
+    other = RepriseProposer()
+    run_request(other, "t", "x", prompt, rng.integers(0, 500, 30).astype(np.int32))
+    restored = other.history("t").snapshot()
+    p.history("t").restore(restored)
+    first.commit(Verified.tokens(rng.integers(0, 500, 5).astype(np.int32)))
+    second.commit(Verified.tokens(rng.integers(0, 500, 5).astype(np.int32)))
+    first.finish(record=False)
+    second.finish(record=False)
+    assert p.history("t").snapshot() == restored
+
+
 def _toy_vocabulary():
     words = {i: f"w{i}" for i in range(100)}
     words.update({100 + i: str(i) for i in range(50)})  # number tokens
