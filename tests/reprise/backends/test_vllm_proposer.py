@@ -49,6 +49,15 @@ def _proposer(batch: Batch, tenants: RepriseProposer, k: int = 8) -> RepriseVllm
     return p
 
 
+def _one_request(k: int = 8) -> tuple[RepriseVllmProposer, Batch]:
+    """A proposer over a batch of one request, ``r1`` of tenant acme, whose history holds ``TEXT``."""
+    tenants = RepriseProposer()
+    tenants.record("acme", "old", [1, 2, 3], TEXT)
+    batch = Batch()
+    batch.add("r1", RequestTag("acme", "s1"), [1, 2, 3])
+    return _proposer(batch, tenants, k), batch
+
+
 def _decode(p: RepriseVllmProposer, batch: Batch, target: list[int], steps: int = 40) -> list[list[int]]:
     """Greedy chain verification of row 0 against ``target`` (accepted prefix + one bonus token)."""
     drafts: list[list[int]] = []
@@ -71,11 +80,7 @@ def _decode(p: RepriseVllmProposer, batch: Batch, target: list[int], steps: int 
 
 
 def test_steps_carry_the_tenant_and_exact_accept_counts():
-    tenants = RepriseProposer()
-    tenants.record("acme", "old", [1, 2, 3], TEXT)
-    batch = Batch()
-    batch.add("r1", RequestTag("acme", "s1"), [1, 2, 3])
-    p = _proposer(batch, tenants)
+    p, batch = _one_request()
     drafts = _decode(p, batch, TEXT)
     steps = [StepRecord.from_wire(s) for s in p.drain_steps()]
     assert {s.tenant for s in steps} == {"acme"}
@@ -168,11 +173,7 @@ def test_the_step_cost_meter_tells_requests_from_draft_tokens_and_waits_for_enou
 def test_steady_steps_replace_the_default_cost_model():
     from reprise.backends.vllm.step_cost import StepCostMeter, VllmStepCost
 
-    tenants = RepriseProposer()
-    tenants.record("acme", "old", [1, 2, 3], TEXT)
-    batch = Batch()
-    batch.add("r1", RequestTag("acme", "s1"), [1, 2, 3])
-    p = _proposer(batch, tenants)
+    p, batch = _one_request()
     p._budget = DraftBudget(max_draft_tokens=8)
     p.step_cost = StepCostMeter(min_steps=4, min_spread=0.01)
     rng = np.random.default_rng(1)
@@ -227,11 +228,7 @@ class FixedLine:
 
 
 def test_steady_steps_carry_their_time_and_the_plain_estimate_of_their_tokens():
-    tenants = RepriseProposer()
-    tenants.record("acme", "old", [1, 2, 3], TEXT)
-    batch = Batch()
-    batch.add("r1", RequestTag("acme", "s1"), [1, 2, 3])
-    p = _proposer(batch, tenants)
+    p, batch = _one_request()
     p.step_cost = FixedLine()
     _decode(p, batch, TEXT)
     steps = [StepRecord.from_wire(s) for s in p.drain_steps()]
@@ -259,12 +256,8 @@ def test_tokens_past_the_end_of_an_output_are_not_counted():
     assert early.deliver(np.array([9, 9, 9, 9, 9])) == 4  # a stop before min_tokens does not stop
     assert _Stopping.of(None) is None and _Stopping.of(SimpleNamespace(extra_args=None)) is None
 
-    tenants = RepriseProposer()
-    tenants.record("acme", "old", [1, 2, 3], TEXT)
-    batch = Batch()
-    batch.add("r1", RequestTag("acme", "s1"), [1, 2, 3])
-    batch.requests["r1"].sampling_params.max_tokens = 10
-    p = _proposer(batch, tenants)
+    p, batch = _one_request()
+    batch.requests["r1"].sampling_params.max_tokens = 10  # read at the request's first step
     p.step_cost = FixedLine()
     _decode(p, batch, TEXT)  # drafts run well past 10 tokens
     steps = [StepRecord.from_wire(s) for s in p.drain_steps()]
@@ -288,11 +281,7 @@ def test_steady_steps_before_the_step_cost_is_measured_are_priced_when_it_is():
     """A fresh worker's first steady steps send their drafting counts at once and hold their costs until
     the meter has a price, then go out priced at the plain step of their batch size (not at their own
     time: that would claim no saving for them), as ``late`` records that are no step of their own."""
-    tenants = RepriseProposer()
-    tenants.record("acme", "old", [1, 2, 3], TEXT)
-    batch = Batch()
-    batch.add("r1", RequestTag("acme", "s1"), [1, 2, 3])
-    p = _proposer(batch, tenants)
+    p, batch = _one_request()
     p.step_cost = cold = ColdLine()
     _decode(p, batch, TEXT[:12], steps=12)
     early = [StepRecord.from_wire(s) for s in p.drain_steps()]
@@ -312,11 +301,7 @@ def test_steady_steps_before_the_step_cost_is_measured_are_priced_when_it_is():
 
 
 def test_held_costs_go_out_at_their_own_time_when_no_step_cost_is_measured_in_time():
-    tenants = RepriseProposer()
-    tenants.record("acme", "old", [1, 2, 3], TEXT)
-    batch = Batch()
-    batch.add("r1", RequestTag("acme", "s1"), [1, 2, 3])
-    p = _proposer(batch, tenants)
+    p, batch = _one_request()
     p.step_cost = ColdLine()
     _decode(p, batch, TEXT[:12], steps=12)
     p.drain_steps()
@@ -331,11 +316,7 @@ def test_held_costs_go_out_at_their_own_time_when_no_step_cost_is_measured_in_ti
 
 def test_a_drain_that_asks_for_the_held_costs_gets_them_all_at_their_own_time():
     """What a benchmark does at the end of a pass: every step of the pass in it, priced or not."""
-    tenants = RepriseProposer()
-    tenants.record("acme", "old", [1, 2, 3], TEXT)
-    batch = Batch()
-    batch.add("r1", RequestTag("acme", "s1"), [1, 2, 3])
-    p = _proposer(batch, tenants)
+    p, batch = _one_request()
     p.step_cost = ColdLine()
     _decode(p, batch, TEXT[:12], steps=12)
     held = len(p._unpriced)
