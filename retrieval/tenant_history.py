@@ -118,9 +118,7 @@ class TenantHistory:
             self._next_seq += 1
         if len(seq) == 0:
             return seq_id
-        self.history.add(seq_id, seq)
-        if self.history_canon is not None:
-            self.history_canon.add(seq_id, self.canonical(seq))
+        self._index_history(seq_id, seq)
         return seq_id
 
     def open_live(self, prompt_ids: Sequence[int] | np.ndarray) -> int | None:
@@ -147,7 +145,7 @@ class TenantHistory:
             if live is None:  # ended
                 return
             if live.seq_id is not None:
-                self._index_live(live.seq_id, tokens)
+                self._index_history(live.seq_id, tokens)
                 return
             live.waiting.append(np.asarray(tokens, dtype=np.int32).copy())
             self._share_live()
@@ -172,9 +170,10 @@ class TenantHistory:
                 live.seq_id = self._next_seq
                 self._next_seq += 1
                 tokens, live.waiting = np.concatenate(live.waiting), []
-                self._index_live(live.seq_id, tokens)
+                self._index_history(live.seq_id, tokens)
 
-    def _index_live(self, seq_id: int, tokens: np.ndarray) -> None:
+    def _index_history(self, seq_id: int, tokens: np.ndarray) -> None:
+        """Append ``tokens`` to history sequence ``seq_id`` (created when new), and its canonical twin."""
         self.history.extend(seq_id, tokens)
         if self.history_canon is not None:
             self.history_canon.extend(seq_id, self.canonical(tokens))
