@@ -617,12 +617,13 @@ def savings_check(steps: list[tuple], drafted: dict[str, Any], plain: dict[str, 
     against the speedup measured over vLLM plain on the same calls.
 
     ``speedup_estimated``: the estimate summed over the pass's timed steps (decoding steps against the
-    plain steps their tokens would have taken; prefills at their own time) / their measured seconds, the
+    plain steps their tokens would have taken, as the plain schedule priced them in ``late`` records;
+    prefills at their own time) / their measured seconds, the
     figure the service reports. ``speedup_measured``: tokens/s of the drafted pass / of the plain pass
     (whole passes, wall clock). ``timed_share``: the part of the drafted pass's seconds the records
     cover (the rest: the engine's work between steps, the client's); ``speedup_estimated_pass`` counts
     that rest as unchanged without drafts."""
-    timed = [s for s in steps if len(s) > 8 and (s[4] > 0 or s[7] > 0)]
+    timed = [s for s in steps if len(s) > 8 and (s[4] > 0 or s[7] > 0 or (len(s) > 9 and s[9]))]
     spent = sum(float(s[5]) + float(s[7]) for s in timed)
     estimate = sum(float(s[6]) + float(s[8]) for s in timed)
     prefill = sum(float(s[7]) for s in timed)

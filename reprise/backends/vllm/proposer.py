@@ -13,8 +13,9 @@ step added, and sends the best path of the session's tree (``retrieval.chain``),
 chains. Per step:
 
     for each row with new tokens: commit them (the accepted part of the last draft, then the bonus),
-        record (tenant, draft length, accepted; on a steady step its share of the step's time and the
-        plain-step estimate of its tokens: serving/savings.py) for the service's accounting, propose the
+        record (tenant, draft length, accepted; on a timed step its tokens and its share of the step's
+        time) for the service's accounting, and hand its tokens to the plain schedule that prices what
+        they would have cost without drafts (serving/plain_schedule.py), propose the
         next chain, its first token re-ranked by the target's own logits for the tree's roots
         (``first_token``: the hidden state the row's last token was sampled from, times the output
         embedding's rows); where that chain expects little, a Medusa head's chain from the same hidden
@@ -52,14 +53,16 @@ from reprise.backends.vllm.tags import RequestTag, StepRecord, StepWire
 from reprise.engine.draft_budget import AcceptanceTracker, DraftBudget
 from retrieval.draft_tree import subtree
 from retrieval.session import Verified
-from serving.savings import RequestCost, share
+from serving.plain_schedule import PlainSchedule
+from serving.savings import share
 
 log = logging.getLogger(__name__)
 
 DEFAULT_STALL_TIMEOUT_S = 1.0
 RECOVERY_STEPS = 16  # good steps in a row that end a failure episode (the next failure warns again)
 _MAX_PENDING_STEPS = 200_000  # step records kept for the service between two drains
-UNPRICED_HOLD_S = 120.0  # how long a steady step's record waits for a measured step cost before it goes out unpriced
+UNPRICED_HOLD_S = 120.0  # how long a finished request waits for a measured step cost before it goes out unpriced
+DEFAULT_MAX_BATCH = 256  # a plain engine's batch limit where vLLM's scheduler config does not say
 
 
 @dataclass(slots=True)
@@ -90,6 +93,11 @@ class _Stopping:
     produced: int = 0  # output tokens delivered so far (the first one, the prefill's, included)
     ended: bool = False
 
+    @property
+    def over(self) -> bool:
+        """Whether the output has ended (a stop token, or ``max_tokens`` out)."""
+        return self.ended or (self.max_tokens is not None and self.produced >= self.max_tokens)
+
     @classmethod
     def of(cls, params: Any) -> _Stopping | None:
         if params is None or not hasattr(params, "max_tokens"):
@@ -104,7 +112,7 @@ class _Stopping:
         """How many of ``new`` (a step's tokens, in order) reach the user."""
         n = 0
         for token in new.tolist():
-            if self.ended or (self.max_tokens is not None and self.produced >= self.max_tokens):
+            if self.over:
                 break
             n += 1
             self.produced += 1
@@ -117,25 +125,17 @@ class _Stopping:
 class _StepTime:
     """A step as the proposer timed it: its ``seconds``, each request's ``weights`` in it (rows verified
     on a steady step, tokens scheduled on one that prefilled), its ``batch_size``, and the cost of a plain
-    step (one row per request) of that batch (None: a step that was not a steady one, or no price yet;
-    priced at its own time). ``unpriced``: a steady step before any step cost was measured, whose
-    records wait for one (``RepriseVllmProposer._hold``)."""
+    step (one row per request) of that batch (None: a step that prefilled, or no price yet)."""
 
     seconds: float
     weights: dict[str, int]
     batch_size: int
     plain_step_seconds: float | None
-    unpriced: bool = False
-
-    def cost(self, req_id: str, num_tokens: int) -> RequestCost:
-        """The request's part of the step (its weight's) against the plain steps ``num_tokens`` would have
-        taken (serving/savings.py)."""
-        return share(self.seconds, self.weights.get(req_id, 1), sum(self.weights.values()), num_tokens,
-                     self.batch_size, self.plain_step_seconds)
 
     def share(self, req_id: str) -> float:
-        """The request's seconds of the step."""
-        return self.cost(req_id, 0).seconds
+        """The request's seconds of the step: its weight's part (serving/savings.py)."""
+        return share(self.seconds, self.weights.get(req_id, 1), sum(self.weights.values()), 0, self.batch_size,
+                     None).seconds
 
 
 @dataclass(slots=True)
@@ -167,7 +167,9 @@ class RepriseVllmProposer:
         self._requests: dict[str, _Request] = {}
         self._steps: list[StepWire] = []
         self._steps_lock = threading.Lock()
-        self._unpriced: list[tuple[StepRecord, int, float]] = []  # (record, batch size, when): ``_hold``
+        scheduler = getattr(vllm_config, "scheduler_config", None)
+        self.schedule = PlainSchedule(int(getattr(scheduler, "max_num_seqs", 0) or DEFAULT_MAX_BATCH))
+        self._schedule_lock = threading.Lock()  # the drafting thread steps it, a drain flushes it
         self.unpriced_hold_s = UNPRICED_HOLD_S
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reprise-draft")
         self._running: Future[list[list[int]]] | None = None
@@ -221,7 +223,8 @@ class RepriseVllmProposer:
             tokens = np.array(token_ids_cpu[:num_rows, : int(lengths.max(initial=0))], dtype=np.int32)
             live = set(self.runner.requests)
             hidden = self._row_hidden(sampled_token_ids)
-            self._running = self._pool.submit(self._draft_step, rows, lengths, tokens, live, num_rows, timed, hidden)
+            self._running = self._pool.submit(self._draft_step, rows, lengths, tokens, live, num_rows, timed, hidden,
+                                              now)
             drafts = self._running.result(timeout=self.stall_timeout_s)
         except FutureTimeout:
             self._good_steps = 0
@@ -251,12 +254,10 @@ class RepriseVllmProposer:
         steps and the proposer's last call). A step that was not a steady one (a request joined, left or
         is prefilling: the engine may have been idle, or busy with other work, since the last call) is
         timed from when the runner began it (``_time_steps``) and the meters learn nothing from it; its
-        time is shared by the tokens each request scheduled. One that only decoded (the batch changed
-        because a request left, or the engine idled in between) is priced at the plain step of its batch
-        size like a steady one: a request that drafted well finishes early, and each such finish would
-        otherwise claim nothing for a step of several tokens a request. One that prefilled is priced at
-        its own time (no saving claimed), so that the tenant's figures cover all of its engine time, as
-        a run without Reprise would be timed. vLLM's prefix cache is vLLM's own (a vLLM without
+        time is shared by the tokens each request scheduled. Every timed step's decoding tokens go to the
+        plain schedule (``PlainSchedule``), which prices them; a prefilling row's share is prefill time,
+        priced at its own time (no saving claimed), so that the tenant's figures cover all of its engine
+        time, as a run without Reprise would be timed. vLLM's prefix cache is vLLM's own (a vLLM without
         Reprise has it too): the prompt tokens it gives are no saving of Reprise's here. None: no step to
         time (the first, or a step the runner did not report)."""
         last, self._last_step = self._last_step, None
@@ -280,10 +281,7 @@ class RepriseVllmProposer:
         if fit is not None and self.step_cost.num_steps % 32 == 0:  # the cut prices drafts by it from now
             self._cost = fit
         weights = {r: 1 + len(self._requests[r].draft) if r in self._requests else 1 for r in req_ids}
-        plain = self.step_cost.plain_step(batch)
-        if plain is not None and self._unpriced:
-            self._price_held()
-        return _StepTime(seconds, weights, batch, plain, unpriced=plain is None)
+        return _StepTime(seconds, weights, batch, self.step_cost.plain_step(batch))
 
     def _record_prefill_chunk(self, req_id: str, tag: RequestTag | None, timed: _StepTime) -> None:
         """A row that prefilled a prompt chunk and sampled nothing: its share of the step, as prefill."""
@@ -325,7 +323,7 @@ class RepriseVllmProposer:
 
     def _draft_step(self, rows: list[tuple[int, str, RequestTag | None]], lengths: np.ndarray,
                     token_ids: np.ndarray, live: set[str], num_rows: int,
-                    timed: _StepTime | None = None, hidden: Any = None) -> list[list[int]]:
+                    timed: _StepTime | None = None, hidden: Any = None, now: float = 0.0) -> list[list[int]]:
         for req_id in [r for r in self._requests if r not in live]:
             self._end(req_id)
         self._prefilling &= live  # requests that left before their first token
@@ -333,9 +331,10 @@ class RepriseVllmProposer:
         chains: list[tuple[int, str, Any]] = []
         for i, req_id, tag in rows:
             chain = self._draft_row(req_id, tag, token_ids[i], int(lengths[i]), timed,
-                                    None if hidden is None else hidden[i])
+                                    None if hidden is None else hidden[i], now)
             if chain is not None and len(chain):
                 chains.append((i, req_id, chain))
+        self._price()
         batch = len(rows)
         for (i, req_id, chain), kept in zip(chains, self._cut(chains, batch)):
             req = self._requests[req_id]
@@ -372,7 +371,7 @@ class RepriseVllmProposer:
                 for (_, _, chain), (order, _), n in zip(chains, ranked, counts)]
 
     def _draft_row(self, req_id: str, tag: RequestTag | None, row: np.ndarray, length: int,
-                   timed: _StepTime | None = None, hidden: Any = None) -> Any:
+                   timed: _StepTime | None = None, hidden: Any = None, now: float = 0.0) -> Any:
         """Commit what the last step added to the request's session and propose its next chain."""
         req = self._requests.get(req_id)
         if req is None:
@@ -384,6 +383,8 @@ class RepriseVllmProposer:
             stopping = _Stopping.of(getattr(self.runner.requests.get(req_id), "sampling_params", None))
             req = self._requests[req_id] = _Request(tag, session, num_prompt, tracker=AcceptanceTracker(),
                                                     stopping=stopping)
+            with self._schedule_lock:
+                self.schedule.arrive(req_id, tag.tenant, tag.session_id, now)
         new = np.asarray(row[req.seen:length], dtype=np.int32)
         if not len(new):
             return None
@@ -398,17 +399,16 @@ class RepriseVllmProposer:
             seconds = timed.share(req_id)
             record = replace(record, num_tokens=delivered, prefill_seconds=seconds, plain_prefill_seconds=seconds)
             self._record(record)
-        elif timed is not None:  # its share of the step, and what its tokens would have cost in plain steps
-            cost = timed.cost(req_id, delivered)
-            record = replace(record, num_tokens=delivered, seconds=cost.seconds, plain_seconds=cost.plain_seconds)
-            if timed.unpriced:  # its counts now, its costs once they can be priced
-                self._record(replace(record, num_tokens=0, seconds=0.0, plain_seconds=0.0))
-                self._hold(StepRecord(req.tag.tenant, 0, 0, "", delivered, cost.seconds, cost.plain_seconds, late=True),
-                           timed.batch_size)
-            else:
-                self._record(record)
+        elif timed is not None:  # its share of the step; the plain schedule prices its tokens (``_price``)
+            seconds = timed.share(req_id)
+            self._record(replace(record, num_tokens=delivered, seconds=seconds))
+            with self._schedule_lock:
+                self.schedule.deliver(req_id, delivered, seconds, now)
         else:
             self._record(record)
+        if req.stopping is not None and req.stopping.over:
+            with self._schedule_lock:
+                self.schedule.finish(req_id)
         self._prefilling.discard(req_id)
         verified = Verified(new, np.arange(accepted, dtype=np.int32), draft_verified=len(req.draft) > 0)
         if req.chain is not None and req.tracker is not None:  # a request whose drafts fail verifies fewer
@@ -478,6 +478,8 @@ class RepriseVllmProposer:
 
     def _end(self, req_id: str) -> None:
         req = self._requests.pop(req_id)
+        with self._schedule_lock:
+            self.schedule.finish(req_id)
         if req.session is not None:
             try:
                 req.session.finish(record=False)  # the service records the turn (the stored one)
@@ -489,25 +491,23 @@ class RepriseVllmProposer:
             if len(self._steps) < _MAX_PENDING_STEPS:
                 self._steps.append(step.to_wire())
 
-    def _hold(self, step: StepRecord, batch_size: int) -> None:
-        """Keep the costs (a ``late`` record) of a steady step taken before vLLM's step cost was measured
-        (the meter needs ``min_steps`` steady steps) until it is: priced then at the plain step of its
-        batch size (``_price_held``), not at its own time, so that a fresh worker's first steps count what
-        they saved. The step's drafting counts went out at once. Costs still unpriced after
-        ``unpriced_hold_s`` go out at their own time (no saving claimed: ``drain_steps``)."""
-        with self._steps_lock:
-            if len(self._unpriced) < _MAX_PENDING_STEPS:
-                self._unpriced.append((step, batch_size, time.monotonic()))
-
-    def _price_held(self) -> None:
-        """Price the held records now that the meter has a step cost, and hand them to the service."""
-        with self._steps_lock:
-            held, self._unpriced = self._unpriced, []
-        for step, batch, _ in held:
-            plain = self.step_cost.plain_step(batch)
-            if plain is not None:
-                step = replace(step, plain_seconds=step.num_tokens * plain / max(batch, 1))
-            self._record(step)
+    def _price(self, finished: bool = False) -> None:
+        """Take the plain steps the schedule can now price (``PlainSchedule.advance``) and hand each
+        request's plain seconds to the service as a ``late`` record once its plain run ends. Requests
+        still unpriced ``unpriced_hold_s`` after they finished (the meter has no step cost yet: it needs
+        ``min_steps`` steady steps) go out at their own time (no saving claimed); ``finished``: every
+        request has ended (a benchmark's pass is over), and what cannot be priced goes out now."""
+        with self._schedule_lock:
+            if finished:
+                self.schedule.finish_all()
+            ended = self.schedule.advance(self.step_cost.plain_step)
+            if self.step_cost.plain_step(1) is None:
+                cutoff = float("inf") if finished else time.perf_counter() - self.unpriced_hold_s
+                ended += self.schedule.flush(cutoff)
+            ended += self.schedule.trim()
+        for tenant, plain, _ in ended:
+            if tenant is not None:
+                self._record(StepRecord(tenant, 0, 0, "", plain_seconds=plain, late=True))
 
     def _warn(self, message: str) -> None:
         if not self._warned:
@@ -540,14 +540,12 @@ class RepriseVllmProposer:
             _capture_hidden_states(runner, self)
 
     def drain_steps(self, held: bool = False) -> list[StepWire]:
-        """The step records since the last drain (wire form of ``StepRecord``), with the held ones
-        (``_hold``) older than ``unpriced_hold_s`` at their own time; ``held``: all of them (a benchmark
-        that ends a pass wants its steps in it, priced or not)."""
-        cutoff = float("inf") if held else time.monotonic() - self.unpriced_hold_s
+        """The step records since the last drain (wire form of ``StepRecord``), with the plain costs the
+        schedule priced by now (``_price``); ``held``: every request has ended (a benchmark that ends a
+        pass wants all of its costs in it, priced or not)."""
+        self._price(finished=held)
         with self._steps_lock:
-            stale = [step for step, _, when in self._unpriced if when <= cutoff]
-            self._unpriced = [item for item in self._unpriced if item[2] > cutoff]
-            steps, self._steps = self._steps + [step.to_wire() for step in stale], []
+            steps, self._steps = self._steps, []
         return steps
 
     def close(self) -> None:

@@ -44,11 +44,11 @@ class StepRecord:
     """One step of one request, as the worker saw it: the draft it verified (its length and drafter)
     and how many of its tokens were accepted. On a step the worker timed
     (``proposer.RepriseVllmProposer._time_step``) also the tokens it committed, its share of the step's
-    seconds and the plain-step estimate of those tokens (serving/savings.py), or, on a step that
-    prefilled its prompt (or a chunk of it), that share as prefill seconds against the same plus what
-    prefilling its cached prompt tokens would have cost; 0 otherwise. ``late``: the costs of a step
-    whose drafts and counts went out earlier (a step priced once vLLM's step cost was measured:
-    ``proposer.RepriseVllmProposer._hold``), not a step of its own."""
+    seconds, or, on a step that prefilled its prompt (or a chunk of it), that share as prefill seconds
+    against the same plus what prefilling its cached prompt tokens would have cost; 0 otherwise.
+    ``late``: what a request's decoding tokens would have cost in plain steps, once the plain schedule
+    (serving/plain_schedule.py, ``proposer.RepriseVllmProposer._price``) has priced them: costs of
+    steps whose counts went out earlier, not a step of its own."""
 
     tenant: str
     num_draft: int

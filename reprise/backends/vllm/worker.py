@@ -128,8 +128,8 @@ class RepriseWorkerExtension:
         return {k: int(v) for k, v in dataclasses.asdict(self._reprise_proposer().tenants.index_stats(tenant)).items()}
 
     def reprise_drain_steps(self, held: bool = False) -> list[StepWire]:
-        """The step records since the last drain; ``held``: also those waiting for a step cost, at their
-        own time (``proposer.RepriseVllmProposer.drain_steps``)."""
+        """The step records since the last drain; ``held``: every request has ended, and the plain costs
+        the schedule cannot price yet go out at their own time (a benchmark ending a pass)."""
         return self._reprise_proposer().drain_steps(held)
 
     def reprise_health(self) -> dict[str, int]:

@@ -227,17 +227,24 @@ class FixedLine:
         return self.fit().plain_step(batch_size)
 
 
-def test_steady_steps_carry_their_time_and_the_plain_estimate_of_their_tokens():
+def test_timed_steps_carry_their_tokens_and_time_and_the_plain_schedule_prices_the_tokens():
+    """Each timed step records the request's tokens and its share of the step's seconds; what the tokens
+    would have cost without drafts comes from the plain schedule (serving/plain_schedule.py) as a
+    ``late`` record once the request's plain run has ended."""
     p, batch = _one_request()
     p.step_cost = FixedLine()
     _decode(p, batch, TEXT)
     steps = [StepRecord.from_wire(s) for s in p.drain_steps()]
     timed = [s for s in steps if s.num_tokens]
     assert len(timed) == len(steps) - 1  # the first call has no step before it to time
-    for s in timed:  # alone in its batch: the whole step is its own; plain steps of one request each token
-        assert s.num_tokens == s.num_accepted + 1 and s.seconds > 0
-        assert s.plain_seconds == pytest.approx(s.num_tokens * 0.012)
+    for s in timed:  # alone in its batch: the whole step is its own
+        assert s.num_tokens == s.num_accepted + 1 and s.seconds > 0 and s.plain_seconds == 0.0
     assert any(s.num_tokens > 1 for s in timed)  # drafts committed several tokens in a step
+    assert not any(s.late for s in steps)  # still running: its plain run has not ended
+    late = [StepRecord.from_wire(s) for s in p.drain_steps(held=True)]  # the pass is over
+    assert len(late) == 1 and late[0].late and late[0].tenant == "acme" and late[0].num_tokens == 0
+    # alone: one plain step of one request (0.012 s) per token it was delivered
+    assert late[0].plain_seconds == pytest.approx(sum(s.num_tokens for s in timed) * 0.012)
 
 
 def test_tokens_past_the_end_of_an_output_are_not_counted():
@@ -277,53 +284,46 @@ class ColdLine(FixedLine):
         return super().plain_step(batch_size) if self.measured else None
 
 
-def test_steady_steps_before_the_step_cost_is_measured_are_priced_when_it_is():
-    """A fresh worker's first steady steps send their drafting counts at once and hold their costs until
-    the meter has a price, then go out priced at the plain step of their batch size (not at their own
-    time: that would claim no saving for them), as ``late`` records that are no step of their own."""
+def _finished_request(cold: FixedLine) -> tuple[RepriseVllmProposer, list[StepRecord]]:
+    """``_one_request`` run to its ``max_tokens`` (10) under step cost meter ``cold``; its step records."""
     p, batch = _one_request()
-    p.step_cost = cold = ColdLine()
+    batch.requests["r1"].sampling_params.max_tokens = 10
+    p.step_cost = cold
     _decode(p, batch, TEXT[:12], steps=12)
-    early = [StepRecord.from_wire(s) for s in p.drain_steps()]
-    assert any(s.num_draft for s in early) and all(s.num_tokens == 0 and not s.late for s in early)
-    held = len(p._unpriced)
-    assert held == len(early) - 1  # every timed step (the first call has none before it)
+    return p, [StepRecord.from_wire(s) for s in p.drain_steps()]
+
+
+def test_a_finished_request_is_priced_once_the_step_cost_is_measured():
+    """A fresh worker's first requests send their counts and seconds at once; their plain cost waits
+    until the meter has a step cost (it needs ``min_steps`` steady steps), then goes out priced at the
+    plain step (not at their own time: that would claim no saving for them)."""
+    p, early = _finished_request(cold := ColdLine())
+    assert any(s.num_draft for s in early) and not any(s.late for s in early)
+    spent = sum(s.seconds for s in early)
+    assert sum(s.num_tokens for s in early) == 10 - 1 and spent > 0  # the first, untimed here, aside
     cold.measured = True
-    batch.add("r2", RequestTag("acme", "s2"), [1, 2, 3])  # a later step, priced: the held ones go with it
-    p._last_step = (time.perf_counter(), ("r1", "r2"), 2, 0.0)
-    p.propose([[1], [1]], batch.lengths, batch.tokens)
-    late = [StepRecord.from_wire(s) for s in p.drain_steps() if StepRecord.from_wire(s).late]
-    assert len(late) == held and not p._unpriced
-    committed = int(batch.lengths[0]) - 3 - 1  # after the prompt and the prefill step's token
-    assert sum(s.num_tokens for s in late) == committed
-    for s in late:  # alone in its batch: one plain step of one request per token
-        assert s.num_draft == 0 and s.seconds > 0 and s.plain_seconds == pytest.approx(s.num_tokens * 0.012)
+    late = [StepRecord.from_wire(s) for s in p.drain_steps()]
+    assert len(late) == 1 and late[0].late and late[0].plain_seconds == pytest.approx(9 * 0.012)
 
 
-def test_held_costs_go_out_at_their_own_time_when_no_step_cost_is_measured_in_time():
-    p, batch = _one_request()
-    p.step_cost = ColdLine()
-    _decode(p, batch, TEXT[:12], steps=12)
-    p.drain_steps()
-    held = len(p._unpriced)
-    assert held >= 2 and len(p.drain_steps()) == 0  # not yet stale
+def test_a_request_no_step_cost_prices_in_time_goes_out_at_its_own_time():
+    p, early = _finished_request(ColdLine())
+    assert p.drain_steps() == []  # not yet given up on
     p.unpriced_hold_s = 0.0
-    stale = [StepRecord.from_wire(s) for s in p.drain_steps()]
-    assert len(stale) == held and not p._unpriced
-    for s in stale:  # no saving claimed for them
-        assert s.late and s.num_tokens and s.plain_seconds == s.seconds > 0
+    late = [StepRecord.from_wire(s) for s in p.drain_steps()]
+    # no saving: the seconds of the steps that delivered its tokens (this runner keeps it in the batch after)
+    assert len(late) == 1 and late[0].plain_seconds == pytest.approx(sum(s.seconds for s in early if s.num_tokens))
+    assert len(p.schedule) == 0
 
 
-def test_a_drain_that_asks_for_the_held_costs_gets_them_all_at_their_own_time():
-    """What a benchmark does at the end of a pass: every step of the pass in it, priced or not."""
+def test_a_drain_that_ends_the_pass_gets_every_cost_priced_or_not():
+    """What a benchmark does at the end of a pass: every request's plain cost in it."""
     p, batch = _one_request()
     p.step_cost = ColdLine()
-    _decode(p, batch, TEXT[:12], steps=12)
-    held = len(p._unpriced)
-    records = [StepRecord.from_wire(s) for s in p.drain_steps(held=True)]
-    late = [s for s in records if s.late]
-    assert held >= 2 and len(late) == held and not p._unpriced
-    assert all(s.plain_seconds == s.seconds for s in late)
+    _decode(p, batch, TEXT[:12], steps=12)  # still running, and nothing prices it
+    spent = sum(StepRecord.from_wire(s).seconds for s in p.drain_steps())
+    late = [StepRecord.from_wire(s) for s in p.drain_steps(held=True)]
+    assert len(late) == 1 and late[0].plain_seconds == pytest.approx(spent)
 
 
 def test_a_step_that_is_not_steady_teaches_the_line_nothing_and_one_that_prefilled_claims_nothing():
