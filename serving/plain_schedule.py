@@ -19,8 +19,10 @@ When a request would have reached the plain engine, from what the drafted run sh
   that arrives on its own).
 
 At most ``max_batch`` requests run in a plain step (the engine's limit); the rest queue in arrival
-order. A request waiting for its first prefill is not in the schedule: it joins when its first token
-is out, as in the drafted run; prefill is priced apart.
+order. A request's arrival is when the engine scheduled it; once admitted, its prefill keeps the plain
+engine busy for as long as it took with drafts (prefill is priced apart, at its own time). The tokens
+the drafted run decoded in steps that also prefilled are the caller's to split: a plain engine's step
+would have carried one token a request too, at the same cost, so only the rest are this schedule's.
 
 The schedule follows the drafted run as it goes: a plain step is taken only once every request in it
 has a token the drafted run delivered (or has finished), so plain costs come out after the tokens they
@@ -45,6 +47,7 @@ class _Run:
     key: str
     tenant: str | None  # None: a request no tenant is accounted for (it still takes a place in a batch)
     arrived: float
+    prefill: float = 0.0  # seconds its prefill kept the engine busy
     after: tuple[str, ...] = ()  # runs whose plain end this one waits for
     floor: float = 0.0  # plain end of earlier runs already gone from the schedule (a barrier's)
     origin: str | None = None  # the run starting its busy period (an arrival on its own)
@@ -83,11 +86,12 @@ class PlainSchedule:
     def __len__(self) -> int:
         return len(self._runs)
 
-    def arrive(self, key: str, tenant: str | None, session: str, now: float) -> None:
-        """Request ``key`` of ``tenant`` (agent ``session``, "" for none) has its first token out at ``now``."""
+    def arrive(self, key: str, tenant: str | None, session: str, now: float, prefill_seconds: float = 0.0) -> None:
+        """Request ``key`` of ``tenant`` (agent ``session``, "" for none) reached the engine at ``now`` and
+        took ``prefill_seconds`` of prefill before its first token (call it once that is out)."""
         if key in self._runs:
             return
-        run = _Run(key, tenant, now, last=now)
+        run = _Run(key, tenant, now, prefill_seconds, last=now)
         previous = self._sessions.get((tenant, session)) if tenant is not None and session else None
         idle = all(r.finished_at is not None and r.finished_at <= now for r in self._runs.values())
         if previous is not None and self._finished_at(previous) is not None:
@@ -226,6 +230,7 @@ class PlainSchedule:
                           and r.start <= self._clock), key=lambda r: r.start or 0.0)
         for run in waiting[: self.max_batch - len(self._active)]:
             self._active.append(run.key)
+            self._clock += run.prefill  # its prefill keeps the engine busy (decoding alongside: as drafted)
 
     def _end(self, run: _Run, when: float) -> tuple[str | None, float, float]:
         run.end = when

@@ -150,3 +150,15 @@ def test_a_schedule_that_falls_too_far_behind_lets_its_oldest_finished_requests_
     s.finish("b")
     s.finish("c")
     assert s.trim() == [("acme", 0.5, 0.5)] and len(s) == 2 and s.trim() == []  # b, at its own time
+
+
+def test_a_prefill_keeps_the_plain_engine_busy_before_the_requests_decode_together():
+    """Three requests scheduled together, each prefilled in 2 s: without drafts as with them the engine
+    prefills all three (6 s) before the three decode side by side."""
+    s = PlainSchedule(max_batch=8)
+    for key in "abc":
+        s.arrive(key, "acme", "", 0.0, prefill_seconds=2.0)
+        s.deliver(key, 2, 0.2, 7.0)
+        s.finish(key)
+    assert _costs(s.advance(price)) == pytest.approx([2 * 1.3 / 3] * 3)  # prefill is not the schedule's
+    assert s._ended["a"][2] == pytest.approx(6.0 + 2 * 1.3)

@@ -125,12 +125,14 @@ class _Stopping:
 class _StepTime:
     """A step as the proposer timed it: its ``seconds``, each request's ``weights`` in it (rows verified
     on a steady step, tokens scheduled on one that prefilled), its ``batch_size``, and the cost of a plain
-    step (one row per request) of that batch (None: a step that prefilled, or no price yet)."""
+    step (one row per request) of that batch (None: a step that prefilled, or no price yet).
+    ``prefilled``: some request prefilled (a chunk of) its prompt in it."""
 
     seconds: float
     weights: dict[str, int]
     batch_size: int
     plain_step_seconds: float | None
+    prefilled: bool = False
 
     def share(self, req_id: str) -> float:
         """The request's seconds of the step: its weight's part (serving/savings.py)."""
@@ -179,7 +181,7 @@ class RepriseVllmProposer:
         self.step_cost = StepCostMeter()
         self._step_start: float | None = None  # when the runner began the step now ending (execute_model)
         self._scheduled: dict[str, int] = {}  # that step's scheduled tokens per request
-        self._prefilling: set[str] = set()  # requests still prefilling their prompts
+        self._prefilling: dict[str, list[float]] = {}  # requests still prefilling: [when scheduled, seconds so far]
         self.first_token: FirstTokenRerank | None = None
         self.fallback: NeuralFallback | None = None  # a Medusa head's chains where retrieval has little
         self.payoff = FallbackPayoff()
@@ -269,11 +271,11 @@ class RepriseVllmProposer:
         if not steady:  # timed from the runner's start: the engine may have been idle before it
             if started is None:
                 return None
-            decoding = all(sampled_token_ids) and not self._prefilling.intersection(req_ids) and all(
+            decoding = all(sampled_token_ids) and not self._prefilling.keys() & set(req_ids) and all(
                 scheduled.get(r, 1) <= 1 + (len(self._requests[r].draft) if r in self._requests else 0)
                 for r in req_ids)  # a decoding step after the batch changed: priced like a steady one
             return _StepTime(now - started, {r: scheduled.get(r, 1) for r in req_ids}, batch,
-                             self.step_cost.plain_step(batch) if decoding else None)
+                             self.step_cost.plain_step(batch) if decoding else None, prefilled=not decoding)
         assert last is not None
         seconds = now - last[0]  # the step and the engine's work between steps, as a plain engine's
         self.step_cost.observe(batch, last[2] - batch, seconds - last[3])  # less the proposer's own call
@@ -287,6 +289,8 @@ class RepriseVllmProposer:
         """A row that prefilled a prompt chunk and sampled nothing: its share of the step, as prefill."""
         if tag is not None:
             seconds = timed.share(req_id)
+            if req_id in self._prefilling:
+                self._prefilling[req_id][1] += seconds
             self._record(StepRecord(tag.tenant, 0, 0, "", prefill_seconds=seconds, plain_prefill_seconds=seconds))
 
     def _row_hidden(self, sampled_token_ids: list[list[int]]) -> Any:
@@ -326,7 +330,7 @@ class RepriseVllmProposer:
                     timed: _StepTime | None = None, hidden: Any = None, now: float = 0.0) -> list[list[int]]:
         for req_id in [r for r in self._requests if r not in live]:
             self._end(req_id)
-        self._prefilling &= live  # requests that left before their first token
+        self._prefilling = {r: v for r, v in self._prefilling.items() if r in live}  # left before their first token
         drafts: list[list[int]] = [[] for _ in range(num_rows)]
         chains: list[tuple[int, str, Any]] = []
         for i, req_id, tag in rows:
@@ -374,6 +378,7 @@ class RepriseVllmProposer:
                    timed: _StepTime | None = None, hidden: Any = None, now: float = 0.0) -> Any:
         """Commit what the last step added to the request's session and propose its next chain."""
         req = self._requests.get(req_id)
+        arriving = False
         if req is None:
             if tag is None:
                 return None
@@ -383,8 +388,7 @@ class RepriseVllmProposer:
             stopping = _Stopping.of(getattr(self.runner.requests.get(req_id), "sampling_params", None))
             req = self._requests[req_id] = _Request(tag, session, num_prompt, tracker=AcceptanceTracker(),
                                                     stopping=stopping)
-            with self._schedule_lock:
-                self.schedule.arrive(req_id, tag.tenant, tag.session_id, now)
+            arriving = True
         new = np.asarray(row[req.seen:length], dtype=np.int32)
         if not len(new):
             return None
@@ -395,12 +399,21 @@ class RepriseVllmProposer:
             plain = timed.plain_step_seconds if timed.plain_step_seconds is not None else timed.seconds
             self.payoff.credit(accepted - req.replaced, plain / max(timed.batch_size, 1))
         record = StepRecord(req.tag.tenant, len(req.draft), accepted, req.source if len(req.draft) else "")
-        if timed is not None and req_id in self._prefilling:  # its prompt's last chunk: prefill time
-            seconds = timed.share(req_id)
-            record = replace(record, num_tokens=delivered, prefill_seconds=seconds, plain_prefill_seconds=seconds)
-            self._record(record)
+        prefill = self._prefilling.pop(req_id, None)
+        seconds = timed.share(req_id) if timed is not None else 0.0
+        if arriving:  # the plain schedule follows it from when vLLM scheduled it, after its prefill's time
+            with self._schedule_lock:
+                self.schedule.arrive(req_id, req.tag.tenant, req.tag.session_id, prefill[0] if prefill else now,
+                                     prefill[1] + seconds if prefill and timed is not None else 0.0)
+        if timed is not None and prefill is not None:  # its prompt's last chunk: prefill time
+            self._record(replace(record, num_tokens=delivered, prefill_seconds=seconds, plain_prefill_seconds=seconds))
+        elif timed is not None and timed.prefilled:
+            # Decoding in a step that prefilled another prompt: a plain engine's step would have carried
+            # one token of it too, at the same cost; the plain schedule prices the rest (``_price``).
+            self._record(replace(record, num_tokens=delivered, seconds=seconds, plain_seconds=seconds if delivered else 0.0))
+            with self._schedule_lock:
+                self.schedule.deliver(req_id, max(delivered - 1, 0), 0.0, now)
         elif timed is not None:  # its share of the step; the plain schedule prices its tokens (``_price``)
-            seconds = timed.share(req_id)
             self._record(replace(record, num_tokens=delivered, seconds=seconds))
             with self._schedule_lock:
                 self.schedule.deliver(req_id, delivered, seconds, now)
@@ -409,7 +422,6 @@ class RepriseVllmProposer:
         if req.stopping is not None and req.stopping.over:
             with self._schedule_lock:
                 self.schedule.finish(req_id)
-        self._prefilling.discard(req_id)
         verified = Verified(new, np.arange(accepted, dtype=np.int32), draft_verified=len(req.draft) > 0)
         if req.chain is not None and req.tracker is not None:  # a request whose drafts fail verifies fewer
             req.tracker.update(req.chain, verified.accepted)
@@ -587,7 +599,8 @@ def _time_steps(runner: Any, proposer: RepriseVllmProposer) -> None:
         proposer._step_start = time.perf_counter()
         try:
             proposer._scheduled = dict(getattr(scheduler_output, "num_scheduled_tokens", None) or {})
-            proposer._prefilling.update(new.req_id for new in getattr(scheduler_output, "scheduled_new_reqs", None) or ())
+            for new in getattr(scheduler_output, "scheduled_new_reqs", None) or ():
+                proposer._prefilling.setdefault(new.req_id, [proposer._step_start, 0.0])
         except Exception:  # noqa: BLE001 - timing is best effort: a layout it does not know skips it
             proposer._scheduled = {}
         return original(scheduler_output, *args, **kwargs)
