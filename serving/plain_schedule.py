@@ -6,7 +6,7 @@ A plain engine batches the same requests differently: a request that drafts well
 drafts but late without, so without drafts the long requests spend their last steps in smaller batches,
 where a step is dearest per token. ``PlainSchedule`` replays the requests through a plain engine
 instead, step by step, one token per request per step, each step priced at the engine's plain step of
-its batch size, and gives each request its share of the steps it was in.
+its batch size and context, and gives each request its share of the steps it was in.
 
 When a request would have reached the plain engine, from what the drafted run shows:
 
@@ -48,6 +48,7 @@ class _Run:
     tenant: str | None  # None: a request no tenant is accounted for (it still takes a place in a batch)
     arrived: float
     prefill: float = 0.0  # seconds its prefill kept the engine busy
+    context: int = 0  # tokens in its context when its first token was out
     after: tuple[str, ...] = ()  # runs whose plain end this one waits for
     floor: float = 0.0  # plain end of earlier runs already gone from the schedule (a barrier's)
     origin: str | None = None  # the run starting its busy period (an arrival on its own)
@@ -86,12 +87,14 @@ class PlainSchedule:
     def __len__(self) -> int:
         return len(self._runs)
 
-    def arrive(self, key: str, tenant: str | None, session: str, now: float, prefill_seconds: float = 0.0) -> None:
-        """Request ``key`` of ``tenant`` (agent ``session``, "" for none) reached the engine at ``now`` and
-        took ``prefill_seconds`` of prefill before its first token (call it once that is out)."""
+    def arrive(self, key: str, tenant: str | None, session: str, now: float, prefill_seconds: float = 0.0,
+               context_tokens: int = 0) -> None:
+        """Request ``key`` of ``tenant`` (agent ``session``, "" for none) reached the engine at ``now``, took
+        ``prefill_seconds`` of prefill before its first token and has ``context_tokens`` of context with it
+        (call it once that token is out)."""
         if key in self._runs:
             return
-        run = _Run(key, tenant, now, prefill_seconds, last=now)
+        run = _Run(key, tenant, now, prefill_seconds, context_tokens, last=now)
         previous = self._sessions.get((tenant, session)) if tenant is not None and session else None
         idle = all(r.finished_at is not None and r.finished_at <= now for r in self._runs.values())
         if previous is not None and self._finished_at(previous) is not None:
@@ -134,9 +137,10 @@ class PlainSchedule:
         for key in list(self._runs):
             self.finish(key)
 
-    def advance(self, plain_step: Callable[[int], float | None]) -> list[tuple[str | None, float, float]]:
+    def advance(self, plain_step: Callable[[int, int], float | None]) -> list[tuple[str | None, float, float]]:
         """Take every plain step the drafted run has delivered the tokens for, each priced at
-        ``plain_step(batch size)`` (None: no price yet, so no step). Returns the runs whose plain run ended."""
+        ``plain_step(batch size, context tokens of the batch)`` (None: no price yet, so no step). Returns the
+        runs whose plain run ended."""
         out: list[tuple[str | None, float, float]] = []
         while True:
             self._admit()
@@ -158,7 +162,7 @@ class PlainSchedule:
             active = [self._runs[k] for k in self._active]
             if any(r.done >= r.delivered for r in active):
                 return out  # the drafted run has not delivered this step's tokens yet
-            price = plain_step(len(active))
+            price = plain_step(len(active), sum(r.context + r.done for r in active))
             if price is None:
                 return out
             assert self._clock is not None

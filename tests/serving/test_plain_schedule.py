@@ -7,8 +7,8 @@ import pytest
 from serving.plain_schedule import PlainSchedule
 
 
-def price(batch_size: int) -> float:
-    """A plain step of B requests: 1 s plus 0.1 s a request."""
+def price(batch_size: int, context_tokens: int) -> float:
+    """A plain step of B requests: 1 s plus 0.1 s a request (their contexts aside)."""
     return 1.0 + 0.1 * batch_size
 
 
@@ -121,7 +121,7 @@ def test_without_a_price_nothing_is_stepped_and_a_flush_gives_the_finished_their
     s.deliver("c", 5, 0.7, 3.0)
     s.finish("a")
     s.finish("b")
-    assert s.advance(lambda batch: None) == []
+    assert s.advance(lambda batch, context: None) == []
     assert s.flush(before=2.0) == [("acme", 0.7, 0.7), (None, 0.7, 0.7)]  # c still runs
     s.finish_all()
     assert s.flush(before=float("inf")) == [("acme", 0.7, 0.7)] and len(s) == 0
@@ -162,3 +162,20 @@ def test_a_prefill_keeps_the_plain_engine_busy_before_the_requests_decode_togeth
         s.finish(key)
     assert _costs(s.advance(price)) == pytest.approx([2 * 1.3 / 3] * 3)  # prefill is not the schedule's
     assert s._ended["a"][2] == pytest.approx(6.0 + 2 * 1.3)
+
+
+def test_a_plain_step_is_priced_at_its_batchs_contexts_as_they_grow():
+    seen = []
+
+    def by_context(batch_size: int, context_tokens: int) -> float:
+        seen.append((batch_size, context_tokens))
+        return 1.0
+
+    s = PlainSchedule(max_batch=8)
+    s.arrive("a", "acme", "", 0.0, context_tokens=100)
+    s.arrive("b", "acme", "", 0.0, context_tokens=500)
+    s.deliver("a", 2, 0.1, 1.0)
+    s.deliver("b", 3, 0.1, 1.0)
+    s.finish_all()
+    s.advance(by_context)
+    assert seen == [(2, 600), (2, 602), (1, 502)]

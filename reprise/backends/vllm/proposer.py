@@ -188,8 +188,8 @@ class RepriseVllmProposer:
         self._num_steps = 0  # propose calls so far (the payoff's clock)
         self._out_embed: Any = None  # the target's output embedding [vocab, hidden] (first_token)
         self._step_hidden: Any = None  # (sample_hidden_states, spec_decode_metadata) of the running step
-        # (call time, batch, rows verified next, the call's own seconds)
-        self._last_step: tuple[float, tuple[str, ...], int, float] | None = None
+        # (call time, batch, rows verified next, the call's own seconds, the batch's context tokens)
+        self._last_step: tuple[float, tuple[str, ...], int, float, int] | None = None
 
     # ---- vLLM's side ---------------------------------------------------------------------------------
 
@@ -214,13 +214,13 @@ class RepriseVllmProposer:
         self._num_steps += 1
         try:
             req_ids = list(self.runner.input_batch.req_ids[:num_rows])
-            timed = self._time_step(now, req_ids, sampled_token_ids)
+            lengths = np.asarray(num_tokens_no_spec[:num_rows], dtype=np.int64).copy()
+            timed = self._time_step(now, req_ids, sampled_token_ids, int(lengths.sum()))
             rows = [(i, req_ids[i], self._tag(req_ids[i])) for i in range(num_rows) if sampled_token_ids[i]]
             if timed is not None:  # rows still prefilling a prompt chunk: their share of the step is prefill
                 for i in range(num_rows):
                     if not sampled_token_ids[i]:
                         self._record_prefill_chunk(req_ids[i], self._tag(req_ids[i]), timed)
-            lengths = np.asarray(num_tokens_no_spec[:num_rows], dtype=np.int64).copy()
             # A copy: after a stall vLLM goes on writing its buffer while the late call still reads.
             tokens = np.array(token_ids_cpu[:num_rows, : int(lengths.max(initial=0))], dtype=np.int32)
             live = set(self.runner.requests)
@@ -244,10 +244,10 @@ class RepriseVllmProposer:
             self._warned = False
         own = time.perf_counter() - now
         self.step_cost.observe_propose(own)
-        self._last_step = (now, tuple(req_ids), num_rows + sum(len(d) for d in drafts), own)
+        self._last_step = (now, tuple(req_ids), num_rows + sum(len(d) for d in drafts), own, int(lengths.sum()))
         return drafts
 
-    def _time_step(self, now: float, req_ids: list[str], sampled_token_ids: list[list[int]]
+    def _time_step(self, now: float, req_ids: list[str], sampled_token_ids: list[list[int]], context: int = 0
                    ) -> _StepTime | None:
         """Time the step that just ran for the savings estimate, feed the cost meters from it when it was
         a steady decoding step, and now and then hand the step budgets the measured step cost.
@@ -275,15 +275,16 @@ class RepriseVllmProposer:
                 scheduled.get(r, 1) <= 1 + (len(self._requests[r].draft) if r in self._requests else 0)
                 for r in req_ids)  # a decoding step after the batch changed: priced like a steady one
             return _StepTime(now - started, {r: scheduled.get(r, 1) for r in req_ids}, batch,
-                             self.step_cost.plain_step(batch) if decoding else None, prefilled=not decoding)
+                             self.step_cost.plain_step(batch, context) if decoding else None, prefilled=not decoding)
         assert last is not None
         seconds = now - last[0]  # the step and the engine's work between steps, as a plain engine's
-        self.step_cost.observe(batch, last[2] - batch, seconds - last[3])  # less the proposer's own call
+        # less the proposer's own call; the step read the contexts the last call saw
+        self.step_cost.observe(batch, last[2] - batch, seconds - last[3], last[4] if len(last) > 4 else 0)
         fit = self.step_cost.fit()
         if fit is not None and self.step_cost.num_steps % 32 == 0:  # the cut prices drafts by it from now
             self._cost = fit
         weights = {r: 1 + len(self._requests[r].draft) if r in self._requests else 1 for r in req_ids}
-        return _StepTime(seconds, weights, batch, self.step_cost.plain_step(batch))
+        return _StepTime(seconds, weights, batch, self.step_cost.plain_step(batch, context))
 
     def _record_prefill_chunk(self, req_id: str, tag: RequestTag | None, timed: _StepTime) -> None:
         """A row that prefilled a prompt chunk and sampled nothing: its share of the step, as prefill."""
@@ -340,7 +341,7 @@ class RepriseVllmProposer:
                 chains.append((i, req_id, chain))
         self._price()
         batch = len(rows)
-        for (i, req_id, chain), kept in zip(chains, self._cut(chains, batch)):
+        for (i, req_id, chain), kept in zip(chains, self._cut(chains, batch, int(lengths[:num_rows].sum()))):
             req = self._requests[req_id]
             ids = kept.token_ids[: self.num_speculative_tokens]
             req.chain = kept
@@ -353,7 +354,7 @@ class RepriseVllmProposer:
                      "for %d steps", self.payoff.rest_steps)
         return drafts
 
-    def _cut(self, chains: list[tuple[int, str, Any]], batch: int) -> list[Any]:
+    def _cut(self, chains: list[tuple[int, str, Any]], batch: int, context: int = 0) -> list[Any]:
         """Each chain cut to what the step pays for: once vLLM's step cost is measured, the step's surest
         draft tokens overall, as many as maximise its tokens per second (``VllmStepCost.cut``, the
         proposer's own call counted as paid either way); before, each request's share on the attached
@@ -369,7 +370,7 @@ class RepriseVllmProposer:
                     for (_, _, chain), scale in zip(chains, scales)]
         ranked = [budget.ranked(chain, self.num_speculative_tokens, scale)
                   for (_, _, chain), scale in zip(chains, scales)]
-        counts = self._cost.cut([np.diff(gain) for _, gain in ranked], batch, self.step_cost.plain_step(batch),
+        counts = self._cost.cut([np.diff(gain) for _, gain in ranked], batch, self.step_cost.plain_step(batch, context),
                                 self.step_cost.propose_seconds)
         return [chain if n == len(chain) else subtree(chain, np.sort(order[:n]).astype(np.int32))
                 for (_, _, chain), (order, _), n in zip(chains, ranked, counts)]
@@ -404,7 +405,7 @@ class RepriseVllmProposer:
         if arriving:  # the plain schedule follows it from when vLLM scheduled it, after its prefill's time
             with self._schedule_lock:
                 self.schedule.arrive(req_id, req.tag.tenant, req.tag.session_id, prefill[0] if prefill else now,
-                                     prefill[1] + seconds if prefill and timed is not None else 0.0)
+                                     prefill[1] + seconds if prefill and timed is not None else 0.0, req.seen)
         if timed is not None and prefill is not None:  # its prompt's last chunk: prefill time
             self._record(replace(record, num_tokens=delivered, prefill_seconds=seconds, plain_prefill_seconds=seconds))
         elif timed is not None and timed.prefilled:

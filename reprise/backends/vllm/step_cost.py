@@ -14,10 +14,14 @@ draft token reads its request's KV once more within the same attention call. And
 any draft runs vLLM's rejection sampler and a wider logits pass that a plain step does not. So the
 fit, by least squares over recent steady steps (exponential forgetting), is
 
-    seconds = base + per_request * requests + per_draft * draft_tokens + drafted * (any draft in the step)
+    seconds = base + per_request * requests + per_context * context_tokens + per_draft * draft_tokens
+              + drafted * (any draft in the step)
 
-and a plain step of ``B`` requests costs ``base + per_request * B``. Where the steps seen so far do not
-tell a term apart (one batch size only, or no undrafted step), that term is left out of the fit.
+(``context_tokens``: the tokens of every request's context, summed over the batch) and a plain step of
+``B`` requests costs ``base + per_request * B + per_context * context_tokens``: tenants whose agents
+carry 2,000-token prompts pay more a step than those with 500, about a tenth more here at one request.
+Where the steps seen so far do not tell a term apart (one batch size only, no undrafted step, or
+contexts that vary only with the batch size), that term is left out of the fit.
 
 Only steady steps count: the same requests in both calls (a new request's prefill, or an idle engine
 between requests, would make the gap a different thing), and gaps under ``max_gap_s``. Until
@@ -33,21 +37,29 @@ import numpy as np
 
 from reprise.engine.draft_budget import CostModel
 
-_TERMS = ("base", "per_request", "per_draft", "drafted")
+_TERMS = ("base", "per_request", "per_draft", "drafted", "per_context")
+MIN_CONTEXT_SPREAD = 32.0  # tokens of context variation, beyond the batch size's, that price the context
 
 
 @dataclass(frozen=True, slots=True)
 class VllmStepCost:
-    """``seconds = base + per_request * requests + per_draft * draft_tokens + drafted * [any draft]``."""
+    """``seconds = base + per_request * requests + per_draft * draft_tokens + drafted * [any draft]
+    + per_context * context_tokens``; ``context``: the mean context a request of the fitted steps had
+    (what a step is priced at where its context is not known)."""
 
     base: float
     per_request: float
     per_draft: float
     drafted: float
+    per_context: float = 0.0
+    context: float = 0.0
 
-    def plain_step(self, batch_size: int) -> float:
-        """A step of ``batch_size`` requests without drafts."""
-        return self.base + self.per_request * max(batch_size, 1)
+    def plain_step(self, batch_size: int, context_tokens: float | None = None) -> float:
+        """A step of ``batch_size`` requests without drafts, whose contexts hold ``context_tokens`` in all
+        (None: ``context`` a request)."""
+        b = max(batch_size, 1)
+        kv = self.context * b if context_tokens is None else context_tokens
+        return self.base + self.per_request * b + self.per_context * kv
 
     def cost_model(self, batch_size: int) -> CostModel:
         """The draft budget's cost model at ``batch_size`` requests, as a table by rows beyond the first
@@ -103,44 +115,50 @@ class StepCostMeter:
         self.min_spread = min_spread
         self.max_gap_s = max_gap_s
         self.min_undrafted = min_undrafted
-        self._xx = np.zeros((4, 4))  # decayed sums of x x^T, x = (1, requests, draft tokens, any draft)
-        self._xy = np.zeros(4)
+        self._xx = np.zeros((5, 5))  # decayed sums of x x^T, x = (1, requests, draft tokens, any draft, context)
+        self._xy = np.zeros(5)
         self._steps = 0
         self._batches: set[int] = set()
         self._fit: VllmStepCost | None = None
         self.propose_seconds = 0.0  # the proposer's own call per step, a running mean (forgetting as above)
         self._propose_weight = 0.0
-        self._plain: dict[int, tuple[float, float, int]] = {}  # batch -> decayed (weight, seconds sum, steps)
+        # batch -> decayed (weight, seconds sum, steps, context tokens sum) of its undrafted steps
+        self._plain: dict[int, tuple[float, float, int, float]] = {}
 
-    def observe(self, batch_size: int, draft_tokens: int, seconds: float) -> None:
-        """One steady step: ``batch_size`` requests verified ``draft_tokens`` draft tokens in ``seconds``."""
+    def observe(self, batch_size: int, draft_tokens: int, seconds: float, context_tokens: int = 0) -> None:
+        """One steady step: ``batch_size`` requests whose contexts held ``context_tokens`` in all verified
+        ``draft_tokens`` draft tokens in ``seconds``."""
         if seconds <= 0.0 or seconds > self.max_gap_s or batch_size < 1 or draft_tokens < 0:
             return
-        x = np.array([1.0, batch_size, draft_tokens, 1.0 if draft_tokens else 0.0])
+        x = np.array([1.0, batch_size, draft_tokens, 1.0 if draft_tokens else 0.0, float(context_tokens)])
         self._xx = self._xx * self.decay + np.outer(x, x)
         self._xy = self._xy * self.decay + x * seconds
         self._steps += 1
         self._batches.add(batch_size)
         self._fit = None
         if draft_tokens == 0:  # a plain step, measured as it is
-            w, total, steps = self._plain.get(batch_size, (0.0, 0.0, 0))
-            self._plain[batch_size] = (w * self.decay + 1.0, total * self.decay + seconds, steps + 1)
+            w, total, steps, kv = self._plain.get(batch_size, (0.0, 0.0, 0, 0.0))
+            self._plain[batch_size] = (w * self.decay + 1.0, total * self.decay + seconds, steps + 1,
+                                       kv * self.decay + context_tokens)
 
-    def plain_step(self, batch_size: int) -> float | None:
-        """What a step of ``batch_size`` requests without drafts costs: the running mean of such steps
-        where at least ``min_undrafted`` were seen at that batch size (no model between the measurement
-        and the price), else the fit's ``base + per_request * batch_size``, else None. The fit's terms
-        are correlated where batches that verify more drafts are also smaller ones, so its plain step can
-        be off by a fifth at 8-16 requests; measured plain steps are not."""
-        w, total, steps = self._plain.get(batch_size, (0.0, 0.0, 0))
-        if steps >= self.min_undrafted and w > 0.0:
-            return total / w
+    def plain_step(self, batch_size: int, context_tokens: float | None = None) -> float | None:
+        """What a step of ``batch_size`` requests without drafts costs, their contexts ``context_tokens`` in
+        all (None: as the steps seen): the running mean of such steps where at least ``min_undrafted`` were
+        seen at that batch size (no model between the measurement and the price), moved by the fit's
+        ``per_context`` from their mean context to ``context_tokens``; else the fit's plain step; else
+        None. The fit's terms are correlated where batches that verify more drafts are also smaller
+        ones, so its plain step can be off by a fifth at 8-16 requests; measured plain steps are not."""
+        w, total, steps, kv = self._plain.get(batch_size, (0.0, 0.0, 0, 0.0))
         fit = self.fit()
-        return fit.plain_step(batch_size) if fit is not None else None
+        if steps >= self.min_undrafted and w > 0.0:
+            moved = 0.0 if fit is None or context_tokens is None else fit.per_context * (context_tokens - kv / w)
+            return max(total / w + moved, 1e-6)
+        return fit.plain_step(batch_size, context_tokens) if fit is not None else None
 
     def measured_plain(self) -> dict[int, float]:
-        """The plain step by batch size where it was measured (``plain_step``'s first choice)."""
-        return {b: total / w for b, (w, total, steps) in sorted(self._plain.items())
+        """The plain step by batch size where it was measured (``plain_step``'s first choice), at the
+        mean context of the steps measured."""
+        return {b: total / w for b, (w, total, steps, _) in sorted(self._plain.items())
                 if steps >= self.min_undrafted and w > 0.0}
 
     def observe_propose(self, seconds: float) -> None:
@@ -169,9 +187,11 @@ class StepCostMeter:
         mean_b = self._xx[0, 1] / n
         if len(self._batches) > 1 and self._xx[1, 1] / n - mean_b * mean_b > 1e-6:
             terms.insert(1, 1)
-        undrafted = sum(steps for _, _, steps in self._plain.values())
+        undrafted = sum(steps for _, _, steps, _ in self._plain.values())
         if undrafted >= self.min_undrafted and self._xx[3, 3] < n * (1 - 1e-6):
             terms.append(3)
+        if self._context_spread(n, 1 in terms) >= MIN_CONTEXT_SPREAD ** 2:
+            terms.append(4)
         idx = np.array(terms)
         scale = np.maximum(np.sqrt(np.diag(self._xx)[idx] / n), 1e-12)  # columns of similar size
         xx = self._xx[np.ix_(idx, idx)] / np.outer(scale, scale)
@@ -183,6 +203,19 @@ class StepCostMeter:
         coef["per_request"] = max(coef["per_request"], 0.0)
         coef["drafted"] = max(coef["drafted"], 0.0)
         mean_y = self._xy[0] / n
+        coef["per_context"] = max(coef["per_context"], 0.0)
         if coef["base"] <= 0.0:  # the other terms explain everything: keep a small base so ratios stay finite
             coef["base"] = max(mean_y * 0.05, 1e-6)
-        return VllmStepCost(**coef)
+        return VllmStepCost(**coef, context=float(self._xx[0, 4] / max(self._xx[0, 1], 1e-12)))
+
+    def _context_spread(self, n: float, by_batch: bool) -> float:
+        """The variance of the steps' context tokens that the batch size does not explain (all of it
+        where the batch size is not a term of the fit)."""
+        mean_kv = self._xx[0, 4] / n
+        var_kv = self._xx[4, 4] / n - mean_kv * mean_kv
+        if not by_batch:
+            return var_kv
+        mean_b = self._xx[0, 1] / n
+        var_b = self._xx[1, 1] / n - mean_b * mean_b
+        cov = self._xx[1, 4] / n - mean_b * mean_kv
+        return var_kv - cov * cov / var_b if var_b > 1e-12 else var_kv

@@ -170,6 +170,34 @@ def test_the_step_cost_meter_tells_requests_from_draft_tokens_and_waits_for_enou
     assert flat.fit() is None  # no spread in draft tokens: their price is unknown
 
 
+def test_the_step_cost_meter_prices_a_plain_step_by_its_batchs_contexts():
+    """Each request reads its whole context: a batch of long prompts costs more a step than one of short
+    ones, and the plain step (fitted, or measured at a batch size and moved by the fit) follows it."""
+    from reprise.backends.vllm.step_cost import StepCostMeter
+
+    def cost(batch: int, drafts: int, context: int) -> float:
+        return 0.02 + 0.005 * batch + 0.00001 * context + 0.001 * drafts + (0.004 if drafts else 0.0)
+
+    meter = StepCostMeter(min_steps=16)
+    rng = np.random.default_rng(2)
+    for _ in range(400):
+        batch, drafts = int(rng.integers(1, 9)), int(rng.integers(0, 30)) * int(rng.random() < 0.7)
+        context = int(sum(rng.integers(300, 2500, size=batch)))  # prompts of 300 to 2,500 tokens
+        meter.observe(batch, drafts, cost(batch, drafts, context), context)
+    fit = meter.fit()
+    assert fit is not None and fit.per_context == pytest.approx(0.00001, rel=0.05)
+    for batch, context in ((1, 500), (1, 2000), (8, 4000), (8, 16000)):
+        assert meter.plain_step(batch, context) == pytest.approx(cost(batch, 0, context), rel=0.02)
+    assert meter.plain_step(1, 2000) > meter.plain_step(1, 500) * 1.2
+    assert fit.plain_step(4) == pytest.approx(cost(4, 0, round(4 * fit.context)), rel=0.02)  # context not known
+
+    same = StepCostMeter(min_steps=16)  # every request 1,000 tokens: the context tells nothing apart
+    for i in range(60):
+        batch, drafts = 1 + i % 8, (i % 5) * 3
+        same.observe(batch, drafts, cost(batch, drafts, 1000 * batch), 1000 * batch)
+    assert same.fit().per_context == 0.0 and same.plain_step(4) == pytest.approx(cost(4, 0, 4000), rel=0.02)
+
+
 def test_steady_steps_replace_the_default_cost_model():
     from reprise.backends.vllm.step_cost import StepCostMeter, VllmStepCost
 
@@ -212,7 +240,7 @@ class FixedLine:
     max_gap_s = 5.0
     num_steps = 0
 
-    def observe(self, batch_size: int, draft_tokens: int, seconds: float) -> None:
+    def observe(self, batch_size: int, draft_tokens: int, seconds: float, context_tokens: int = 0) -> None:
         self.num_steps += 1
 
     def observe_propose(self, seconds: float) -> None:
@@ -223,7 +251,7 @@ class FixedLine:
 
         return VllmStepCost(0.01, 0.002, 0.001, 0.0)
 
-    def plain_step(self, batch_size: int) -> float:
+    def plain_step(self, batch_size: int, context_tokens: float | None = None) -> float:
         return self.fit().plain_step(batch_size)
 
 
@@ -280,7 +308,7 @@ class ColdLine(FixedLine):
     def fit(self):
         return super().fit() if self.measured else None
 
-    def plain_step(self, batch_size: int) -> float | None:
+    def plain_step(self, batch_size: int, context_tokens: float | None = None) -> float | None:
         return super().plain_step(batch_size) if self.measured else None
 
 
@@ -387,3 +415,27 @@ def test_a_prefill_is_timed_from_the_runners_step_and_recorded_as_prefill():
     assert chunk.num_tokens == 0 and chunk.prefill_seconds == pytest.approx(0.1)
     assert all(r.plain_prefill_seconds == r.prefill_seconds for r in records)
     assert set(p._prefilling) == {"b"}  # still prefilling
+    run = p.schedule._runs["a"]  # the plain schedule follows a from when it was scheduled, after its prefill
+    assert run.arrived == pytest.approx(100.0) and run.prefill == pytest.approx(0.3)
+
+
+def test_tokens_decoded_in_a_step_that_prefilled_another_prompt_are_one_at_its_cost_and_the_rest_scheduled():
+    """A plain engine's step that prefilled b's chunk would have carried one token of a's too, at the
+    same cost; the tokens a's drafts added are the plain schedule's to price."""
+    tenants = RepriseProposer()
+    tenants.record("acme", "old", [1, 2, 3], TEXT)
+    batch = Batch()
+    p = _proposer(batch, tenants)
+    p.step_cost = FixedLine()
+    batch.add("a", RequestTag("acme", "s"), [1, 2, 3])
+    batch.commit(0, TEXT[:1])
+    draft = p.propose([[1]], batch.lengths, batch.tokens)[0]  # a's first chain
+    assert len(draft) >= 3
+    batch.add("b", RequestTag("acme", "s2"), [4] * 300)
+    batch.execute_model(SimpleNamespace(scheduled_new_reqs=[SimpleNamespace(req_id="b")],
+                                        num_scheduled_tokens={"a": 1 + len(draft), "b": 200}))
+    batch.commit(0, TEXT[1:4])  # two of a's draft tokens accepted, and the bonus
+    p.propose([[1], []], batch.lengths, batch.tokens)
+    a = next(StepRecord.from_wire(s) for s in p.drain_steps() if StepRecord.from_wire(s).num_tokens == 3)
+    assert a.seconds > 0 and a.plain_seconds == a.seconds  # its share of the step, for one token
+    assert p.schedule._runs["a"].delivered == 2 and p.schedule._runs["a"].spent == 0.0
