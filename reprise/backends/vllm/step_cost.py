@@ -21,7 +21,7 @@ fit, by least squares over recent steady steps (exponential forgetting), is
 ``B`` requests costs ``base + per_request * B + per_context * context_tokens``: tenants whose agents
 carry 2,000-token prompts pay more a step than those with 500, about a tenth more here at one request.
 Where the steps seen so far do not tell a term apart (one batch size only, no undrafted step, or
-contexts that vary only with the batch size), that term is left out of the fit.
+requests' contexts within a few hundred tokens of each other), that term is left out of the fit.
 
 Only steady steps count: the same requests in both calls (a new request's prefill, or an idle engine
 between requests, would make the gap a different thing), and gaps under ``max_gap_s``. Until
@@ -38,7 +38,10 @@ import numpy as np
 from reprise.engine.draft_budget import CostModel
 
 _TERMS = ("base", "per_request", "per_draft", "drafted", "per_context")
-MIN_CONTEXT_SPREAD = 32.0  # tokens of context variation, beyond the batch size's, that price the context
+# How much a request's context must vary across the steps seen (standard deviation, tokens) for the fit
+# to price context: a request's own decoding adds a few hundred tokens at most, which on its own leaves
+# the term's coefficient to noise (it then trades against ``per_request`` and misprices large batches).
+MIN_CONTEXT_SPREAD = 256.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +127,7 @@ class StepCostMeter:
         self._propose_weight = 0.0
         # batch -> decayed (weight, seconds sum, steps, context tokens sum) of its undrafted steps
         self._plain: dict[int, tuple[float, float, int, float]] = {}
+        self._request_context = np.zeros(3)  # decayed (weight, sum, sum of squares) of a step's context a request
 
     def observe(self, batch_size: int, draft_tokens: int, seconds: float, context_tokens: int = 0) -> None:
         """One steady step: ``batch_size`` requests whose contexts held ``context_tokens`` in all verified
@@ -133,6 +137,8 @@ class StepCostMeter:
         x = np.array([1.0, batch_size, draft_tokens, 1.0 if draft_tokens else 0.0, float(context_tokens)])
         self._xx = self._xx * self.decay + np.outer(x, x)
         self._xy = self._xy * self.decay + x * seconds
+        per_request = context_tokens / batch_size
+        self._request_context = self._request_context * self.decay + np.array([1.0, per_request, per_request ** 2])
         self._steps += 1
         self._batches.add(batch_size)
         self._fit = None
@@ -190,7 +196,8 @@ class StepCostMeter:
         undrafted = sum(steps for _, _, steps, _ in self._plain.values())
         if undrafted >= self.min_undrafted and self._xx[3, 3] < n * (1 - 1e-6):
             terms.append(3)
-        if self._context_spread(n, 1 in terms) >= MIN_CONTEXT_SPREAD ** 2:
+        w, total, squares = self._request_context
+        if w > 0.0 and squares / w - (total / w) ** 2 >= MIN_CONTEXT_SPREAD ** 2:
             terms.append(4)
         idx = np.array(terms)
         scale = np.maximum(np.sqrt(np.diag(self._xx)[idx] / n), 1e-12)  # columns of similar size
@@ -207,15 +214,3 @@ class StepCostMeter:
         if coef["base"] <= 0.0:  # the other terms explain everything: keep a small base so ratios stay finite
             coef["base"] = max(mean_y * 0.05, 1e-6)
         return VllmStepCost(**coef, context=float(self._xx[0, 4] / max(self._xx[0, 1], 1e-12)))
-
-    def _context_spread(self, n: float, by_batch: bool) -> float:
-        """The variance of the steps' context tokens that the batch size does not explain (all of it
-        where the batch size is not a term of the fit)."""
-        mean_kv = self._xx[0, 4] / n
-        var_kv = self._xx[4, 4] / n - mean_kv * mean_kv
-        if not by_batch:
-            return var_kv
-        mean_b = self._xx[0, 1] / n
-        var_b = self._xx[1, 1] / n - mean_b * mean_b
-        cov = self._xx[1, 4] / n - mean_b * mean_kv
-        return var_kv - cov * cov / var_b if var_b > 1e-12 else var_kv

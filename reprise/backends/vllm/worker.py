@@ -138,15 +138,16 @@ class RepriseWorkerExtension:
     def reprise_step_cost(self) -> dict[str, float]:
         """The step cost the draft budget prices drafts with (``step_cost.StepCostMeter``): steady
         steps seen, and the fitted ``seconds = base + per_request * requests + per_draft * draft tokens
-        + drafted * [any draft]`` (absent until fitted), the proposer's own call per step, and the plain
+        + drafted * [any draft] + per_context * context tokens`` (absent until fitted; ``context``: the
+        mean context of a request in the steps fitted), the proposer's own call per step, and the plain
         step measured from undrafted steps at each batch size where there were enough
-        (``plain_measured_s_b{B}``: what the savings estimate prices there)."""
+        (``plain_measured_s_b{B}``, at their mean context: what the savings estimate prices there)."""
         meter = self._reprise_proposer().step_cost
         fit = meter.fit()
         figures = {"steps": float(meter.num_steps), "propose_s": meter.propose_seconds}
         if fit is not None:
             figures |= {"base_s": fit.base, "per_request_s": fit.per_request, "per_draft_s": fit.per_draft,
-                        "drafted_s": fit.drafted}
+                        "drafted_s": fit.drafted, "per_context_token_s": fit.per_context, "context": fit.context}
         figures |= {f"plain_measured_s_b{b}": seconds for b, seconds in meter.measured_plain().items()}
         return figures
 

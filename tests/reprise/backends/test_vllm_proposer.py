@@ -196,6 +196,11 @@ def test_the_step_cost_meter_prices_a_plain_step_by_its_batchs_contexts():
         batch, drafts = 1 + i % 8, (i % 5) * 3
         same.observe(batch, drafts, cost(batch, drafts, 1000 * batch), 1000 * batch)
     assert same.fit().per_context == 0.0 and same.plain_step(4) == pytest.approx(cost(4, 0, 4000), rel=0.02)
+    growing = StepCostMeter(min_steps=16)  # 1,500-token prompts that grow by what they decode: still too alike
+    for i in range(200):
+        batch, drafts, context = 1 + i % 8, (i % 5) * 3, 1500 + i % 128
+        growing.observe(batch, drafts, cost(batch, drafts, context * batch), context * batch)
+    assert growing.fit().per_context == 0.0
 
 
 def test_steady_steps_replace_the_default_cost_model():
