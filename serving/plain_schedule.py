@@ -77,7 +77,8 @@ class PlainSchedule:
     _floor: float = 0.0  # the latest plain end of a run gone from the schedule
     _last_finish: float = 0.0  # the latest drafted finish
     _origin: str | None = None
-    _active: list[str] = field(default_factory=list)
+    _active: list[str] = field(default_factory=list)  # in the plain engine's batch
+    _waiting: list[str] = field(default_factory=list)  # not yet in it, in arrival order
     _clock: float | None = None
 
     def __post_init__(self) -> None:
@@ -96,9 +97,10 @@ class PlainSchedule:
             return
         run = _Run(key, tenant, now, prefill_seconds, context_tokens, last=now)
         previous = self._sessions.get((tenant, session)) if tenant is not None and session else None
+        previous_end = self._finished_at(previous) if previous is not None else None
         idle = all(r.finished_at is not None and r.finished_at <= now for r in self._runs.values())
-        if previous is not None and self._finished_at(previous) is not None:
-            run.after, run.delay = (previous,), now - self._finished_at(previous)
+        if previous is not None and previous_end is not None:
+            run.after, run.delay = (previous,), now - previous_end
         elif idle:
             run.after = tuple(self._runs)
             run.floor = self._floor
@@ -114,6 +116,7 @@ class PlainSchedule:
             while len(self._sessions) > SESSIONS_KEPT:
                 self._sessions.popitem(last=False)
         self._runs[key] = run
+        self._waiting.append(key)
 
     def deliver(self, key: str, num_tokens: int, seconds: float, now: float) -> None:
         """The drafted run delivered ``num_tokens`` decoding tokens of ``key`` at ``now``, in ``seconds`` of
@@ -151,7 +154,7 @@ class PlainSchedule:
                 out += [self._end(run, self._clock) for run in complete]
                 continue
             if not self._active:
-                starts = [r.start for r in self._runs.values() if r.start is not None]
+                starts = [s for s in (self._runs[k].start for k in self._waiting) if s is not None]
                 if not starts:
                     return out
                 self._clock = min(starts) if self._clock is None else max(self._clock, min(starts))
@@ -224,15 +227,15 @@ class PlainSchedule:
             run.start = base + run.delay
 
     def _admit(self) -> None:
-        for run in self._runs.values():
+        waiting = [self._runs[k] for k in self._waiting]
+        for run in waiting:
             if run.start is None:
                 self._resolve(run)
-        if self._clock is None:
+        if self._clock is None or len(self._active) >= self.max_batch:
             return
-        waiting = sorted((r for r in self._runs.values()
-                          if r.start is not None and r.end is None and r.key not in self._active
-                          and r.start <= self._clock), key=lambda r: r.start or 0.0)
-        for run in waiting[: self.max_batch - len(self._active)]:
+        due = sorted((r for r in waiting if r.start is not None and r.start <= self._clock), key=lambda r: r.start or 0.0)
+        for run in due[: self.max_batch - len(self._active)]:
+            self._waiting.remove(run.key)
             self._active.append(run.key)
             self._clock += run.prefill  # its prefill keeps the engine busy (decoding alongside: as drafted)
 
@@ -240,6 +243,8 @@ class PlainSchedule:
         run.end = when
         if run.key in self._active:
             self._active.remove(run.key)
+        else:
+            self._waiting.remove(run.key)
         del self._runs[run.key]
         self._floor = max(self._floor, when)
         self._ended[run.key] = (run.finished_at or when, run.start if run.start is not None else when, when)

@@ -279,7 +279,7 @@ class RepriseVllmProposer:
         assert last is not None
         seconds = now - last[0]  # the step and the engine's work between steps, as a plain engine's
         # less the proposer's own call; the step read the contexts the last call saw
-        self.step_cost.observe(batch, last[2] - batch, seconds - last[3], last[4] if len(last) > 4 else 0)
+        self.step_cost.observe(batch, last[2] - batch, seconds - last[3], last[4])
         fit = self.step_cost.fit()
         if fit is not None and self.step_cost.num_steps % 32 == 0:  # the cut prices drafts by it from now
             self._cost = fit

@@ -364,26 +364,26 @@ def test_a_step_that_is_not_steady_teaches_the_line_nothing_and_one_that_prefill
     batch.add("r1", RequestTag("acme", "s1"), [1, 2, 3])
     p = _proposer(batch, RepriseProposer())
     p.step_cost = FixedLine()
-    p._last_step, p._step_start = (10.0, ("r1",), 1, 0.001), 10.0
+    p._last_step, p._step_start = (10.0, ("r1",), 1, 0.001, 600), 10.0
     p._scheduled = {"r1": 1, "r2": 299}  # r2 joined: its prompt was prefilled in this step
     joined = p._time_step(10.25, ["r1", "r2"], [[5], [6]])
     assert joined is not None and joined.seconds == pytest.approx(0.25) and joined.plain_step_seconds is None
     assert joined.share("r2") == pytest.approx(0.25 * 299 / 300)  # shared by the tokens each scheduled
     assert p.step_cost.num_steps == 0  # the cost line learns only from steady steps
-    p._last_step = (20.0, ("r1", "r2"), 2, 0.001)
+    p._last_step = (20.0, ("r1", "r2"), 2, 0.001, 600)
     steady = p._time_step(20.05, ["r1", "r2"], [[5], [6]])
     assert steady is not None and steady.plain_step_seconds == pytest.approx(0.01 + 0.002 * 2)
-    p._last_step = (30.0, ("r1", "r2"), 2, 0.001)
+    p._last_step = (30.0, ("r1", "r2"), 2, 0.001, 600)
     assert p._time_step(30.0 + p.step_cost.max_gap_s + 1, ["r1", "r2"], [[5], [6]]) is None  # idle, unreported
-    p._last_step, p._step_start = (40.0, ("r1", "r2"), 2, 0.001), 50.0  # idle, then a step begun at 50
+    p._last_step, p._step_start = (40.0, ("r1", "r2"), 2, 0.001, 600), 50.0  # idle, then a step begun at 50
     alone = p._time_step(50.3, ["r1", "r2"], [[5], [6]])
     assert alone is not None and alone.seconds == pytest.approx(0.3)  # decoding only: priced as decoding
     assert alone.plain_step_seconds == pytest.approx(0.01 + 0.002 * 2)
-    p._last_step, p._step_start = (45.0, ("r1", "r2", "r3"), 3, 0.001), 45.1  # r3 left: a step of two
+    p._last_step, p._step_start = (45.0, ("r1", "r2", "r3"), 3, 0.001, 600), 45.1  # r3 left: a step of two
     left = p._time_step(45.2, ["r1", "r2"], [[5], [6]])
     assert left.seconds == pytest.approx(0.1) and left.plain_step_seconds == pytest.approx(0.01 + 0.002 * 2)
     assert p.step_cost.num_steps == 1  # still only the steady step above
-    p._last_step, p._step_start = (60.0, ("r0",), 1, 0.001), 60.2  # the engine ran other work in between
+    p._last_step, p._step_start = (60.0, ("r0",), 1, 0.001, 600), 60.2  # the engine ran other work in between
     assert p._time_step(60.3, ["r1", "r2"], [[5], [6]]).seconds == pytest.approx(0.1)
 
 
