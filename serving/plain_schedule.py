@@ -231,10 +231,11 @@ class PlainSchedule:
         for run in waiting:
             if run.start is None:
                 self._resolve(run)
-        if self._clock is None or len(self._active) >= self.max_batch:
-            return
-        due = sorted((r for r in waiting if r.start is not None and r.start <= self._clock), key=lambda r: r.start or 0.0)
-        for run in due[: self.max_batch - len(self._active)]:
+        while self._clock is not None and len(self._active) < self.max_batch:
+            due = [r for r in waiting if r.start is not None and r.start <= self._clock and r.key in self._waiting]
+            if not due:
+                return
+            run = min(due, key=lambda r: r.start or 0.0)  # the earliest; its prefill may make others due
             self._waiting.remove(run.key)
             self._active.append(run.key)
             self._clock += run.prefill  # its prefill keeps the engine busy (decoding alongside: as drafted)

@@ -6,10 +6,10 @@ Both engines feed the same arithmetic, per request per step:
 - **decode**: a step's measured time is shared among its requests by their rows (one row for the
   committed token plus one per draft node verified: ``attribute_step``). Without drafts each token
   the request committed would have needed a plain step (one row per request), whose cost the engine's
-  step-cost model gives. The own engine prices it at the batch size the token was decoded in:
-  ``tokens * plain_step_seconds / batch_size``. vLLM's worker replays its requests through the
-  batches a plain engine would have run them in (serving/plain_schedule.py), since holding the batch
-  fixed misprices requests that share steps with drafts of unequal yield.
+  step-cost model gives. Both engines replay their requests through the batches a plain engine would
+  have run them in (serving/plain_schedule.py), since holding the drafted batch fixed misprices
+  requests that share steps with drafts of unequal yield; ``share`` with a plain step prices a token
+  at its own batch (``tokens * plain_step_seconds / batch_size``), which is right for one request alone.
 - **prefill**: the measured prefill time, and without the prefix cache that time plus what prefilling
   the cached tokens costs on the host, as the engine's prefill fit prices them (``attribute_prefill``).
 
@@ -17,8 +17,8 @@ A tenant's ``Savings`` sums them; ``speedup`` = (plain decode + plain prefill) /
 ``seconds_saved`` the difference, split into drafts and cache. The seconds are those of the engine's
 cost clock (CPU time of the engine thread on a one-thread CPU host, wall time otherwise), the same clock
 for both sides of every ratio. Where the engine has no measured cost model yet, a step's plain estimate
-is its own measured time (it counts as no saving rather than as a guess); vLLM's plain schedule waits
-for its step cost to be measured and prices the requests then. docs/service.md says where
+is its own measured time (it counts as no saving rather than as a guess); the plain schedule waits
+for a step cost to be measured and prices the requests then. docs/service.md says where
 the estimate can be wrong and how far it was from a measurement.
 """
 

@@ -29,9 +29,10 @@ would. Printed per trace and level: tokens/s of each method, ``reprise_vs_suffix
 ``outputs_identical`` (every method's greedy output equals vLLM plain's), and for
 vLLM with Reprise's proposer what its decoding steps verified (``drafting``: tokens each step yielded,
 draft tokens sent per step, the share accepted; from the proposer's step records) and ``savings_check``
-(``savings_check_hybrid`` for vllm_hybrid):
-the service's savings estimate from those records (the speedup it would report for the tenant) against
-the speedup measured over vLLM plain on the same calls, and the error. Per trace,
+(``savings_check_hybrid`` for vllm_hybrid, ``savings_check_engine`` for the own engine against
+reprise_plain): the service's savings estimate from those records (the speedup it would report for the
+tenant) against the speedup measured over the same engine's plain method on the same calls, and the
+error. Per trace,
 ``headroom``: vLLM plain's outputs (one at a time) replayed as chains through Reprise's proposer, the
 tokens per step it gets and what better first tokens would get (``reprise replay --chain --headroom``'s
 oracles): how much of the model's own outputs the history predicts at all. The machine's load average
@@ -384,7 +385,8 @@ class _OwnEngine:
         proposer.set_vocabulary(lambda i: self.tokenizer.decode([i]), self.lm.model.config.vocab_size)
         runner = ModelRunner(self.lm.model, num_slots=self.num_slots, max_len=self.max_len,
                              max_draft_nodes=served.max_draft_nodes, prefix_cache_bytes=served.prefix_cache_bytes)
-        self.engine = Engine(runner, proposer, self.lm.tokenizer, EngineConfig())
+        self.records = _StepRecords()
+        self.engine = Engine(runner, proposer, self.lm.tokenizer, EngineConfig(observer=self.records))
 
     def run(self, prompts: list[list[int]]) -> list[list[int]]:
         from reprise.engine.request import GenerationRequest, StoppingParams
@@ -396,10 +398,34 @@ class _OwnEngine:
         self.engine.run_until_idle()
         return [list(h.wait().token_ids) for h in handles]
 
-    def drain_steps(self) -> list[tuple[str, int, int, str]]:
-        return []  # its steps verify trees: `reprise bench agent` reports them
+    def drain_steps(self) -> list[tuple]:
+        """The engine's step records since the last drain, in the vLLM proposer's wire form (``StepRecord``)."""
+        steps, self.records.steps = self.records.steps, []
+        return steps
 
     def close(self) -> None:
+        pass
+
+
+class _StepRecords:
+    """The own engine's step observer as the service's metering sees it, in the wire form of vLLM's
+    ``StepRecord`` (so ``savings_check`` reads both engines alike). Prefills count at their own time:
+    the cache is on in the plain pass too, so it is no saving here."""
+
+    def __init__(self) -> None:
+        self.steps: list[tuple] = []
+
+    def on_step(self, reports: Any) -> None:
+        for r in reports:
+            cost, prefill = r.cost, r.prefill
+            self.steps.append((r.tenant, r.num_draft, r.num_accepted, r.source, r.num_tokens,
+                               cost.seconds if cost else 0.0, cost.plain_seconds if cost else 0.0,
+                               prefill.seconds if prefill else 0.0, prefill.seconds if prefill else 0.0, False))
+
+    def on_late_costs(self, tenant: str, cost: Any, num_tokens: int) -> None:
+        self.steps.append((tenant, 0, 0, "", num_tokens, cost.seconds, cost.plain_seconds, 0.0, 0.0, True))
+
+    def on_finish(self, result: Any) -> None:
         pass
 
 
@@ -430,6 +456,9 @@ def _summarise(outputs: dict[str, Any], calls: dict[str, Any], levels: tuple[int
                 if method in ("vllm_reprise", "vllm_hybrid") and r.get("steps") and level in plain.get(trace, {}):
                     key = "savings_check" if method == "vllm_reprise" else "savings_check_hybrid"
                     row[key] = savings_check(r["steps"], r, plain[trace][level])
+                own_plain = outputs.get("reprise_plain", {}).get(trace, {}).get(level)
+                if method == "reprise_engine" and r.get("steps") and own_plain:  # against its own plain decoding
+                    row["savings_check_engine"] = savings_check(r["steps"], r, own_plain)
                 if method.startswith("reprise_") and dtype != "float32":
                     row["outputs_identical"][method] = None
                 elif trace in plain:
@@ -613,8 +642,9 @@ def _drafting(steps: list[tuple]) -> dict[str, float]:
 
 
 def savings_check(steps: list[tuple], drafted: dict[str, Any], plain: dict[str, Any]) -> dict[str, Any]:
-    """The service's savings estimate (serving/savings.py, as vLLM's proposer records it per step)
-    against the speedup measured over vLLM plain on the same calls.
+    """The service's savings estimate (serving/savings.py, as vLLM's proposer or the own engine's
+    observer records it per step) against the speedup measured over the same engine's plain method on
+    the same calls (``vllm_plain``; ``reprise_plain`` for the own engine).
 
     ``speedup_estimated``: the estimate summed over the pass's timed steps (decoding steps against the
     plain steps their tokens would have taken, as the plain schedule priced them in ``late`` records;
@@ -665,12 +695,14 @@ def format_report(report: dict[str, Any]) -> str:
             for method, d in row.get("drafting", {}).items():
                 lines.append(f"  {method}: {d['tokens_per_step']} tokens per decoding step, "
                              f"{d['draft_tokens_per_step']} draft tokens sent per step, {d['acceptance']} accepted")
-            for key, method in (("savings_check", "vllm_reprise"), ("savings_check_hybrid", "vllm_hybrid")):
+            for key, method, base in (("savings_check", "vllm_reprise", "vllm_plain"),
+                                      ("savings_check_hybrid", "vllm_hybrid", "vllm_plain"),
+                                      ("savings_check_engine", "reprise_engine", "reprise_plain")):
                 check = row.get(key)
                 if check and check.get("speedup_estimated") is not None:
                     lines.append(f"  savings estimate: speedup {check['speedup_estimated']:.2f}x estimated from {method}'s "
                                  f"timed steps ({check['timed_share']:.0%} of its pass), {check['speedup_measured']:.2f}x "
-                                 f"measured (vllm_plain / {method}, wall): error {check['error']:+.1%}; over the "
+                                 f"measured ({base} / {method}, wall): error {check['error']:+.1%}; over the "
                                  f"whole pass {check['speedup_estimated_pass']:.2f}x, error {check['error_pass']:+.1%}")
     if "proposer_health" in report:
         lines.append("vllm_reprise's proposer: " + ", ".join(f"{k} {v}" for k, v in report["proposer_health"].items()))

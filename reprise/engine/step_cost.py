@@ -194,8 +194,20 @@ class StepCostFit:
         never priced below a tenth of the table's cheapest (an offset fitted on a busier host)."""
         xs, ys = self._points
         rows = interpolate(xs, ys, num_draft)
-        offset = self._offsets.get(batch, 0.0)
+        offset = self._offset(batch)
         return np.maximum(rows + offset, 0.1 * ys[0]) if offset else rows
+
+    def _offset(self, batch: int) -> float:
+        """The batch size's offset: as measured where it was, else interpolated in the batch size between
+        the measured ones (one request: none), beyond the largest in proportion to the requests past the
+        first (each reads its own prefix). A batch size the engine has not run at yet (the plain schedule
+        prices the smaller batches a plain engine would have run) is not priced like a single request."""
+        if batch in self._offsets or batch <= 1 or not self._offsets:
+            return self._offsets.get(batch, 0.0)
+        sizes = sorted(self._offsets)
+        if batch > sizes[-1]:
+            return self._offsets[sizes[-1]] * (batch - 1) / max(sizes[-1] - 1, 1)
+        return float(np.interp(batch, [1] + sizes, [0.0] + [self._offsets[b] for b in sizes]))
 
     def table(self) -> list[tuple[int, float, int]]:
         """The fitted points: (rows beyond the first, seconds, steps recorded there)."""

@@ -427,3 +427,22 @@ def test_headroom_counts_a_neural_fallback_where_retrieval_has_little() -> None:
     assert nothing["head_steps"] > 0 and nothing["head_right"] > 0
     assert nothing["tokens_per_step"] > figures["reranked"]
     assert fallback["below_2"]["head_steps"] >= nothing["head_steps"]
+
+
+def test_the_own_engines_savings_check_reads_its_observer_and_its_plain_schedules_late_costs() -> None:
+    from reprise.engine.engine import StepReport
+    from serving.savings import RequestCost
+
+    records = bench._StepRecords()
+    records.on_step([StepReport("bench", 0, 0, "", 0, None, True, 1, RequestCost(0.0, 0.0), RequestCost(0.2, 0.5)),
+                     StepReport("bench", 4, 3, "reprise", 0, 0.001, True, 4, RequestCost(0.8, 0.0))])
+    records.on_late_costs("bench", RequestCost(0.0, 1.8), 0)  # the plain schedule priced the request's tokens
+    plain = [[1, 2, 3, 4, 5]]
+    engine = _result(2.0, plain) | {"steps": records.steps}
+    outputs = {"vllm_plain": {"t": {"1": _result(4.0, plain)}}, "reprise_engine": {"t": {"1": engine}},
+               "reprise_plain": {"t": {"1": _result(3.0, plain)}}}
+    row = bench._summarise(outputs, {"t": []}, (1,), "float32")["t"]["1"]
+    check = row["savings_check_engine"]
+    # 1.8 s plain decode + the 0.2 s prefill at its own time (the cache is on in both passes) over 1.0 s
+    assert check["speedup_estimated"] == 2.0 and check["speedup_measured"] == 1.5  # against reprise_plain's 3 s
+    assert "savings_check" not in row  # vLLM's check is vllm_reprise's

@@ -47,15 +47,20 @@ def test_calibration_prices_a_token_on_the_runner() -> None:
 class Reports:
     def __init__(self) -> None:
         self.steps: list[list[StepReport]] = []
+        self.late: dict[str, float] = {}
 
     def on_step(self, reports) -> None:
         self.steps.append(list(reports))
+
+    def on_late_costs(self, tenant, cost, num_tokens) -> None:
+        assert cost.seconds == 0.0 and num_tokens == 0
+        self.late[tenant] = self.late.get(tenant, 0.0) + cost.plain_seconds
 
     def on_finish(self, result) -> None:
         pass
 
 
-def test_reports_carry_each_requests_share_and_its_plain_estimate() -> None:
+def test_reports_carry_each_requests_share_and_the_plain_schedule_prices_its_tokens() -> None:
     runner = ModelRunner(tiny_model("llama", vocab_size=64), num_slots=2, max_len=256, max_draft_nodes=8,
                          prefix_cache_bytes=1 << 20)
     seen = Reports()
@@ -67,19 +72,22 @@ def test_reports_carry_each_requests_share_and_its_plain_estimate() -> None:
     prompt = [5, 6, 7, 8, 9] * 12
     engine.generate(prompt, max_new_tokens=24, tenant="t", ignore_eos=True)
     seen.steps.clear()
+    seen.late.clear()
     for tenant in ("t", "u"):  # two requests share steps; t's prompt is cached from its first request
         engine.submit(_request(prompt, tenant))
     engine.run_until_idle()
     batched = [step for step in seen.steps if len(step) == 2]
     assert batched
-    fit = engine.step_costs
     for step in batched:
         rows = [1 + r.num_draft for r in step]
         shares = [r.cost.seconds for r in step]
         assert shares[0] * rows[1] == pytest.approx(shares[1] * rows[0])  # time shared by rows
-        plain = float(fit.cost(np.asarray(1)))  # a plain step of two requests: one row beyond the first
-        for r in step:
-            assert r.cost.plain_seconds == pytest.approx(r.num_tokens * plain / 2)
+        assert all(r.cost.plain_seconds == 0.0 for r in step)  # priced later, by the plain schedule
+    assert sum(r.num_tokens for step in seen.steps for r in step if r.tenant == "u") == 24
+    # Admitted together, both run 24 plain steps of two requests: each pays half of each step.
+    plain = float(engine.step_costs.cost(np.asarray(1), 2))  # one row beyond the first, two requests
+    assert seen.late == {"t": pytest.approx(24 * plain / 2), "u": pytest.approx(24 * plain / 2)}
+    assert len(engine.schedule) == 0
     prefills = {r.tenant: r.prefill for step in seen.steps for r in step if r.prefill is not None}
     assert set(prefills) == {"t", "u"}
     assert prefills["t"].plain_seconds > prefills["t"].seconds  # its cached tokens priced in

@@ -56,7 +56,10 @@ def test_a_batch_pays_its_own_offset_over_the_single_request_table() -> None:
     assert fit.offsets() == {8: (pytest.approx(offset), 4)}
     assert fit.cost(np.array([7]), batch=8)[0] == pytest.approx(0.014 + offset)
     assert fit.cost(np.array([7]))[0] == pytest.approx(0.014)
-    assert fit.cost(np.array([7]), batch=4)[0] == pytest.approx(0.014)  # no step of four yet: the table
+    # No step of four or sixteen yet: each request past the first pays its part of the measured offset
+    # (a batch size never run is not priced like a single request's step of as many rows).
+    assert fit.cost(np.array([7]), batch=4)[0] == pytest.approx(0.014 + offset * 3 / 7)
+    assert fit.cost(np.array([7]), batch=16)[0] == pytest.approx(0.014 + offset * 15 / 7)
     assert [o["batch"] for o in fit.report()["batch_offsets"]] == [8]
     # The budget weighs a batch's draft rows against its own plain step: relatively cheaper here.
     budget = DraftBudget(cost_model=fit)
