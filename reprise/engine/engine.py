@@ -477,11 +477,8 @@ class Engine:
             log.exception("the step observer failed")
 
     def _plain_step(self, batch_size: int, context_tokens: int) -> float | None:
-        """A plain step of ``batch_size`` requests on the step-cost fit (one row each; None until measured)."""
-        fit = self.step_costs
-        if fit is None or not fit.measured:
-            return None
-        return float(fit.cost(np.asarray(batch_size - 1), batch_size))
+        """A plain step of ``batch_size`` requests on the step-cost fit (``StepCostFit.plain_step``)."""
+        return self.step_costs.plain_step(batch_size) if self.step_costs is not None else None
 
     def _price(self) -> None:
         """Tell the plain schedule which requests ended, take the plain steps it can price and hand each

@@ -102,6 +102,7 @@ class StepCostFit:
         self._batch_steps: dict[int, np.ndarray] = {}
         self._batch_seen: dict[int, int] = {}
         self._offsets: dict[int, float] = {}  # batch size -> seconds a step pays beyond the table; whole, as _points
+        self._plain: dict[int, float] = {}  # batch size -> median of its recent plain steps, where enough; whole
         self._pending = 0
         self.calibrated = False
         self.num_observed = 0
@@ -151,13 +152,16 @@ class StepCostFit:
             self._points = (xs, tuple(float(y) for y in monotone(medians, weights)))
             self.measured = True
         if self.measured:
-            offsets = {}
+            offsets, plain = {}, {}
             for batch, ring in self._batch_steps.items():
                 seen = self._batch_seen[batch]
                 if seen >= self.min_samples:
                     steps = ring[: min(seen, len(ring))]
                     offsets[batch] = float(np.median(steps[:, 1] - interpolate(*self._points, steps[:, 0])))
-            self._offsets = offsets
+                    undrafted = steps[steps[:, 0] == batch - 1, 1]
+                    if len(undrafted) >= self.min_samples:
+                        plain[batch] = float(np.median(undrafted))
+            self._offsets, self._plain = offsets, plain
 
     def calibrate(self, runner: Any, *, sizes: Sequence[int] = CALIBRATION_SIZES, reps: int = 3,
                   prefix_len: int = 512, seed: int = 0) -> None:  # fmt: skip
@@ -196,6 +200,16 @@ class StepCostFit:
         rows = interpolate(xs, ys, num_draft)
         offset = self._offset(batch)
         return np.maximum(rows + offset, 0.1 * ys[0]) if offset else rows
+
+    def plain_step(self, batch: int) -> float | None:
+        """A step of ``batch`` requests without drafts (None until measured): the median of such steps
+        among the batch size's recent ones where at least ``min_samples`` were plain (no model between the
+        measurement and the price: the table and offset are fitted on drafted steps, whose rows do not add
+        up as a batch's do), else ``cost(batch - 1, batch)``."""
+        if not self.measured:
+            return None
+        measured = self._plain.get(batch)
+        return measured if measured is not None else float(self.cost(np.asarray(batch - 1), batch))
 
     def _offset(self, batch: int) -> float:
         """The batch size's offset: as measured where it was, else interpolated in the batch size between

@@ -115,3 +115,21 @@ def test_the_engine_calibrates_its_budget_and_times_every_step() -> None:
     plain = Engine(ModelRunner(model, max_len=64, max_draft_nodes=0), make_proposer("prompt_lookup"))
     assert plain.step_costs is not None and plain.step_costs.num_observed == 0
     assert len(DraftTree.empty()) == 0
+
+
+def test_a_plain_step_of_a_batch_is_its_measured_plain_steps_where_there_are_enough() -> None:
+    fit = StepCostFit(window=4, min_samples=2, refresh_every=1000)
+    for rows, seconds in ((0, 0.010), (0, 0.010), (7, 0.014), (7, 0.014), (16, 0.020), (16, 0.020)):
+        fit.observe(rows, seconds)
+    for seconds in (0.060, 0.060):
+        fit.observe(15, seconds, batch=8)  # drafted steps of eight: the offset prices plain ones at their median
+    fit.refit()
+    from_offset = fit.plain_step(8)
+    assert from_offset == pytest.approx(float(fit.cost(np.asarray(7), 8)))
+    fit.observe(7, 0.041, batch=8)
+    fit.refit()
+    assert fit.plain_step(8) == pytest.approx(float(fit.cost(np.asarray(7), 8)))  # one plain step is not enough
+    fit.observe(7, 0.043, batch=8)
+    fit.refit()
+    assert fit.plain_step(8) == pytest.approx(0.042)  # two: their median, whatever the offset says
+    assert fit.plain_step(1) == pytest.approx(0.010) and StepCostFit().plain_step(2) is None
