@@ -75,7 +75,7 @@ class PlainSchedule:
     _ended: OrderedDict[str, tuple[float, float, float]] = field(default_factory=OrderedDict)  # (finished_at, start, end)
     _sessions: OrderedDict[tuple[str, str], str] = field(default_factory=OrderedDict)
     _floor: float = 0.0  # the latest plain end of a run gone from the schedule
-    _last_finish: float = 0.0  # the latest drafted finish
+    _last_finish: float = 0.0  # the latest drafted finish of any run
     _origin: str | None = None
     _active: list[str] = field(default_factory=list)  # in the plain engine's batch
     _waiting: list[str] = field(default_factory=list)  # not yet in it, in arrival order
@@ -104,7 +104,7 @@ class PlainSchedule:
         elif idle:
             run.after = tuple(self._runs)
             run.floor = self._floor
-            run.delay = now - max([self._last_finish] + [r.finished_at or 0.0 for r in self._runs.values()])
+            run.delay = now - self._last_finish
         else:
             origin = self._origin if self._origin in self._runs else next(iter(self._runs))
             run.origin, run.delay = origin, now - self._runs[origin].arrived
@@ -221,8 +221,9 @@ class PlainSchedule:
         elif run.after or run.floor:  # after a session's previous call, or after everything before
             ends = [self._plain_end(k) for k in run.after]
             base = None if any(e is None for e in ends) else max([run.floor] + [e for e in ends if e is not None])
-        else:  # the first request of all
-            base = run.arrived - run.delay
+        else:  # the first request of all: as it came
+            run.start = run.arrived
+            return
         if base is not None:
             run.start = base + run.delay
 
