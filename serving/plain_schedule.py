@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 
 SESSIONS_KEPT = 4096  # agent sessions whose last call is remembered (least recently used go first)
 MAX_RUNS = 16_384  # requests followed at once; past it the oldest finished go out at their own time
+UNPRICED_HOLD_S = 120.0  # how long a finished request waits for a step cost before it goes out at its own time
 
 
 @dataclass(slots=True)
@@ -173,6 +174,16 @@ class PlainSchedule:
             for run in active:
                 run.done += 1
                 run.plain += price / len(active)
+
+    def price(self, plain_step: Callable[[int, int], float | None], now: float, hold_s: float = UNPRICED_HOLD_S,
+              *, finished: bool = False) -> list[tuple[str | None, float, float]]:
+        """What an engine calls after its steps: ``advance``; where there is no price at all yet, the runs
+        that finished ``hold_s`` before ``now`` (``finished``: every finished run) at their own time
+        (``flush``); and ``trim``. The runs whose plain run ended."""
+        ended = self.advance(plain_step)
+        if plain_step(1, 0) is None:
+            ended += self.flush(float("inf") if finished else now - hold_s)
+        return ended + self.trim()
 
     def flush(self, before: float, runs: list[_Run] | None = None) -> list[tuple[str | None, float, float]]:
         """Runs (``runs``, or all) that finished (drafted) before ``before`` and are still unpriced, at their

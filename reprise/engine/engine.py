@@ -59,8 +59,6 @@ from verifier.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 
-UNPRICED_HOLD_S = 120.0  # how long a finished request waits for a measured step cost before it goes out unpriced
-
 StreamCallback = Callable[[list[int], str], None]  # (committed token ids, text delta)
 
 
@@ -482,19 +480,15 @@ class Engine:
 
     def _price(self) -> None:
         """Tell the plain schedule which requests ended, take the plain steps it can price and hand each
-        ended request's plain seconds to the observer. Without a measured step cost, requests finished two minutes ago go out at their own
-        time (no saving claimed)."""
+        ended request's plain seconds to the observer (``PlainSchedule.price``: without a measured step
+        cost, requests finished two minutes ago go out at their own time, no saving claimed)."""
         for request_id in self._ended:  # after their last tokens reached the schedule (``_observe``)
             self.schedule.finish(request_id)
         self._ended.clear()
         observer = self.config.observer
-        if observer is None:
+        if observer is None or not len(self.schedule):  # nothing followed (an idle engine polls here)
             return
-        ended = self.schedule.advance(self._plain_step)
-        if self._plain_step(1, 0) is None:
-            ended += self.schedule.flush(self.clock() - UNPRICED_HOLD_S)
-        ended += self.schedule.trim()
-        for tenant, plain, _ in ended:
+        for tenant, plain, _ in self.schedule.price(self._plain_step, self.clock()):
             if tenant is None:
                 continue
             try:

@@ -53,7 +53,7 @@ from reprise.backends.vllm.tags import RequestTag, StepRecord, StepWire
 from reprise.engine.draft_budget import AcceptanceTracker, DraftBudget
 from retrieval.draft_tree import subtree
 from retrieval.session import Verified
-from serving.plain_schedule import PlainSchedule
+from serving.plain_schedule import UNPRICED_HOLD_S, PlainSchedule
 from serving.savings import share
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,6 @@ log = logging.getLogger(__name__)
 DEFAULT_STALL_TIMEOUT_S = 1.0
 RECOVERY_STEPS = 16  # good steps in a row that end a failure episode (the next failure warns again)
 _MAX_PENDING_STEPS = 200_000  # step records kept for the service between two drains
-UNPRICED_HOLD_S = 120.0  # how long a finished request waits for a measured step cost before it goes out unpriced
 DEFAULT_MAX_BATCH = 256  # a plain engine's batch limit where vLLM's scheduler config does not say
 
 
@@ -513,11 +512,8 @@ class RepriseVllmProposer:
         with self._schedule_lock:
             if finished:
                 self.schedule.finish_all()
-            ended = self.schedule.advance(self.step_cost.plain_step)
-            if self.step_cost.plain_step(1) is None:
-                cutoff = float("inf") if finished else time.perf_counter() - self.unpriced_hold_s
-                ended += self.schedule.flush(cutoff)
-            ended += self.schedule.trim()
+            ended = self.schedule.price(self.step_cost.plain_step, time.perf_counter(), self.unpriced_hold_s,
+                                        finished=finished)
         for tenant, plain, _ in ended:
             if tenant is not None:
                 self._record(StepRecord(tenant, 0, 0, "", plain_seconds=plain, late=True))
