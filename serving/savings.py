@@ -1,25 +1,26 @@
 """What Reprise saves a tenant: the seconds its work took against an estimate of the same work without
-Reprise (no drafts, no prefix cache), from each engine's own cost model on the host it runs on.
+Reprise (no drafts, no prefix cache). The estimate is derived, not simulated: each engine already
+measures what a step costs on its host (for the draft budget), and the arithmetic here turns that into
+seconds per request per step.
 
-Both engines feed the same arithmetic, per request per step:
-
-- **decode**: a step's measured time is shared among its requests by their rows (one row for the
-  committed token plus one per draft node verified: ``attribute_step``). Without drafts each token
-  the request committed would have needed a plain step (one row per request), whose cost the engine's
-  step-cost model gives. Both engines replay their requests through the batches a plain engine would
-  have run them in (serving/plain_schedule.py), since holding the drafted batch fixed misprices
-  requests that share steps with drafts of unequal yield; ``share`` with a plain step prices a token
-  at its own batch (``tokens * plain_step_seconds / batch_size``), which is right for one request alone.
+- **decode**: a step's time is shared among its requests by their rows (one row for the committed
+  token plus one per draft node verified: ``attribute_step``). Without drafts each token a request
+  committed would have needed a plain step of the same batch size, whose cost the engine's fitted
+  step cost gives: a request's plain seconds are ``tokens * plain_step(B) / B``. So a tenant's decode
+  speedup is its tokens per verification step times the plain step's cost over the drafted step's, at
+  the batch sizes its steps ran at. The own engine shares each step's measured time; vLLM's worker, which
+  times only steady steps, prices every step on its fitted cost (``reprise/backends/vllm/step_cost.py``).
 - **prefill**: the measured prefill time, and without the prefix cache that time plus what prefilling
-  the cached tokens costs on the host, as the engine's prefill fit prices them (``attribute_prefill``).
+  the cached tokens costs on the host at the measured price per token (``attribute_prefill``; the own
+  engine only: vLLM's prefix cache is vLLM's own, a vLLM without Reprise has it too).
 
 A tenant's ``Savings`` sums them; ``speedup`` = (plain decode + plain prefill) / (decode + prefill),
-``seconds_saved`` the difference, split into drafts and cache. The seconds are those of the engine's
-cost clock (CPU time of the engine thread on a one-thread CPU host, wall time otherwise), the same clock
-for both sides of every ratio. Where the engine has no measured cost model yet, a step's plain estimate
-is its own measured time (it counts as no saving rather than as a guess); the plain schedule waits
-for a step cost to be measured and prices the requests then. docs/service.md says where
-the estimate can be wrong and how far it was from a measurement.
+``seconds_saved`` the difference, split into drafts and cache. Both sides of every ratio are on the
+engine's cost clock. Where no step cost has been measured yet, a step's plain estimate is its own time:
+no saving is claimed rather than a guess. What this leaves out (a plain engine would have batched the
+same requests differently: a request that drafts well leaves its batch early with drafts, late without)
+and how far the estimate was from an A/B measurement on both engines is in docs/service.md ("What Reprise
+saves"); ``serving.holdout`` measures instead, on a share of real requests decoded without drafts.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def attribute_step(step_seconds: float, rows: Sequence[int], tokens: Sequence[in
                    plain_step_seconds: float | None) -> list[RequestCost]:
     """Each request's part of one step of ``len(rows)`` requests: ``rows[i]`` rows verified (1 + draft
     nodes), ``tokens[i]`` committed. ``plain_step_seconds``: the engine's cost of a step of one row per
-    request at this batch size (None: not measured yet)."""
+    request at this batch size (None: not measured yet, and no saving is claimed)."""
     if len(rows) != len(tokens):
         raise ValueError(f"rows and tokens differ in length: {len(rows)} != {len(tokens)}")
     total_rows = sum(rows)
@@ -69,9 +70,9 @@ class Savings:
     """A tenant's (or an interval's) seconds with Reprise against the estimate without it."""
 
     decode_seconds: float = 0.0  # measured: the tenant's share of its steps
-    plain_decode_seconds: float = 0.0  # estimated: one plain step per token, at the batch size it ran in
+    plain_decode_seconds: float = 0.0  # derived: one plain step per token, at the batch size it ran in
     prefill_seconds: float = 0.0  # measured
-    plain_prefill_seconds: float = 0.0  # estimated: the prefill plus the price of prefilling its cached tokens
+    plain_prefill_seconds: float = 0.0  # derived: the prefill plus the price of prefilling its cached tokens
     num_tokens: int = 0  # tokens committed in those steps
 
     def add_step(self, cost: RequestCost, num_tokens: int) -> Savings:

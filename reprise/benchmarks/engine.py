@@ -301,12 +301,13 @@ class _Vllm:
         from reprise.backends.vllm.attach import attach_reprise
         from reprise.backends.vllm.engine import VllmEngine, VllmSettings
         from reprise.backends.vllm.tags import RequestTag
+        from reprise.benchmarks.vllm_worker import BENCH_WORKER_EXTENSION
         from retrieval.config import DraftingConfig
 
         self.engine = VllmEngine(VllmSettings(
             model=folder, dtype=args.dtype, max_model_len=args.prompt_tokens + args.max_new_tokens + 64,
             max_num_seqs=max(levels), num_speculative_tokens=args.speculative_tokens,
-            speculation=SPECULATION[method], enforce_eager=args.eager))
+            speculation=SPECULATION[method], enforce_eager=args.eager, worker_extension=BENCH_WORKER_EXTENSION))
         self.method = method
         self.drafting = method in ("vllm_reprise", "vllm_hybrid")
         self.max_new_tokens = args.max_new_tokens
@@ -349,9 +350,9 @@ class _Vllm:
             self.engine.rpc("reprise_reset_suffix_tree")
         self.engine.call(self.engine.llm.reset_prefix_cache())
 
-    def drain_steps(self) -> list[tuple[str, int, int, str]]:
+    def drain_steps(self) -> list[tuple]:
         """The proposer's step records since the last drain (``StepRecord`` wire form; none without it)."""
-        return self.engine.rpc("reprise_drain_steps", True)[0] if self.drafting else []
+        return self.engine.rpc("reprise_drain_steps")[0] if self.drafting else []
 
     def close(self) -> None:
         self.engine.close()
@@ -409,21 +410,17 @@ class _OwnEngine:
 
 class _StepRecords:
     """The own engine's step observer as the service's metering sees it, in the wire form of vLLM's
-    ``StepRecord`` (so ``savings_check`` reads both engines alike). Prefills count at their own time:
-    the cache is on in the plain pass too, so it is no saving here."""
+    ``StepRecord`` (so ``savings_check`` reads both engines alike): decoding steps only (the prefix cache
+    is on in the plain pass too, so prefills are no saving here)."""
 
     def __init__(self) -> None:
         self.steps: list[tuple] = []
 
     def on_step(self, reports: Any) -> None:
         for r in reports:
-            cost, prefill = r.cost, r.prefill
+            cost = r.cost
             self.steps.append((r.tenant, r.num_draft, r.num_accepted, r.source, r.num_tokens,
-                               cost.seconds if cost else 0.0, cost.plain_seconds if cost else 0.0,
-                               prefill.seconds if prefill else 0.0, prefill.seconds if prefill else 0.0, False))
-
-    def on_late_costs(self, tenant: str, cost: Any, num_tokens: int) -> None:
-        self.steps.append((tenant, 0, 0, "", num_tokens, cost.seconds, cost.plain_seconds, 0.0, 0.0, True))
+                               cost.seconds if cost else 0.0, cost.plain_seconds if cost else 0.0))
 
     def on_finish(self, result: Any) -> None:
         pass
@@ -632,8 +629,7 @@ class _RerankHeadroom:
 def _drafting(steps: list[tuple]) -> dict[str, float]:
     """What the proposer's decoding steps verified: tokens each step yielded (its accepted draft tokens
     and the one the target model adds), draft tokens sent per step, and the share of them accepted
-    (``StepRecord`` wire forms; a ``late`` one holds costs only and is no step)."""
-    steps = [s for s in steps if not (len(s) > 9 and s[9])]
+    (``StepRecord`` wire forms)."""
     drafted = sum(s[1] for s in steps)
     accepted = sum(s[2] for s in steps)
     return {"steps": len(steps), "tokens_per_step": round(1 + accepted / len(steps), 3),
@@ -646,20 +642,17 @@ def savings_check(steps: list[tuple], drafted: dict[str, Any], plain: dict[str, 
     observer records it per step) against the speedup measured over the same engine's plain method on
     the same calls (``vllm_plain``; ``reprise_plain`` for the own engine).
 
-    ``speedup_estimated``: the estimate summed over the pass's timed steps (decoding steps against the
-    plain steps their tokens would have taken, as the plain schedule priced them in ``late`` records;
-    prefills at their own time) / their measured seconds, the
-    figure the service reports. ``speedup_measured``: tokens/s of the drafted pass / of the plain pass
-    (whole passes, wall clock). ``timed_share``: the part of the drafted pass's seconds the records
-    cover (the rest: the engine's work between steps, the client's); ``speedup_estimated_pass`` counts
-    that rest as unchanged without drafts."""
-    timed = [s for s in steps if len(s) > 8 and (s[4] > 0 or s[7] > 0 or (len(s) > 9 and s[9]))]
-    spent = sum(float(s[5]) + float(s[7]) for s in timed)
-    estimate = sum(float(s[6]) + float(s[8]) for s in timed)
-    prefill = sum(float(s[7]) for s in timed)
+    ``speedup_estimated``: the estimate summed over the pass's priced decoding steps (each request's
+    share of its step against its tokens' plain steps at that batch size) / their seconds, the figure
+    the service reports. ``speedup_measured``: tokens/s of the drafted pass / of the plain pass (whole
+    passes, wall clock). ``timed_share``: the part of the drafted pass's seconds the priced steps cover
+    (the rest: prefills, steps before a step cost was measured, the engine's work between steps, the
+    client's); ``speedup_estimated_pass`` counts that rest as unchanged without drafts."""
+    timed = [s for s in steps if s[4] > 0 and s[5] > 0]
+    spent = sum(float(s[5]) for s in timed)
+    estimate = sum(float(s[6]) for s in timed)
     out: dict[str, Any] = {"clock": "wall", "timed_steps": len(timed), "steps": len(steps),
                            "seconds_timed_spent": round(spent, 3), "seconds_timed_plain_estimated": round(estimate, 3),
-                           "seconds_timed_prefill": round(prefill, 3),
                            "seconds_measured_spent": round(drafted["seconds"], 3),
                            "seconds_measured_plain": round(plain["seconds"], 3)}
     measured = ((drafted["tokens"] / drafted["seconds"]) / (plain["tokens"] / plain["seconds"])

@@ -15,10 +15,9 @@
 4. **postprocess**: stop conditions cut the committed tokens (reprise/engine/stopping.py); each
    session is handed the step's ``Verified`` once, the stream gets the kept tokens; finished requests
    are resolved and, when recorded, go to the history sink;
-5. **observe**: the observer gets one report per request: its counts and its share of the step's
-   measured time; the plain schedule prices what its tokens would have cost in the batches a plain
-   engine would have run, and the observer gets that once the request's plain run ends
-   (serving/plain_schedule.py, serving/savings.py).
+5. **observe**: the observer gets one report per request: its counts, its share of the step's
+   measured time, and what its tokens would have cost in plain steps of the same batch size on the
+   engine's fitted step cost (serving/savings.py).
 
 The accepted count is the runner's, cut only by stop conditions; everyone downstream (sessions, the
 budget's tracker, usage, metering) reads that one value. A drafter that fails yields an empty draft
@@ -51,7 +50,6 @@ from reprise.engine.step_cost import StepCostFit
 from reprise.engine.stopping import StopChecker
 from retrieval.draft_tree import DraftTree, subtree
 from retrieval.session import Proposer, Verified
-from serving.plain_schedule import PlainSchedule
 from serving.records import FinishReason
 from serving.savings import RequestCost, attribute_prefill, attribute_step
 from verifier.runner import ModelRunner, VerifyResult, VerifyStep
@@ -81,9 +79,8 @@ class StepReport:
     them accepted (the runner's count, cut by stop conditions), the draft's ``source`` and
     ``match_len``, the drafting session's ``propose_seconds`` (None when it did not propose: no room, or
     no speculation); ``speculated`` False for a request that asked for no speculation. ``num_tokens``
-    committed; ``cost``: the request's share of the step's time (its plain seconds come later, from the
-    plain schedule: ``StepObserver.on_late_costs``); ``prefill``: its prefill's, on the request's first
-    step (serving/savings.py)."""
+    committed; ``cost``: the request's share of the step's time against its tokens' plain steps;
+    ``prefill``: its prefill's, on the request's first step (serving/savings.py)."""
 
     tenant: str
     num_draft: int
@@ -95,16 +92,12 @@ class StepReport:
     num_tokens: int = 0
     cost: RequestCost | None = None
     prefill: RequestCost | None = None
-    request_id: str = ""
 
 
 class StepObserver(Protocol):
-    """Sees every step and every finished request (the service's metering), and what a request's
-    decoding would have cost without drafts once the plain schedule has priced it (``cost.seconds`` 0)."""
+    """Sees every step and every finished request (the service's metering)."""
 
     def on_step(self, reports: Sequence[StepReport]) -> None: ...
-
-    def on_late_costs(self, tenant: str, cost: RequestCost, num_tokens: int) -> None: ...
 
     def on_finish(self, result: GenerationResult) -> None: ...
 
@@ -228,9 +221,6 @@ class Engine:
         self._lock = threading.Lock()
         self._waiting: deque[tuple[RequestHandle, StreamCallback | None]] = deque()
         self._active: list[_Active] = []
-        # The batches a plain engine would have run the same requests in: the savings estimate's decode side.
-        self.schedule = PlainSchedule(max(runner.pool.num_slots, 1))
-        self._ended: list[str] = []  # requests finished since the last step's report
 
     def forget_tenant(self, tenant: str) -> int:
         """A deleted tenant: drop its cached KV (any thread); returns the blocks dropped."""
@@ -285,7 +275,6 @@ class Engine:
         each stage; the step goes on for the others."""
         batch = self._admit()
         if not batch:
-            self._price()  # requests that ended without a step (cancelled while waiting for one)
             return 0
         started = self.clock()
         items, drafts = self._propose(batch)
@@ -293,12 +282,10 @@ class Engine:
         if items:
             reports = self._postprocess(items, drafts, results)
             self._observe(reports, self.clock() - started)
-        self._price()
         return len(batch)
 
     def _admit(self) -> list[_Active]:
         """Waiting requests into free slots (prefill); cancelled requests out. The step's batch."""
-        arrived = self.clock()  # for the plain schedule, every request admitted now came together
         while self.runner.num_free_slots:
             with self._lock:
                 if not self._waiting:
@@ -308,7 +295,7 @@ class Engine:
                 self._resolve(handle, _result(handle.request, [], "", "aborted", None, 0, 0, 0))
                 continue
             try:
-                self._active.append(self._start(handle, on_stream, arrived))
+                self._active.append(self._start(handle, on_stream))
             except Exception as exc:  # this request cannot start; the others go on
                 if not isinstance(exc, ValueError):
                     log.exception("request %s failed to start", handle.request_id)
@@ -331,7 +318,7 @@ class Engine:
         del self._waiting[best]
         return entry
 
-    def _start(self, handle: RequestHandle, on_stream: StreamCallback | None, arrived: float) -> _Active:
+    def _start(self, handle: RequestHandle, on_stream: StreamCallback | None) -> _Active:
         request = handle.request
         stop_ids = tuple(request.stopping.stop_token_ids) + (() if request.stopping.ignore_eos else self.eos_token_ids)
         stopping, grammar = request.stopping, None
@@ -357,9 +344,6 @@ class Engine:
                 session.observe_hidden(prompt_hidden)
             stop = StopChecker(stopping, self.tokenizer, self.eos_token_ids,
                                self.runner.max_len - len(request.prompt_ids))
-            if self.config.observer is not None:  # the plain schedule follows it from its admission
-                self.schedule.arrive(handle.request_id, request.tenant, request.session_id, arrived, seconds,
-                                     len(request.prompt_ids))
             return _Active(handle, slot, session, stop, on_stream, grammar, cached=cached, prefill=prefill)
         except BaseException:
             self.runner.release(slot, keep_cache=False)
@@ -460,41 +444,17 @@ class Engine:
         return reports
 
     def _observe(self, reports: list[StepReport], seconds: float) -> None:
-        """Hand the observer the step's reports, each with its share of the step's ``seconds``, and the
-        tokens to the plain schedule, which prices what they would have cost in the batches a plain
-        engine would have run (serving/plain_schedule.py; ``_price``)."""
+        """Hand the observer the step's reports, each with its share of the step's ``seconds`` (by rows
+        verified) against what its tokens would have cost in plain steps of this batch size on the fitted
+        step cost (serving/savings.py: no plain step measured yet, no saving claimed)."""
         if self.config.observer is None or not reports:
             return
-        costs = attribute_step(seconds, [1 + r.num_draft for r in reports], [r.num_tokens for r in reports], None)
-        now = self.clock()
-        for report, cost in zip(reports, costs):
-            self.schedule.deliver(report.request_id, report.num_tokens, cost.seconds, now)
+        plain = self.step_costs.plain_step(len(reports)) if self.step_costs is not None else None
+        costs = attribute_step(seconds, [1 + r.num_draft for r in reports], [r.num_tokens for r in reports], plain)
         try:
-            self.config.observer.on_step([replace(r, cost=RequestCost(c.seconds, 0.0)) for r, c in zip(reports, costs)])
+            self.config.observer.on_step([replace(r, cost=c) for r, c in zip(reports, costs)])
         except Exception:  # metering must not stop decoding
             log.exception("the step observer failed")
-
-    def _plain_step(self, batch_size: int, context_tokens: int) -> float | None:
-        """A plain step of ``batch_size`` requests on the step-cost fit (``StepCostFit.plain_step``)."""
-        return self.step_costs.plain_step(batch_size) if self.step_costs is not None else None
-
-    def _price(self) -> None:
-        """Tell the plain schedule which requests ended, take the plain steps it can price and hand each
-        ended request's plain seconds to the observer (``PlainSchedule.price``: without a measured step
-        cost, requests finished two minutes ago go out at their own time, no saving claimed)."""
-        for request_id in self._ended:  # after their last tokens reached the schedule (``_observe``)
-            self.schedule.finish(request_id)
-        self._ended.clear()
-        observer = self.config.observer
-        if observer is None or not len(self.schedule):  # nothing followed (an idle engine polls here)
-            return
-        for tenant, plain, _ in self.schedule.price(self._plain_step, self.clock()):
-            if tenant is None:
-                continue
-            try:
-                observer.on_late_costs(tenant, RequestCost(0.0, plain), 0)
-            except Exception:  # metering must not stop decoding
-                log.exception("the step observer failed on late costs")
 
     def _commit(self, item: _Active, draft: _Draft, result: VerifyResult) -> StepReport:
         """One request's part of the step's postprocessing, and its report for the observer."""
@@ -512,8 +472,7 @@ class Engine:
         item.accepted += len(accepted)
         request = item.handle.request
         report = StepReport(request.tenant, len(draft.tree), len(accepted), draft.tree.source, draft.match_len,
-                            draft.propose_seconds, request.speculate, len(kept), prefill=item.prefill,
-                            request_id=item.handle.request_id)
+                            draft.propose_seconds, request.speculate, len(kept), prefill=item.prefill)
         item.prefill = None
         if item.on_stream is not None and (kept or outcome.text_delta):
             try:
@@ -547,7 +506,6 @@ class Engine:
     def _finish(self, item: _Active, reason: FinishReason, matched: int | str | None,
                 error: BaseException | None = None) -> None:
         self._active.remove(item)
-        self._ended.append(item.handle.request_id)  # the plain schedule hears of it after its last tokens
         # A failed step may have half-written the rows; a request that asked not to be recorded leaves
         # nothing behind for later requests either.
         self.runner.release(item.slot, keep_cache=error is None and item.handle.request.record_history)
@@ -580,7 +538,6 @@ class Engine:
             self._waiting.clear()
         for item in list(self._active):
             self._active.remove(item)
-            self.schedule.finish(item.handle.request_id)
             try:
                 self.runner.release(item.slot, keep_cache=False)
             except Exception:

@@ -2,7 +2,7 @@
 
 The engine hands ``StepMeter.on_step`` one ``StepReport`` per request per step (drafted and accepted
 counts as the verifier decided them, the draft's source, the drafting time, the request's share of the
-step's time against the plain-step estimate) and ``on_finish`` every finished request.
+step's time against its tokens' plain steps) and ``on_finish`` every finished request.
 ``TenantAccounting`` keeps the per-tenant figures the admin plane and the dashboard read (counted since
 this process started), the savings estimate among them (serving/savings.py).
 """
@@ -18,7 +18,7 @@ from typing import Any
 from reprise.engine.engine import StepReport
 from reprise.engine.request import GenerationResult
 from serving.admin import TenantStats
-from serving.savings import RequestCost, Savings
+from serving.savings import Savings
 
 MAX_POSITIONS = 64
 
@@ -66,12 +66,6 @@ class TenantAccounting:
                     name = r.source or "unknown"
                     c.drafter_steps[name] = c.drafter_steps.get(name, 0) + 1
 
-    def record_costs(self, tenant: str, cost: RequestCost, num_tokens: int) -> None:
-        """A step's costs that come after its counts (a step vLLM's worker priced late), not a step."""
-        with self._lock:
-            c = self._counts.setdefault(tenant, _Counts())
-            c.savings = c.savings.add_step(cost, num_tokens)
-
     def record_request(self, tenant: str) -> None:
         with self._lock:
             self._counts.setdefault(tenant, _Counts()).num_requests += 1
@@ -114,12 +108,6 @@ class StepMeter:
                                           r.match_len if r.propose_seconds is not None else None,
                                           skipped=not r.speculated)
                 self.metrics.observe_costs(r.cost, r.prefill)
-
-    def on_late_costs(self, tenant: str, cost: RequestCost, num_tokens: int) -> None:
-        """Costs of a step already counted (``TenantAccounting.record_costs``)."""
-        self.accounting.record_costs(tenant, cost, num_tokens)
-        if self.metrics is not None:
-            self.metrics.observe_costs(cost)
 
     def on_finish(self, result: GenerationResult) -> None:
         self.accounting.record_request(result.request.tenant)

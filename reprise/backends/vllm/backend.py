@@ -317,20 +317,17 @@ class VllmBackend:
             return 0
         with self._drain_lock:
             raw = self.engine.rpc("reprise_drain_steps")[0]
-            records = [StepRecord.from_wire(item) for item in raw]
-            steps = [s for s in records if not s.late]
-            if steps and self._meter is not None:
-                self._meter.on_step([StepReport(s.tenant, s.num_draft, s.num_accepted, s.source, 0, None, True,
-                                                s.num_tokens, RequestCost(s.seconds, s.plain_seconds)
-                                                if s.num_tokens else None,
-                                                RequestCost(s.prefill_seconds, s.plain_prefill_seconds)
-                                                if s.prefill_seconds > 0 else None) for s in steps])
-            if self._meter is not None:
-                for s in records:
-                    if s.late:
-                        self._meter.on_late_costs(s.tenant, RequestCost(s.seconds, s.plain_seconds), s.num_tokens)
+            if raw and self._meter is not None:
+                self._meter.on_step([_report(StepRecord.from_wire(item)) for item in raw])
         return len(raw)
 
     def health(self) -> dict[str, int]:
         """The worker proposer's degraded-step counters (failed, stalled, skipped, warnings)."""
         return dict(self.engine.rpc("reprise_health")[0]) if self._drafting else {}
+
+
+def _report(step: StepRecord) -> StepReport:
+    """A worker's step record as the own engine's report of it, for the same step observer."""
+    cost = RequestCost(step.seconds, step.plain_seconds) if step.seconds > 0 else None
+    return StepReport(step.tenant, step.num_draft, step.num_accepted, step.source, 0, None, True, step.num_tokens,
+                      cost)

@@ -2,7 +2,7 @@
 
 The own engine falls back to a trained head when the index has nothing (neural_drafters/hybrid.py);
 this is the same fallback for vLLM's worker, which verifies chains. vLLM keeps the hidden state each
-request's last token was sampled from (``proposer._row_hidden``); a Medusa head (``reprise
+request's last token was sampled from (``target_states.TargetStates.rows``); a Medusa head (``reprise
 train-drafter --kind mtp --mtp-style medusa``) reads that state alone, and its head ``k`` predicts the
 token ``k + 1`` after the one just sampled, so ``K`` heads give a chain of ``K`` draft tokens for
 ``K`` small matrix products and one product with the target's output embedding per head:

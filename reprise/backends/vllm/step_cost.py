@@ -1,37 +1,44 @@
 """What a vLLM step costs by the requests in it and the draft tokens it verifies, measured online.
 
-Two readers need the price of a step on the running host: the step budget
-(``reprise.engine.draft_budget.DraftBudget``), which keeps the draft tokens a step pays for, and the
-savings estimate (serving/savings.py), which prices what each token would have cost in a step without
-drafts. Their default table was measured on Reprise's own engine; vLLM's kernels, the hardware and the
-machine's load price a step differently. So the proposer times its own calls: vLLM calls ``propose``
-once per step, so the time between two calls is one step, less the proposer's own call (a plain
-engine has none), and the step verified one row per request plus the drafts sent at the previous call.
+Three readers need the price of a step on the running host: the step's cut
+(``VllmStepCost.cut``), which keeps the draft tokens a step pays for, the savings estimate
+(serving/savings.py), which prices each token at a plain step of its batch size, and the payoff guard,
+which stops drafting at a batch size where drafted steps deliver fewer tokens per second than plain
+ones. vLLM's kernels, the hardware and the machine's load price a step differently from the own
+engine's table, so the meter times the proposer's own calls: vLLM calls ``propose`` once per step, so
+the time between two calls over the same requests is one step plus the proposer's last call, and the
+step verified one row per request plus the drafts sent at that call (``on_call``, ``after_call``: the
+only timing in the adapter).
 
 A request and a draft token are not the same row: each request in a batch reads its own KV (its whole
-context: on a CPU with 1,500-token agent prompts the larger part of a step beyond the weights), while a
-draft token reads its request's KV once more within the same attention call. And a step that verifies
-any draft runs vLLM's rejection sampler and a wider logits pass that a plain step does not. So the
-fit, by least squares over recent steady steps (exponential forgetting), is
+context), while a draft token reads its request's KV once more within the same attention call; and a
+step that verifies any draft runs vLLM's rejection sampler and a wider logits pass that a plain step
+does not. So the fit, by least squares over recent steady steps (exponential forgetting), is
 
     seconds = base + per_request * requests + per_context * context_tokens + per_draft * draft_tokens
               + drafted * (any draft in the step)
 
 (``context_tokens``: the tokens of every request's context, summed over the batch) and a plain step of
-``B`` requests costs ``base + per_request * B + per_context * context_tokens``: tenants whose agents
-carry 2,000-token prompts pay more a step than those with 500, about a tenth more here at one request.
-Where the steps seen so far do not tell a term apart (one batch size only, no undrafted step, or
-requests' contexts within a few hundred tokens of each other), that term is left out of the fit.
+``B`` requests costs ``base + per_request * B + per_context * context_tokens``. Where the steps seen so
+far do not tell a term apart (one batch size only, no undrafted step, or requests' contexts within a few
+hundred tokens of each other), that term is left out of the fit.
+
+A fit can be wrong where its terms are correlated (batches that verify more drafts are also smaller
+ones), and a cut on a wrong fit sends drafts that cost more than they win. So besides the fit the meter
+keeps, per batch size, the tokens per second that drafted and undrafted steps actually delivered, and
+``drafts_pay`` stops drafting at a batch size where drafted steps measure slower (probing now and then
+on both sides, so a change of load or tenant mix turns it back): whatever the fit says, a step never
+drafts where drafting measured slower than not drafting.
 
 Only steady steps count: the same requests in both calls (a new request's prefill, or an idle engine
 between requests, would make the gap a different thing), and gaps under ``max_gap_s``. Until
-``min_steps`` such steps, spread over at least ``min_spread`` draft tokens, the default table stays.
+``min_steps`` such steps, spread over at least ``min_spread`` draft tokens, there is no fit.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -106,11 +113,35 @@ class VllmStepCost:
         return np.bincount(owner[order[: best + 1]], minlength=len(probs)).astype(np.int64)
 
 
+@dataclass(slots=True)
+class _Call:
+    """A propose call: when it began, the batch's requests, the rows the next step verifies (one per
+    request plus the drafts sent), the call's own seconds and the batch's context tokens."""
+
+    at: float
+    batch: tuple[str, ...]
+    rows: int
+    own: float
+    context: int
+
+
+@dataclass(slots=True)
+class _Throughput:
+    """Decayed tokens and wall seconds (a step and the proposer's call before it) of one batch size's
+    drafted and undrafted steady steps."""
+
+    drafted: np.ndarray = field(default_factory=lambda: np.zeros(3))  # (steps, tokens, seconds)
+    plain: np.ndarray = field(default_factory=lambda: np.zeros(3))
+    calls: int = 0  # decisions taken at this batch size (``drafts_pay``)
+
+
 class StepCostMeter:
-    """Running least squares of step seconds on (requests, draft tokens). One thread (the proposer's caller)."""
+    """Running least squares of step seconds on (requests, draft tokens, context), and each batch size's
+    measured throughput with and without drafts. One thread (the proposer's caller)."""
 
     def __init__(self, decay: float = 0.995, min_steps: int = 64, min_spread: float = 4.0,
-                 max_gap_s: float = 5.0, min_undrafted: int = 8) -> None:
+                 max_gap_s: float = 5.0, min_undrafted: int = 8, probe_every: int = 32,
+                 refresh_every: int = 32, rate_decay: float = 0.98, guard: bool = True) -> None:
         if not 0.0 < decay < 1.0:
             raise ValueError(f"decay must be in (0, 1), got {decay}")
         self.decay = decay
@@ -118,16 +149,78 @@ class StepCostMeter:
         self.min_spread = min_spread
         self.max_gap_s = max_gap_s
         self.min_undrafted = min_undrafted
+        self.probe_every = probe_every
+        self.refresh_every = refresh_every
+        self.rate_decay = rate_decay
+        self.guard = guard  # False: drafts_pay always says yes (unit tests of the drafting itself)
         self._xx = np.zeros((5, 5))  # decayed sums of x x^T, x = (1, requests, draft tokens, any draft, context)
         self._xy = np.zeros(5)
         self._steps = 0
         self._batches: set[int] = set()
         self._fit: VllmStepCost | None = None
+        self._cut_cost: VllmStepCost | None = None  # the fit the cut and the savings use, refreshed now and then
         self.propose_seconds = 0.0  # the proposer's own call per step, a running mean (forgetting as above)
         self._propose_weight = 0.0
         # batch -> decayed (weight, seconds sum, steps, context tokens sum) of its undrafted steps
         self._plain: dict[int, tuple[float, float, int, float]] = {}
         self._request_context = np.zeros(3)  # decayed (weight, sum, sum of squares) of a step's context a request
+        self._throughput: dict[int, _Throughput] = {}
+        self._last: _Call | None = None
+        self.rested_steps = 0  # steps the guard sent no drafts at a batch size where drafts measured slower
+
+    # ---- timing (the proposer's calls) ---------------------------------------------------------------
+
+    def on_call(self, now: float, batch: tuple[str, ...], decoding: bool, context: int, tokens: int) -> None:
+        """vLLM called the proposer at ``now`` for ``batch``, whose rows committed ``tokens`` in the step
+        since the previous call (``decoding``: every row sampled; none prefilled). Where the batch is the
+        one the previous call drafted for, that step is observed: its seconds less the previous call's
+        own for the fit, with it for the throughput."""
+        last, self._last = self._last, None
+        if last is None or not decoding or last.batch != batch or now - last.at > self.max_gap_s:
+            return
+        self.observe(len(batch), last.rows - len(batch), now - last.at - last.own, last.context)
+        side = "drafted" if last.rows > len(batch) else "plain"
+        t = self._throughput.setdefault(len(batch), _Throughput())
+        setattr(t, side, getattr(t, side) * self.rate_decay + np.array([1.0, tokens, now - last.at]))
+
+    def after_call(self, now: float, batch: tuple[str, ...], rows: int, own: float, context: int) -> None:
+        """The call that began at ``now`` took ``own`` seconds and sent drafts for ``rows`` rows in all."""
+        self.observe_propose(own)
+        self._last = _Call(now, batch, rows, own, context)
+        if self._steps and self._steps % self.refresh_every == 0 or self._cut_cost is None:
+            self._cut_cost = self.fit()
+
+    def drafts_pay(self, batch_size: int) -> bool:
+        """Whether the coming step of ``batch_size`` requests may send drafts: until both sides are measured
+        at this batch size, every other step drafts; then it drafts where drafted steps delivered at least
+        the tokens per second undrafted ones did, with one step in ``probe_every`` taking the other side
+        (so both measurements stay current)."""
+        if not self.guard:
+            return True
+        t = self._throughput.setdefault(batch_size, _Throughput())
+        t.calls += 1
+        if t.plain[0] < self.min_undrafted or t.drafted[0] < self.min_undrafted:
+            return t.calls % 2 == 0
+        pays = t.drafted[1] / t.drafted[2] >= t.plain[1] / t.plain[2]
+        if not pays:
+            self.rested_steps += 1
+        return pays != (t.calls % self.probe_every == 0)
+
+    @property
+    def cost(self) -> VllmStepCost | None:
+        """The fit the cut and the savings price by (refreshed every ``refresh_every`` steps, so a step's
+        decisions do not move with each observation)."""
+        return self._cut_cost
+
+    def price(self, batch_size: int, draft_tokens: int, context_tokens: float) -> tuple[float, float] | None:
+        """(seconds of a step of ``batch_size`` requests verifying ``draft_tokens`` in all with the
+        proposer's call, seconds of a plain step of them) on the fit, or None before there is one."""
+        fit = self._cut_cost
+        if fit is None:
+            return None
+        plain = self.plain_step(batch_size, context_tokens) or fit.plain_step(batch_size, context_tokens)
+        drafted = fit.drafted + fit.per_draft * draft_tokens if draft_tokens else 0.0
+        return plain + drafted + self.propose_seconds, plain
 
     def observe(self, batch_size: int, draft_tokens: int, seconds: float, context_tokens: int = 0) -> None:
         """One steady step: ``batch_size`` requests whose contexts held ``context_tokens`` in all verified

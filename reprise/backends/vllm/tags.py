@@ -36,19 +36,15 @@ class RequestTag:
         return cls(raw["tenant"], str(raw.get("session") or ""), bool(raw.get("speculate", True)))
 
 
-StepWire = tuple[str, int, int, str, int, float, float, float, float, bool]  # a StepRecord as vLLM's RPC carries it
+StepWire = tuple[str, int, int, str, int, float, float]  # a StepRecord as vLLM's RPC carries it
 
 
 @dataclass(frozen=True, slots=True)
 class StepRecord:
-    """One step of one request, as the worker saw it: the draft it verified (its length and drafter)
-    and how many of its tokens were accepted. On a step the worker timed
-    (``proposer.RepriseVllmProposer._time_step``) also the tokens it committed, its share of the step's
-    seconds, or, on a step that prefilled its prompt (or a chunk of it), that share as prefill seconds
-    against the same plus what prefilling its cached prompt tokens would have cost; 0 otherwise.
-    ``late``: what a request's decoding tokens would have cost in plain steps, once the plain schedule
-    (serving/plain_schedule.py, ``proposer.RepriseVllmProposer._price``) has priced them: costs of
-    steps whose counts went out earlier, not a step of its own."""
+    """One step of one request, as the worker saw it: the draft it verified (its length and drafter),
+    how many of its tokens were accepted, the tokens it delivered, and, once the worker's step cost is
+    fitted, the request's share of the step's seconds against what its tokens would have cost in plain
+    steps of the same batch size (serving/savings.py; 0 and 0 before that)."""
 
     tenant: str
     num_draft: int
@@ -57,16 +53,13 @@ class StepRecord:
     num_tokens: int = 0
     seconds: float = 0.0
     plain_seconds: float = 0.0
-    prefill_seconds: float = 0.0
-    plain_prefill_seconds: float = 0.0
-    late: bool = False
 
     def to_wire(self) -> StepWire:
         return (self.tenant, self.num_draft, self.num_accepted, self.source, self.num_tokens, self.seconds,
-                self.plain_seconds, self.prefill_seconds, self.plain_prefill_seconds, self.late)
+                self.plain_seconds)
 
     @classmethod
     def from_wire(cls, raw: Any) -> StepRecord:
-        tenant, num_draft, num_accepted, source, num_tokens, seconds, plain_seconds, prefill, plain_prefill, late = raw
+        tenant, num_draft, num_accepted, source, num_tokens, seconds, plain_seconds = raw
         return cls(str(tenant), int(num_draft), int(num_accepted), str(source), int(num_tokens), float(seconds),
-                   float(plain_seconds), float(prefill), float(plain_prefill), bool(late))
+                   float(plain_seconds))

@@ -10,10 +10,10 @@ steps the model, in order with the requests added before them. That channel carr
   or a rebuild), ``reprise_record`` (a finished turn), ``reprise_add_corpus``, ``reprise_evict``,
   ``reprise_delete``, ``reprise_set_tenant_config``;
 - figures back to the service: ``reprise_drain_steps`` (per-step draft and accept counts per tenant, and
-  each steady step's time shared by rows against its plain-step estimate),
-  ``reprise_index_stats``, ``reprise_health``;
-- on an engine running vLLM's own ``suffix`` drafter (``reprise bench engine``'s anchor):
-  ``reprise_reset_suffix_tree``, a fresh, empty suffix tree between benchmark passes.
+  each step's share of its cost against its tokens' plain steps), ``reprise_index_stats``,
+  ``reprise_health``, ``reprise_step_cost``.
+
+Calls only a benchmark needs live in the benchmark's own extension (``reprise/benchmarks/vllm_worker.py``).
 
 Arguments are plain values (token ids as int32 bytes) so vLLM's serialisation carries them without
 pickling. With tensor parallelism every rank runs the same proposer on the same calls; the service
@@ -127,10 +127,9 @@ class RepriseWorkerExtension:
     def reprise_index_stats(self, tenant: str) -> dict[str, int]:
         return {k: int(v) for k, v in dataclasses.asdict(self._reprise_proposer().tenants.index_stats(tenant)).items()}
 
-    def reprise_drain_steps(self, held: bool = False) -> list[StepWire]:
-        """The step records since the last drain; ``held``: every request has ended, and the plain costs
-        the schedule cannot price yet go out at their own time (a benchmark ending a pass)."""
-        return self._reprise_proposer().drain_steps(held)
+    def reprise_drain_steps(self) -> list[StepWire]:
+        """The step records since the last drain (``tags.StepRecord``)."""
+        return self._reprise_proposer().drain_steps()
 
     def reprise_health(self) -> dict[str, int]:
         return dataclasses.asdict(self._reprise_proposer().health)
@@ -141,27 +140,14 @@ class RepriseWorkerExtension:
         + drafted * [any draft] + per_context * context tokens`` (absent until fitted; ``context``: the
         mean context of a request in the steps fitted), the proposer's own call per step, and the plain
         step measured from undrafted steps at each batch size where there were enough
-        (``plain_measured_s_b{B}``, at their mean context: what the savings estimate prices there)."""
+        (``plain_measured_s_b{B}``, at their mean context: what the savings estimate prices there), and
+        the steps the payoff guard sent no drafts (``rested_steps``)."""
         meter = self._reprise_proposer().step_cost
         fit = meter.fit()
-        figures = {"steps": float(meter.num_steps), "propose_s": meter.propose_seconds}
+        figures = {"steps": float(meter.num_steps), "propose_s": meter.propose_seconds,
+                   "rested_steps": float(meter.rested_steps)}
         if fit is not None:
             figures |= {"base_s": fit.base, "per_request_s": fit.per_request, "per_draft_s": fit.per_draft,
                         "drafted_s": fit.drafted, "per_context_token_s": fit.per_context, "context": fit.context}
         figures |= {f"plain_measured_s_b{b}": seconds for b, seconds in meter.measured_plain().items()}
         return figures
-
-    def reprise_reset_suffix_tree(self) -> int:
-        """Replace vLLM's suffix drafter's cache (its global tree of past responses and the live requests'
-        prompt trees) with an empty one of the same shape; returns how many cached responses it held.
-        Only between requests: a live request's tree goes too (it would start again from its next step)."""
-        from arctic_inference.suffix_decoding import SuffixDecodingCache
-        from vllm.v1.spec_decode.suffix_decoding import SuffixDecodingProposer
-
-        drafter = getattr(self.model_runner, "drafter", None)
-        if not isinstance(drafter, SuffixDecodingProposer):
-            raise RuntimeError("vLLM's speculative proposer is not its suffix drafter (method 'suffix')")  # noqa: TRY004
-        old = drafter.suffix_cache
-        drafter.suffix_cache = SuffixDecodingCache(max_tree_depth=old.max_tree_depth,
-                                                   max_cached_requests=old.max_cached_requests)
-        return len(old.cached_requests)

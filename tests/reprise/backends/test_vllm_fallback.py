@@ -9,7 +9,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from reprise.backends.vllm.step_cost import StepCostMeter
 from reprise.backends.vllm.tags import RequestTag, StepRecord
+from reprise.backends.vllm.target_states import TargetStates
 from retrieval.config import DraftingConfig
 from retrieval.draft_tree import DraftTree
 from retrieval.proposer import RepriseProposer
@@ -83,14 +85,15 @@ def _proposer(tenants: RepriseProposer, fallback):
                                 extra_args=RequestTag("acme", "s1").to_extra_args()))})
     p = RepriseVllmProposer(SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=4)))
     p.attach(batch, tenants, chain_factor=2, stall_timeout_s=1.0, budget=DraftBudget(max_draft_tokens=4, adaptive=False))
-    p.fallback = fallback
+    p.step_cost = StepCostMeter(guard=False)
+    p.states = TargetStates(torch.zeros(16, 8), None, fallback, p.health)
     return p
 
 
-def _step(p, row: list[int], timed=None) -> list[int]:
+def _step(p, row: list[int]) -> list[int]:
     tokens = np.array([row], dtype=np.int32)
     return p._draft_step([(0, "r1", RequestTag("acme", "s1"))], np.array([len(row)]), tokens, {"r1"}, 1,
-                         timed, hidden=torch.zeros(1, 8))[0]
+                         hidden=torch.zeros(1, 8))[0]
 
 
 def test_where_retrieval_has_nothing_the_head_drafts_and_its_tokens_commit_as_usual() -> None:
@@ -183,20 +186,20 @@ def test_a_head_whose_calls_cost_more_than_its_chains_save_rests(right: bool) ->
     saves nothing and rests after ``min_calls`` calls; one whose two tokens always pass saves far more
     than it costs and keeps drafting."""
     from reprise.backends.vllm.fallback import FallbackPayoff
-    from reprise.backends.vllm.proposer import _StepTime
+    from reprise.backends.vllm.step_cost import VllmStepCost
 
     tenants = RepriseProposer(DraftingConfig(hybrid_threshold=1.0))
     p = _proposer(tenants, _Slow([7, 8], 0.9, 0.002))
-    p.payoff = FallbackPayoff(min_calls=4, rest_steps=100)
-    timed = _StepTime(0.05, {"r1": 1}, 1, 0.05)
+    p.states.payoff = FallbackPayoff(min_calls=4, rest_steps=100)
+    p.step_cost._cut_cost = VllmStepCost(base=0.05, per_request=0.0, per_draft=0.0, drafted=0.0)  # 50 ms a step
     try:
         row = [1, 2, 3, 4]
         for i in range(8):  # the target's own tokens are new each step: retrieval never has anything
-            _step(p, row, timed)
+            _step(p, row)
             row = row + ([7, 8, 100 + i] if right else [100 + i])  # both draft tokens and the bonus, or a miss
         assert p.health.fallback_rests == (0 if right else 1)
         drafted = p.health.fallback_steps
-        assert (_step(p, row, timed) == [7, 8]) is right  # resting: retrieval's (empty) chain alone
+        assert (_step(p, row) == [7, 8]) is right  # resting: retrieval's (empty) chain alone
         assert p.health.fallback_steps == drafted + int(right)
     finally:
         p.close()

@@ -34,31 +34,54 @@ def test_bad_settings_are_refused(top, weight) -> None:
         FirstTokenRerank(top=top, weight=weight)
 
 
-def _proposer():
-    from reprise.backends.vllm.proposer import RepriseVllmProposer
+def _states(out_embed):
+    """``TargetStates`` with the first-token re-rank over ``out_embed`` (no runner: nothing captured)."""
+    from reprise.backends.vllm.proposer import ProposerHealth
+    from reprise.backends.vllm.target_states import TargetStates
 
-    proposer = RepriseVllmProposer(SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=8)))
-    proposer.first_token = FirstTokenRerank(top=4, weight=1.0)
-    return proposer
+    return TargetStates(out_embed, FirstTokenRerank(top=4, weight=1.0), None, ProposerHealth())
 
 
 def test_each_row_takes_the_hidden_state_its_last_token_was_sampled_from() -> None:
-    proposer = _proposer()
-    try:
-        proposer._out_embed = torch.zeros(4, 2)
-        states = torch.arange(8.0).repeat_interleave(2).reshape(8, 2)  # row k holds k
-        # Row 0 verified 2 drafts and accepted 1 (2 sampled), row 1 had no draft, row 2 is prefilling,
-        # row 3 verified 3 drafts and accepted all (4 sampled): logits rows 0-2, 3, 4, 5-8.
-        proposer._step_hidden = (torch.cat([states, torch.full((1, 2), 8.0)]),
-                                 SimpleNamespace(num_draft_tokens=[2, 0, 0, 3]))
-        hidden = proposer._row_hidden([[5, 6], [7], [], [1, 2, 3, 4]])
-        assert hidden[:, 0].tolist() == [1.0, 3.0, 4.0, 8.0]
-        proposer._step_hidden = (states, None)  # no drafts this step: one logits row per request
-        assert proposer._row_hidden([[5], [7], [9]])[:, 0].tolist() == [0.0, 1.0, 2.0]
-        proposer._step_hidden = (states[:2], None)  # a layout it does not know: no re-rank
-        assert proposer._row_hidden([[5], [7], [9]]) is None
-    finally:
-        proposer.close()
+    states = _states(torch.zeros(4, 2))
+    rows = torch.arange(8.0).repeat_interleave(2).reshape(8, 2)  # row k holds k
+    # Row 0 verified 2 drafts and accepted 1 (2 sampled), row 1 had no draft, row 2 is prefilling,
+    # row 3 verified 3 drafts and accepted all (4 sampled): logits rows 0-2, 3, 4, 5-8.
+    states.step = (torch.cat([rows, torch.full((1, 2), 8.0)]), SimpleNamespace(num_draft_tokens=[2, 0, 0, 3]))
+    hidden = states.rows([[5, 6], [7], [], [1, 2, 3, 4]])
+    assert hidden[:, 0].tolist() == [1.0, 3.0, 4.0, 8.0]
+    states.step = (rows, None)  # no drafts this step: one logits row per request
+    assert states.rows([[5], [7], [9]])[:, 0].tolist() == [0.0, 1.0, 2.0]
+    states.step = (rows[:2], None)  # a layout it does not know: nothing read
+    assert states.rows([[5], [7], [9]]) is None
+    states.step = None  # nothing captured this step
+    assert states.rows([[5]]) is None
+
+
+def test_the_runners_method_is_wrapped_once_and_hands_its_states_over_while_it_runs() -> None:
+    from reprise.backends.vllm.proposer import ProposerHealth
+    from reprise.backends.vllm.target_states import TargetStates
+
+    seen = []
+
+    class Runner:
+        def get_model(self):
+            return SimpleNamespace(lm_head=SimpleNamespace(weight=torch.zeros(4, 2), org_vocab_size=4))
+
+        def propose_draft_token_ids(self, *args):
+            seen.append(states.step)
+            return "drafts"
+
+    runner = Runner()
+    states = TargetStates.attach(runner, FirstTokenRerank(), None, ProposerHealth())
+    assert states is not None
+    again = TargetStates.attach(runner, FirstTokenRerank(), None, ProposerHealth())  # a second attach
+    assert runner.propose_draft_token_ids(0, 1, 2, 3, "h", 5, "meta") == "drafts"
+    assert seen == [None] and again.step is None  # only the latest attach's states are handed over
+    states = again
+    assert runner.propose_draft_token_ids(0, 1, 2, 3, "h", 5, "meta") == "drafts"
+    assert seen[-1] == ("h", "meta") and states.step is None
+    assert TargetStates.attach(runner, None, None, ProposerHealth()) is None  # nothing reads them
 
 
 class _Session:
@@ -73,21 +96,17 @@ class _Session:
 
 
 def test_the_proposer_sends_the_root_the_target_believes() -> None:
-    proposer = _proposer()
-    try:
-        # Root 1 (token 1, path 1-3: expected 1.5) is the drafter's choice; root 2 (token 2: 0.5).
-        tree = DraftTree(np.array([1, 2, 3], dtype=np.int32), np.array([-1, -1, 0], dtype=np.int32),
-                         np.array([0.8, 0.5, 0.7], dtype=np.float32), 2.0)
-        proposer._out_embed = torch.eye(4)  # the logit of token t is hidden[t]
-        chain = DraftTree.chain(np.array([1, 3], dtype=np.int32))
-        session = _Session(tree)
-        assert proposer._rerank(session, chain, torch.tensor([0.0, 0.0, 0.5, 0.0])) is chain
-        assert session.sent is None and proposer.health.reranked_steps == 0
-        moved = proposer._rerank(session, chain, torch.tensor([0.0, 0.0, 4.0, 0.0]))
-        assert session.sent == [1] and moved.token_ids.tolist() == [2]
-        assert proposer.health.reranked_steps == 1
-    finally:
-        proposer.close()
+    states = _states(torch.eye(4))  # the logit of token t is hidden[t]
+    # Root 1 (token 1, path 1-3: expected 1.5) is the drafter's choice; root 2 (token 2: 0.5).
+    tree = DraftTree(np.array([1, 2, 3], dtype=np.int32), np.array([-1, -1, 0], dtype=np.int32),
+                     np.array([0.8, 0.5, 0.7], dtype=np.float32), 2.0)
+    chain = DraftTree.chain(np.array([1, 3], dtype=np.int32))
+    session = _Session(tree)
+    assert states.refine(session, chain, torch.tensor([0.0, 0.0, 0.5, 0.0]), 0.0, 1, 8) == (chain, None)
+    assert session.sent is None and states.health.reranked_steps == 0
+    moved, replaced = states.refine(session, chain, torch.tensor([0.0, 0.0, 4.0, 0.0]), 0.0, 1, 8)
+    assert session.sent == [1] and moved.token_ids.tolist() == [2] and replaced is None
+    assert states.health.reranked_steps == 1
 
 
 def test_the_chain_session_sends_another_root_path_and_commits_through_it() -> None:
@@ -121,13 +140,14 @@ def test_the_chain_session_sends_another_root_path_and_commits_through_it() -> N
 
 
 def test_the_worker_reports_the_measured_step_cost() -> None:
+    from reprise.backends.vllm.proposer import RepriseVllmProposer
     from reprise.backends.vllm.worker import RepriseWorkerExtension
 
-    proposer = _proposer()
+    proposer = RepriseVllmProposer(SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=8)))
     try:
         worker = RepriseWorkerExtension()
         worker.model_runner = SimpleNamespace(drafter=proposer)
-        assert worker.reprise_step_cost() == {"steps": 0.0, "propose_s": 0.0}
+        assert worker.reprise_step_cost() == {"steps": 0.0, "propose_s": 0.0, "rested_steps": 0.0}
         for i in range(80):
             batch, drafts = 1 + i % 3, i % 9
             proposer.step_cost.observe(batch, drafts, 0.05 + 0.01 * batch + 0.002 * drafts)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from reprise.backends.vllm.proposer import RepriseVllmProposer
+from reprise.backends.vllm.step_cost import StepCostMeter, VllmStepCost
 from reprise.backends.vllm.tags import RequestTag, StepRecord
 from reprise.engine.draft_budget import DraftBudget
 from retrieval.proposer import RepriseProposer
@@ -34,9 +35,6 @@ class Batch:
         self.tokens[row, :len(prompt)] = prompt
         self.lengths[row] = len(prompt)
 
-    def execute_model(self, scheduler_output: SimpleNamespace) -> None:
-        """vLLM runs a step here; the proposer wraps it to time its steps."""
-
     def commit(self, row: int, ids: list[int]) -> None:
         n = int(self.lengths[row])
         self.tokens[row, n:n + len(ids)] = ids
@@ -44,8 +42,10 @@ class Batch:
 
 
 def _proposer(batch: Batch, tenants: RepriseProposer, k: int = 8) -> RepriseVllmProposer:
+    """A proposer whose step-cost meter always lets drafts go (its payoff guard has its own tests)."""
     p = RepriseVllmProposer(SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=k)))
     p.attach(batch, tenants, chain_factor=2, stall_timeout_s=1.0, budget=DraftBudget(max_draft_tokens=k, adaptive=False))
+    p.step_cost = StepCostMeter(guard=False)
     return p
 
 
@@ -61,11 +61,10 @@ def _one_request(k: int = 8) -> tuple[RepriseVllmProposer, Batch]:
 def _decode(p: RepriseVllmProposer, batch: Batch, target: list[int], steps: int = 40) -> list[list[int]]:
     """Greedy chain verification of row 0 against ``target`` (accepted prefix + one bonus token)."""
     drafts: list[list[int]] = []
-    pos, draft = 0, []
     batch.commit(0, target[:1])  # the prefill step's token
-    pos = 1
+    pos, step = 1, target[:1]
     for _ in range(steps):
-        out = p.propose([[1]], batch.lengths, batch.tokens)
+        out = p.propose([list(step)], batch.lengths, batch.tokens)
         draft = out[0]
         drafts.append(draft)
         k = 0
@@ -203,27 +202,30 @@ def test_the_step_cost_meter_prices_a_plain_step_by_its_batchs_contexts():
     assert growing.fit().per_context == 0.0
 
 
-def test_steady_steps_replace_the_default_cost_model():
-    from reprise.backends.vllm.step_cost import StepCostMeter, VllmStepCost
-
+def test_steady_steps_give_the_cut_its_step_cost():
     p, batch = _one_request()
     p._budget = DraftBudget(max_draft_tokens=8)
-    p.step_cost = StepCostMeter(min_steps=4, min_spread=0.01)
+    p.step_cost = StepCostMeter(min_steps=4, min_spread=0.01, guard=False)
     rng = np.random.default_rng(1)
     for _ in range(70):  # one token per step, alternating text the history knows and noise
         p.propose([[1]], batch.lengths, batch.tokens)
         batch.commit(0, [int(rng.integers(30, 40))] if rng.random() < 0.5 else TEXT[:1])
-    assert p.step_cost.num_steps >= 64 and p._cost is not None  # the cut prices drafts by what was measured
-    batch.commit(0, TEXT[:4])  # text the history knows: a sure chain
-    p._cost = VllmStepCost(0.01, 0.002, 10.0, 0.0)  # a draft token dearer than any step
-    assert p.propose([[1]], batch.lengths, batch.tokens) == [[]]
+    assert p.step_cost.num_steps >= 64 and p.step_cost.cost is not None  # the cut prices drafts by it
+    # A request of another tenant, whose history knows the text: what it sends depends on the step cost
+    # alone (the noise taught r1's tenant, through cuts on measured times, to draft little).
+    p.tenants.record("beta", "old", [1, 2, 3], TEXT)
+    batch = Batch()
+    batch.add("r2", RequestTag("beta", "s"), [1, 2, 3])
+    p.runner = batch
+    batch.commit(0, TEXT[:4])  # a sure chain follows
+    p.step_cost._cut_cost = VllmStepCost(0.01, 0.002, 10.0, 0.0)  # a draft token dearer than any step
+    assert p.propose([TEXT[:4]], batch.lengths, batch.tokens) == [[]]
     batch.commit(0, TEXT[4:5])
-    p._cost = VllmStepCost(0.01, 0.002, 0.0, 0.0)  # free: every token that may pass goes
-    assert len(p.propose([[1]], batch.lengths, batch.tokens)[0]) > 1
+    p.step_cost._cut_cost = VllmStepCost(0.01, 0.002, 0.0, 0.0)  # free: every token that may pass goes
+    assert len(p.propose([TEXT[4:5]], batch.lengths, batch.tokens)[0]) > 1
 
 
 def test_the_cut_prices_a_drafted_step_once_and_sends_the_steps_surest_tokens():
-    from reprise.backends.vllm.step_cost import VllmStepCost
     from retrieval.draft_tree import DraftTree
 
     cost = VllmStepCost(base=0.02, per_request=0.01, per_draft=0.001, drafted=0.004)
@@ -239,208 +241,98 @@ def test_the_cut_prices_a_drafted_step_once_and_sends_the_steps_surest_tokens():
     assert list(dear.cut([], 3)) == []
 
 
-class FixedLine:
-    """A step cost meter whose fit is known: a plain step of B requests costs 0.01 + 0.002 * B s."""
-
-    max_gap_s = 5.0
-    num_steps = 0
-
-    def observe(self, batch_size: int, draft_tokens: int, seconds: float, context_tokens: int = 0) -> None:
-        self.num_steps += 1
-
-    def observe_propose(self, seconds: float) -> None:
-        pass
-
-    def fit(self):
-        from reprise.backends.vllm.step_cost import VllmStepCost
-
-        return VllmStepCost(0.01, 0.002, 0.001, 0.0)
-
-    def plain_step(self, batch_size: int, context_tokens: float | None = None) -> float:
-        return self.fit().plain_step(batch_size)
+def _priced(meter: StepCostMeter) -> StepCostMeter:
+    """``meter`` with a known fit: a plain step of B requests costs 0.01 + 0.002 * B s, a draft token 1 ms."""
+    meter._cut_cost = VllmStepCost(0.01, 0.002, 0.001, 0.0)
+    return meter
 
 
-def test_timed_steps_carry_their_tokens_and_time_and_the_plain_schedule_prices_the_tokens():
-    """Each timed step records the request's tokens and its share of the step's seconds; what the tokens
-    would have cost without drafts comes from the plain schedule (serving/plain_schedule.py) as a
-    ``late`` record once the request's plain run has ended."""
-    p, batch = _one_request()
-    p.step_cost = FixedLine()
-    _decode(p, batch, TEXT)
-    steps = [StepRecord.from_wire(s) for s in p.drain_steps()]
-    timed = [s for s in steps if s.num_tokens]
-    assert len(timed) == len(steps) - 1  # the first call has no step before it to time
-    for s in timed:  # alone in its batch: the whole step is its own
-        assert s.num_tokens == s.num_accepted + 1 and s.seconds > 0 and s.plain_seconds == 0.0
-    assert any(s.num_tokens > 1 for s in timed)  # drafts committed several tokens in a step
-    assert not any(s.late for s in steps)  # still running: its plain run has not ended
-    late = [StepRecord.from_wire(s) for s in p.drain_steps(held=True)]  # the pass is over
-    assert len(late) == 1 and late[0].late and late[0].tenant == "acme" and late[0].num_tokens == 0
-    # alone: one plain step of one request (0.012 s) per token it was delivered
-    assert late[0].plain_seconds == pytest.approx(sum(s.num_tokens for s in timed) * 0.012)
-
-
-def test_tokens_past_the_end_of_an_output_are_not_counted():
-    """A step that accepts drafts past the request's end (its EOS, or max_tokens) wrote them to the
-    runner's buffer; vLLM cuts them and the user never gets them, so they count as no tokens."""
-    from reprise.backends.vllm.proposer import _Stopping
-
-    params = SimpleNamespace(max_tokens=6, min_tokens=0, stop_token_ids=[9], eos_token_id=2, ignore_eos=False)
-    stop = _Stopping.of(params)
-    assert stop.deliver(np.array([5, 6, 7])) == 3 and stop.deliver(np.array([8, 2, 4, 4])) == 2  # EOS ends it
-    assert stop.deliver(np.array([4])) == 0
-    longest = _Stopping.of(SimpleNamespace(max_tokens=4, min_tokens=0, stop_token_ids=None, eos_token_id=2,
-                                           ignore_eos=True))
-    assert longest.deliver(np.array([2, 2, 2])) == 3 and longest.deliver(np.array([2, 2])) == 1  # max_tokens
-    early = _Stopping.of(SimpleNamespace(max_tokens=None, min_tokens=3, stop_token_ids=[9], eos_token_id=None))
-    assert early.deliver(np.array([9, 9, 9, 9, 9])) == 4  # a stop before min_tokens does not stop
-    assert _Stopping.of(None) is None and _Stopping.of(SimpleNamespace(extra_args=None)) is None
-
-    p, batch = _one_request()
-    batch.requests["r1"].sampling_params.max_tokens = 10  # read at the request's first step
-    p.step_cost = FixedLine()
-    _decode(p, batch, TEXT)  # drafts run well past 10 tokens
-    steps = [StepRecord.from_wire(s) for s in p.drain_steps()]
-    assert sum(s.num_tokens for s in steps) == 10 - 1  # the first, untimed here (no step before it), aside
-    assert sum(s.num_accepted + 1 for s in steps[1:]) > 10  # what the steps verified ran past the end
-
-
-class ColdLine(FixedLine):
-    """``FixedLine`` once ``measured``; before, no step cost (the meter's first ``min_steps`` steps)."""
-
-    measured = False
-
-    def fit(self):
-        return super().fit() if self.measured else None
-
-    def plain_step(self, batch_size: int, context_tokens: float | None = None) -> float | None:
-        return super().plain_step(batch_size) if self.measured else None
-
-
-def _finished_request(cold: FixedLine) -> tuple[RepriseVllmProposer, list[StepRecord]]:
-    """``_one_request`` run to its ``max_tokens`` (10) under step cost meter ``cold``; its step records."""
-    p, batch = _one_request()
-    batch.requests["r1"].sampling_params.max_tokens = 10
-    p.step_cost = cold
-    _decode(p, batch, TEXT[:12], steps=12)
-    return p, [StepRecord.from_wire(s) for s in p.drain_steps()]
-
-
-def test_a_finished_request_is_priced_once_the_step_cost_is_measured():
-    """A fresh worker's first requests send their counts and seconds at once; their plain cost waits
-    until the meter has a step cost (it needs ``min_steps`` steady steps), then goes out priced at the
-    plain step (not at their own time: that would claim no saving for them)."""
-    p, early = _finished_request(cold := ColdLine())
-    assert any(s.num_draft for s in early) and not any(s.late for s in early)
-    spent = sum(s.seconds for s in early)
-    assert sum(s.num_tokens for s in early) == 10 - 1 and spent > 0  # the first, untimed here, aside
-    cold.measured = True
-    late = [StepRecord.from_wire(s) for s in p.drain_steps()]
-    assert len(late) == 1 and late[0].late and late[0].plain_seconds == pytest.approx(9 * 0.012)
-
-
-def test_a_request_no_step_cost_prices_in_time_goes_out_at_its_own_time():
-    p, early = _finished_request(ColdLine())
-    assert p.drain_steps() == []  # not yet given up on
-    p.unpriced_hold_s = 0.0
-    late = [StepRecord.from_wire(s) for s in p.drain_steps()]
-    # no saving: the seconds of the steps that delivered its tokens (this runner keeps it in the batch after)
-    assert len(late) == 1 and late[0].plain_seconds == pytest.approx(sum(s.seconds for s in early if s.num_tokens))
-    assert len(p.schedule) == 0
-
-
-def test_a_drain_that_ends_the_pass_gets_every_cost_priced_or_not():
-    """What a benchmark does at the end of a pass: every request's plain cost in it."""
-    p, batch = _one_request()
-    p.step_cost = ColdLine()
-    _decode(p, batch, TEXT[:12], steps=12)  # still running, and nothing prices it
-    spent = sum(StepRecord.from_wire(s).seconds for s in p.drain_steps())
-    late = [StepRecord.from_wire(s) for s in p.drain_steps(held=True)]
-    assert len(late) == 1 and late[0].plain_seconds == pytest.approx(spent)
-
-
-def test_a_step_that_is_not_steady_teaches_the_line_nothing_and_one_that_prefilled_claims_nothing():
-    batch = Batch()
-    batch.add("r1", RequestTag("acme", "s1"), [1, 2, 3])
-    p = _proposer(batch, RepriseProposer())
-    p.step_cost = FixedLine()
-    p._last_step, p._step_start = (10.0, ("r1",), 1, 0.001, 600), 10.0
-    p._scheduled = {"r1": 1, "r2": 299}  # r2 joined: its prompt was prefilled in this step
-    joined = p._time_step(10.25, ["r1", "r2"], [[5], [6]])
-    assert joined is not None and joined.seconds == pytest.approx(0.25) and joined.plain_step_seconds is None
-    assert joined.share("r2") == pytest.approx(0.25 * 299 / 300)  # shared by the tokens each scheduled
-    assert p.step_cost.num_steps == 0  # the cost line learns only from steady steps
-    p._last_step = (20.0, ("r1", "r2"), 2, 0.001, 600)
-    steady = p._time_step(20.05, ["r1", "r2"], [[5], [6]])
-    assert steady is not None and steady.plain_step_seconds == pytest.approx(0.01 + 0.002 * 2)
-    p._last_step = (30.0, ("r1", "r2"), 2, 0.001, 600)
-    assert p._time_step(30.0 + p.step_cost.max_gap_s + 1, ["r1", "r2"], [[5], [6]]) is None  # idle, unreported
-    p._last_step, p._step_start = (40.0, ("r1", "r2"), 2, 0.001, 600), 50.0  # idle, then a step begun at 50
-    alone = p._time_step(50.3, ["r1", "r2"], [[5], [6]])
-    assert alone is not None and alone.seconds == pytest.approx(0.3)  # decoding only: priced as decoding
-    assert alone.plain_step_seconds == pytest.approx(0.01 + 0.002 * 2)
-    p._last_step, p._step_start = (45.0, ("r1", "r2", "r3"), 3, 0.001, 600), 45.1  # r3 left: a step of two
-    left = p._time_step(45.2, ["r1", "r2"], [[5], [6]])
-    assert left.seconds == pytest.approx(0.1) and left.plain_step_seconds == pytest.approx(0.01 + 0.002 * 2)
-    assert p.step_cost.num_steps == 1  # still only the steady step above
-    p._last_step, p._step_start = (60.0, ("r0",), 1, 0.001, 600), 60.2  # the engine ran other work in between
-    assert p._time_step(60.3, ["r1", "r2"], [[5], [6]]).seconds == pytest.approx(0.1)
-
-
-def test_a_prefill_is_timed_from_the_runners_step_and_recorded_as_prefill():
-    """The runner's step (``execute_model``) names the requests it began prefilling and when it began:
-    after an idle engine the step is timed from there, shared by scheduled tokens, and each request's
-    share is prefill seconds at their own price (vLLM's prefix cache is vLLM's, not a saving of Reprise's);
-    a row that prefilled a chunk and sampled nothing is recorded as prefill too."""
-    batch = Batch()
-    p = _proposer(batch, RepriseProposer())
-    clock = [100.0]
-
-    def execute(scheduled: dict[str, int], new: list[str]) -> None:
-        batch.execute_model(SimpleNamespace(scheduled_new_reqs=[SimpleNamespace(req_id=r) for r in new],
-                                            num_scheduled_tokens=scheduled))
-
-    import reprise.backends.vllm.proposer as module
-
-    real = module.time.perf_counter
-    module.time.perf_counter = lambda: clock[0]
-    try:
-        batch.add("a", RequestTag("acme", "s"), [3] * 300)
-        batch.add("b", RequestTag("acme", "s"), [4] * 900)
-        execute({"a": 300, "b": 100}, ["a", "b"])  # a whole, b's first chunk of 900
-        clock[0] += 0.4
-        batch.commit(0, [7])
-        p.propose([[7], []], batch.lengths, batch.tokens)
-    finally:
-        module.time.perf_counter = real
-    records = [StepRecord.from_wire(s) for s in p.drain_steps()]
-    assert len(records) == 2 and all(r.seconds == 0.0 for r in records)
-    chunk, first = sorted(records, key=lambda r: r.num_tokens)
-    assert first.num_tokens == 1 and first.prefill_seconds == pytest.approx(0.3)  # 300 of the 400 tokens
-    assert chunk.num_tokens == 0 and chunk.prefill_seconds == pytest.approx(0.1)
-    assert all(r.plain_prefill_seconds == r.prefill_seconds for r in records)
-    assert set(p._prefilling) == {"b"}  # still prefilling
-    run = p.schedule._runs["a"]  # the plain schedule follows a from when it was scheduled, after its prefill
-    assert run.arrived == pytest.approx(100.0) and run.prefill == pytest.approx(0.3)
-
-
-def test_tokens_decoded_in_a_step_that_prefilled_another_prompt_are_one_at_its_cost_and_the_rest_scheduled():
-    """A plain engine's step that prefilled b's chunk would have carried one token of a's too, at the
-    same cost; the tokens a's drafts added are the plain schedule's to price."""
+def test_each_step_is_priced_by_rows_against_its_tokens_plain_steps_at_its_batch_size():
+    """Two requests share every step: each record carries its share of the step (by rows verified) and
+    its delivered tokens' plain steps of two requests (serving/savings.py)."""
     tenants = RepriseProposer()
     tenants.record("acme", "old", [1, 2, 3], TEXT)
     batch = Batch()
-    p = _proposer(batch, tenants)
-    p.step_cost = FixedLine()
     batch.add("a", RequestTag("acme", "s"), [1, 2, 3])
+    batch.add("b", RequestTag("acme", "s2"), [7, 8, 9])
+    p = _proposer(batch, tenants)
+    p.step_cost = _priced(StepCostMeter(guard=False))
     batch.commit(0, TEXT[:1])
-    draft = p.propose([[1]], batch.lengths, batch.tokens)[0]  # a's first chain
-    assert len(draft) >= 3
-    batch.add("b", RequestTag("acme", "s2"), [4] * 300)
-    batch.execute_model(SimpleNamespace(scheduled_new_reqs=[SimpleNamespace(req_id="b")],
-                                        num_scheduled_tokens={"a": 1 + len(draft), "b": 200}))
+    batch.commit(1, [40])
+    drafts = p.propose([[TEXT[0]], [40]], batch.lengths, batch.tokens)  # their prompts' step: no records
+    assert p.drain_steps() == [] and len(drafts[0]) >= 3 and drafts[1] == []
     batch.commit(0, TEXT[1:4])  # two of a's draft tokens accepted, and the bonus
-    p.propose([[1], []], batch.lengths, batch.tokens)
-    a = next(StepRecord.from_wire(s) for s in p.drain_steps() if StepRecord.from_wire(s).num_tokens == 3)
-    assert a.seconds > 0 and a.plain_seconds == a.seconds  # its share of the step, for one token
-    assert p.schedule._runs["a"].delivered == 2 and p.schedule._runs["a"].spent == 0.0
+    batch.commit(1, [41])
+    call = p.step_cost.propose_seconds  # the proposer's own call, a cost of every drafted step
+    p.propose([TEXT[1:4], [41]], batch.lengths, batch.tokens)
+    a, b = (StepRecord.from_wire(s) for s in p.drain_steps())
+    assert (a.num_draft, a.num_accepted, a.num_tokens) == (len(drafts[0]), 2, 3)
+    assert (b.num_draft, b.num_accepted, b.num_tokens) == (0, 0, 1)
+    step = 0.01 + 0.002 * 2 + 0.001 * len(drafts[0]) + call
+    assert a.seconds == pytest.approx(step * (1 + len(drafts[0])) / (2 + len(drafts[0])))
+    assert b.seconds == pytest.approx(step / (2 + len(drafts[0])))
+    assert a.plain_seconds == pytest.approx(3 * 0.014 / 2) and b.plain_seconds == pytest.approx(0.014 / 2)
+
+
+def test_before_a_step_cost_is_measured_steps_are_counted_but_claim_nothing():
+    p, batch = _one_request()
+    _decode(p, batch, TEXT)
+    steps = [StepRecord.from_wire(s) for s in p.drain_steps()]
+    assert steps and all(s.seconds == 0.0 and s.plain_seconds == 0.0 for s in steps)
+    assert sum(s.num_tokens for s in steps) == len(TEXT) - 1  # the prompt's step's token aside
+
+
+def test_tokens_past_max_tokens_are_not_counted():
+    """A step that accepts drafts past the request's ``max_tokens`` wrote them to the runner's buffer;
+    vLLM cuts them and the user never gets them, so they count as no tokens."""
+    p, batch = _one_request()
+    batch.requests["r1"].sampling_params.max_tokens = 10  # read at the request's first step
+    _decode(p, batch, TEXT)  # drafts run well past 10 tokens
+    steps = [StepRecord.from_wire(s) for s in p.drain_steps()]
+    assert sum(s.num_tokens for s in steps) == 10 - 1  # the prompt's step's token aside
+    assert sum(s.num_accepted + 1 for s in steps) > 10  # what the steps verified ran past the end
+
+
+def test_the_meter_times_only_steady_steps():
+    """Between two calls over the same requests, every row decoding, lies one step (less the earlier
+    call's own seconds); a batch that changed, a prefilling row or an idle gap is no such step."""
+    meter = StepCostMeter()
+    meter.after_call(10.0, ("r1",), 3, 0.001, 600)  # r1 sent two draft tokens
+    meter.on_call(10.05, ("r1",), True, 603, 3)
+    assert meter.num_steps == 1
+    meter.after_call(10.05, ("r1",), 1, 0.001, 603)
+    meter.on_call(10.1, ("r1", "r2"), True, 900, 2)  # r2 joined
+    meter.after_call(10.1, ("r1", "r2"), 2, 0.001, 900)
+    meter.on_call(10.15, ("r1", "r2"), False, 900, 1)  # a row still prefilling
+    meter.after_call(10.15, ("r1", "r2"), 2, 0.001, 900)
+    meter.on_call(10.15 + meter.max_gap_s + 1, ("r1", "r2"), True, 900, 2)  # idle in between
+    assert meter.num_steps == 1
+
+
+def _steps(meter: StepCostMeter, n: int, batch: tuple[str, ...], drafted_seconds: float, drafted_tokens: int,
+           plain_seconds: float) -> list[bool]:
+    """``n`` steady steps the guard decides: a drafted one takes ``drafted_seconds`` and commits
+    ``drafted_tokens``, an undrafted one ``plain_seconds`` and one token a request. The decisions."""
+    decisions, now = [], 100.0
+    meter.after_call(now, batch, len(batch), 0.0, 0)
+    for _ in range(n):
+        draft = meter.drafts_pay(len(batch))
+        decisions.append(draft)
+        meter.after_call(now, batch, len(batch) + (4 if draft else 0), 0.0, 0)
+        now += drafted_seconds if draft else plain_seconds
+        meter.on_call(now, batch, True, 0, drafted_tokens if draft else len(batch))
+    return decisions
+
+
+def test_the_payoff_guard_stops_drafting_where_drafted_steps_measure_slower():
+    batch = ("r1", "r2")
+    slow = StepCostMeter()  # a drafted step: 3 tokens in 0.02 s; a plain one: 2 in 0.01 s
+    decisions = _steps(slow, 400, batch, 0.02, 3, 0.01)
+    assert decisions[:16].count(True) == 8  # both sides measured first, one step each in turn
+    late = decisions[100:]
+    assert late.count(True) == len(late) // slow.probe_every  # one probe in probe_every still drafts
+    assert slow.rested_steps > 0
+    fast = StepCostMeter()  # a drafted step: 6 tokens in 0.012 s
+    late = _steps(fast, 400, batch, 0.012, 6, 0.01)[100:]
+    assert late.count(False) == len(late) // fast.probe_every  # one plain probe in probe_every
+    assert all(StepCostMeter(guard=False).drafts_pay(2) for _ in range(3))

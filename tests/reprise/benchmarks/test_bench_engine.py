@@ -81,7 +81,8 @@ def test_summary_says_what_the_proposers_steps_verified() -> None:
     plain = [[1, 2, 3, 4]]
     reprise = _result(1.0, plain)
     # (tenant, draft tokens sent, accepted, drafter): 3 steps, 6 tokens sent, 3 accepted
-    reprise["steps"] = [("bench", 4, 3, "reprise"), ("bench", 0, 0, ""), ("bench", 2, 0, "reprise")]
+    reprise["steps"] = [("bench", 4, 3, "reprise", 4, 0.0, 0.0), ("bench", 0, 0, "", 1, 0.0, 0.0),
+                        ("bench", 2, 0, "reprise", 1, 0.0, 0.0)]
     outputs = {"vllm_plain": {"t": {"1": _result(2.0, plain)}}, "vllm_reprise": {"t": {"1": reprise}}}
     row = bench._summarise(outputs, {"t": []}, (1,), "bfloat16")["t"]["1"]
     assert row["drafting"] == {"vllm_reprise": {"steps": 3, "tokens_per_step": 2.0, "draft_tokens_per_step": 2.0,
@@ -240,7 +241,7 @@ def test_the_worker_replaces_the_suffix_tree_with_an_empty_one() -> None:
     import numpy as np
     from vllm.v1.spec_decode.suffix_decoding import SuffixDecodingProposer
 
-    from reprise.backends.vllm.worker import RepriseWorkerExtension
+    from reprise.benchmarks.vllm_worker import BenchWorkerExtension
 
     cache = cache_module.SuffixDecodingCache(max_tree_depth=24, max_cached_requests=100)
     cache.start_request("r1", np.array([1, 2, 3], dtype=np.int32))
@@ -261,7 +262,7 @@ def test_the_worker_replaces_the_suffix_tree_with_an_empty_one() -> None:
     class Runner:
         pass
 
-    worker = RepriseWorkerExtension()
+    worker = BenchWorkerExtension()
     worker.model_runner = Runner()
     worker.model_runner.drafter = drafter
     assert worker.reprise_reset_suffix_tree() == 2  # r1 and r2
@@ -366,29 +367,29 @@ def test_the_rerank_head_is_a_medusa_checkpoints_first_block(tmp_path) -> None:
 def test_savings_check_sets_the_steps_estimate_beside_the_measured_speedup() -> None:
     plain = [[1, 2, 3, 4, 5, 6, 7, 8]]
     reprise = _result(2.0, plain)
-    # wire form: (tenant, draft, accepted, drafter, tokens, seconds, plain-step estimate, prefill seconds,
-    # plain prefill estimate); a step that was not timed has 0 tokens and no prefill and is left out
-    reprise["steps"] = [("bench", 0, 0, "", 0, 0.0, 0.0, 0.0, 0.0), ("bench", 0, 0, "", 1, 0.0, 0.0, 0.2, 0.2),
-                        ("bench", 4, 3, "reprise", 4, 0.4, 1.4), ("bench", 4, 3, "reprise", 4, 0.3, 1.3, 0.0, 0.0),
-                        ("bench", 2, 1, "reprise", 2, 0.5, 0.5, 0.0, 0.0)]
+    # wire form: (tenant, draft, accepted, drafter, tokens, seconds, plain-step estimate); a step not priced
+    # (before the step cost was measured) has 0 seconds and is left out
+    reprise["steps"] = [("bench", 0, 0, "", 1, 0.0, 0.0), ("bench", 4, 3, "reprise", 4, 0.0, 0.0),
+                        ("bench", 4, 3, "reprise", 4, 0.4, 1.4), ("bench", 4, 3, "reprise", 4, 0.3, 1.3),
+                        ("bench", 2, 1, "reprise", 2, 0.3, 0.3)]
     outputs = {"vllm_plain": {"t": {"1": _result(5.0, plain)}}, "vllm_reprise": {"t": {"1": reprise}}}
     check = bench._summarise(outputs, {"t": []}, (1,), "bfloat16")["t"]["1"]["savings_check"]
-    assert check["speedup_estimated"] == 2.0  # 2.0 s plain estimate over 1.0 s timed, the prefill's 0.2 s in both
+    assert check["speedup_estimated"] == 3.0  # 3.0 s of plain steps over the 1.0 s those steps took
     assert check["speedup_measured"] == 2.5  # 5.0 s plain / 2.0 s drafted, same tokens
-    assert check["error"] == -0.2 and check["timed_share"] == 0.5
-    assert check["speedup_estimated_pass"] == 1.5  # (2.0 - 1.0 + 2.0) / 2.0: the untimed second unchanged
-    assert check["error_pass"] == -0.4
-    assert (check["timed_steps"], check["steps"], check["seconds_timed_prefill"]) == (3, 5, 0.2)
+    assert check["error"] == 0.2 and check["timed_share"] == 0.5
+    assert check["speedup_estimated_pass"] == 2.0  # (2.0 - 1.0 + 3.0) / 2.0: the unpriced second unchanged
+    assert check["error_pass"] == -0.2
+    assert (check["timed_steps"], check["steps"]) == (3, 5)
     report = {"eager": False, "model": "m", "dtype": "bfloat16", "vllm": "0.32.0", "max_new_tokens": 8,
               "speculative_tokens": 32, "load_before": 0.0, "load_after": 0.0,
               "traces": {"t": {"1": bench._summarise(outputs, {"t": []}, (1,), "bfloat16")["t"]["1"]}}}
-    assert "2.00x estimated" in bench.format_report(report) and "error -20.0%" in bench.format_report(report)
+    assert "3.00x estimated" in bench.format_report(report) and "error +20.0%" in bench.format_report(report)
 
 
 def test_savings_check_without_a_timed_step_claims_nothing() -> None:
     plain = [[1, 2]]
     reprise = _result(1.0, plain)
-    reprise["steps"] = [("bench", 2, 1, "reprise", 0, 0.0, 0.0, 0.0, 0.0)]
+    reprise["steps"] = [("bench", 2, 1, "reprise", 3, 0.0, 0.0)]
     check = bench.savings_check(reprise["steps"], reprise, _result(2.0, plain))
     assert check["speedup_estimated"] is None and "error" not in check and check["speedup_measured"] == 2.0
 
@@ -429,20 +430,21 @@ def test_headroom_counts_a_neural_fallback_where_retrieval_has_little() -> None:
     assert fallback["below_2"]["head_steps"] >= nothing["head_steps"]
 
 
-def test_the_own_engines_savings_check_reads_its_observer_and_its_plain_schedules_late_costs() -> None:
+def test_the_own_engines_savings_check_reads_its_observer() -> None:
     from reprise.engine.engine import StepReport
     from serving.savings import RequestCost
 
     records = bench._StepRecords()
-    records.on_step([StepReport("bench", 0, 0, "", 0, None, True, 1, RequestCost(0.0, 0.0), RequestCost(0.2, 0.5)),
-                     StepReport("bench", 4, 3, "reprise", 0, 0.001, True, 4, RequestCost(0.8, 0.0))])
-    records.on_late_costs("bench", RequestCost(0.0, 1.8), 0)  # the plain schedule priced the request's tokens
+    records.on_step([StepReport("bench", 0, 0, "", 0, None, True, 1, None, RequestCost(0.2, 0.5)),
+                     StepReport("bench", 4, 3, "reprise", 0, 0.001, True, 4, RequestCost(0.8, 1.6)),
+                     StepReport("bench", 2, 1, "reprise", 0, 0.001, True, 2, RequestCost(0.2, 0.4))])
     plain = [[1, 2, 3, 4, 5]]
     engine = _result(2.0, plain) | {"steps": records.steps}
     outputs = {"vllm_plain": {"t": {"1": _result(4.0, plain)}}, "reprise_engine": {"t": {"1": engine}},
                "reprise_plain": {"t": {"1": _result(3.0, plain)}}}
     row = bench._summarise(outputs, {"t": []}, (1,), "float32")["t"]["1"]
     check = row["savings_check_engine"]
-    # 1.8 s plain decode + the 0.2 s prefill at its own time (the cache is on in both passes) over 1.0 s
+    # 2.0 s of plain steps for the decoding tokens over their 1.0 s; the prefill is no step of the estimate
     assert check["speedup_estimated"] == 2.0 and check["speedup_measured"] == 1.5  # against reprise_plain's 3 s
+    assert check["timed_steps"] == 2 and check["timed_share"] == 0.5
     assert "savings_check" not in row  # vLLM's check is vllm_reprise's

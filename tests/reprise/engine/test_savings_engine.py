@@ -1,9 +1,8 @@
 """The savings estimate's inputs from the own engine: the prefill price fit, and every step's reports
-carrying the request's share of the step's time and the plain-step estimate of its tokens."""
+carrying the request's share of the step's time and its tokens' plain steps on the fitted step cost."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from reprise.engine.draft_budget import DraftBudget
@@ -47,20 +46,15 @@ def test_calibration_prices_a_token_on_the_runner() -> None:
 class Reports:
     def __init__(self) -> None:
         self.steps: list[list[StepReport]] = []
-        self.late: dict[str, float] = {}
 
     def on_step(self, reports) -> None:
         self.steps.append(list(reports))
-
-    def on_late_costs(self, tenant, cost, num_tokens) -> None:
-        assert cost.seconds == 0.0 and num_tokens == 0
-        self.late[tenant] = self.late.get(tenant, 0.0) + cost.plain_seconds
 
     def on_finish(self, result) -> None:
         pass
 
 
-def test_reports_carry_each_requests_share_and_the_plain_schedule_prices_its_tokens() -> None:
+def test_reports_carry_each_requests_share_and_its_tokens_plain_steps_at_its_batch_size() -> None:
     runner = ModelRunner(tiny_model("llama", vocab_size=64), num_slots=2, max_len=256, max_draft_nodes=8,
                          prefix_cache_bytes=1 << 20)
     seen = Reports()
@@ -72,22 +66,19 @@ def test_reports_carry_each_requests_share_and_the_plain_schedule_prices_its_tok
     prompt = [5, 6, 7, 8, 9] * 12
     engine.generate(prompt, max_new_tokens=24, tenant="t", ignore_eos=True)
     seen.steps.clear()
-    seen.late.clear()
     for tenant in ("t", "u"):  # two requests share steps; t's prompt is cached from its first request
         engine.submit(_request(prompt, tenant))
     engine.run_until_idle()
     batched = [step for step in seen.steps if len(step) == 2]
     assert batched
-    for step in batched:
+    plain = {b: engine.step_costs.plain_step(b) for b in (1, 2)}
+    for step in seen.steps:
         rows = [1 + r.num_draft for r in step]
         shares = [r.cost.seconds for r in step]
-        assert shares[0] * rows[1] == pytest.approx(shares[1] * rows[0])  # time shared by rows
-        assert all(r.cost.plain_seconds == 0.0 for r in step)  # priced later, by the plain schedule
+        assert shares[0] * rows[-1] == pytest.approx(shares[-1] * rows[0])  # time shared by rows
+        for r in step:  # each token one plain step of this batch size, shared by its requests
+            assert r.cost.plain_seconds == pytest.approx(r.num_tokens * plain[len(step)] / len(step))
     assert sum(r.num_tokens for step in seen.steps for r in step if r.tenant == "u") == 24
-    # Admitted together, both run 24 plain steps of two requests: each pays half of each step.
-    plain = float(engine.step_costs.cost(np.asarray(1), 2))  # one row beyond the first, two requests
-    assert seen.late == {"t": pytest.approx(24 * plain / 2), "u": pytest.approx(24 * plain / 2)}
-    assert len(engine.schedule) == 0
     prefills = {r.tenant: r.prefill for step in seen.steps for r in step if r.prefill is not None}
     assert set(prefills) == {"t", "u"}
     assert prefills["t"].plain_seconds > prefills["t"].seconds  # its cached tokens priced in

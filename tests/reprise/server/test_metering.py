@@ -32,14 +32,11 @@ def test_accounting_figures() -> None:
     assert acc.stats("t").num_steps == 0
 
 
-def test_late_costs_add_to_the_savings_without_counting_a_step() -> None:
-    """vLLM's worker sends a step's counts at once and, before its step cost is measured, its costs
-    later (``StepRecord.late``): they add seconds, plain seconds and tokens, and no step."""
+def test_a_steps_costs_add_to_the_tenants_savings() -> None:
     accounting = TenantAccounting()
     metrics = ServiceMetrics()
     meter = StepMeter(accounting, metrics)
-    meter.on_step([StepReport("t", 4, 2, "reprise", 0, None, True)])
-    meter.on_late_costs("t", RequestCost(0.1, 0.3), 3)
+    meter.on_step([StepReport("t", 4, 2, "reprise", 0, None, True, 3, RequestCost(0.1, 0.3))])
     s = accounting.stats("t")
     assert (s.num_steps, s.num_drafted_steps, s.num_accepted_tokens) == (1, 1, 2)
     assert s.savings.decode_seconds == 0.1 and s.savings.plain_decode_seconds == 0.3 and s.savings.num_tokens == 3
