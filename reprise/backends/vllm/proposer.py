@@ -174,7 +174,9 @@ class RepriseVllmProposer:
         chains: list[tuple[int, _Request, Any]] = []
         for i, req_id, _ in rows:
             req = self._requests.get(req_id)
-            chain = self._next_chain(req, None if hidden is None else hidden[i]) if req is not None else None
+            if req is None:
+                continue
+            chain = self._next_chain(req, None if hidden is None else hidden[i])
             if chain is not None and len(chain):
                 chains.append((i, req, chain))
         for (i, req, chain), kept in zip(chains, self._cut([c for _, _, c in chains], [r for _, r, _ in chains],
