@@ -191,6 +191,8 @@ class ModelConfig:
         "Reprise's proposer; needs the vllm extra, docs/vllm.md)"))
     tensor_parallel_size: int = field(default=1, metadata=_help(
         "engine vllm: GPUs one model is split across (tensor parallel)"))
+    compile: bool = field(default=True, metadata=_help(
+        "engine vllm: compile the model at start-up (faster steps; --no-model-compile starts sooner)"))
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -297,9 +299,6 @@ class ServiceConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.home, Path):
             object.__setattr__(self, "home", Path(self.home).expanduser())
-        if self.cluster.enabled and self.model.engine == "vllm":
-            raise ValueError("cluster.enabled: replicas run on the transformers engine; model.engine \"vllm\" "
-                             "serves one replica (tensor parallel within it)")
         if self.cluster.enabled and self.store.backend != "redis":
             raise ValueError(f"cluster.enabled: replicas share history through Redis; set store.backend = "
                              f"\"redis\" (got {self.store.backend!r})")

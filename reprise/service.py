@@ -35,7 +35,6 @@ from reprise import __version__
 from reprise.backends.engine import EngineBackend
 from reprise.backends.vllm.backend import VllmBackend
 from reprise.backends.vllm.engine import VllmEngine
-from reprise.cluster.backend import ReplicaBackend
 from reprise.cluster.indexes import ReplicatedIndexes
 from reprise.cluster.node import ClusterNode
 from reprise.cluster.writer import ReplicaWriter
@@ -47,13 +46,14 @@ from reprise.server.auth import StoreAuthenticator
 from reprise.server.dashboard import StatsHistory, dashboard_router
 from reprise.server.hidden_store import ReuseWiring
 from reprise.server.history_writer import HistoryWriter
-from reprise.server.index_budget import IndexedBackend
+from reprise.server.index_budget import IndexResidency
 from reprise.server.indexes import TenantIndexes
 from reprise.server.metering import StepMeter, TenantAccounting
 from reprise.server.metrics import ServiceMetrics
 from reprise.server.responses import StoredResponses
 from reprise.server.tenant_config import apply_tenant_configs
-from reprise.server.vllm import start_vllm
+from reprise.server.vllm import attach_tenants, start_vllm_engine, vllm_backend
+from serving.backend import TenantResidency
 from serving.core import ServingCore
 from serving.prepare import ServingSettings
 from serving.records import Authenticator
@@ -63,7 +63,7 @@ from verifier.runner import ModelRunner
 log = logging.getLogger(__name__)
 EXIT_ENGINE_FAILED = 70  # EX_SOFTWARE: the engine died; restart the process
 
-Backend = EngineBackend | VllmBackend | ReplicaBackend | IndexedBackend
+Backend = EngineBackend | VllmBackend
 Indexes = TenantIndexes | ReplicatedIndexes
 
 
@@ -114,11 +114,13 @@ def http_limits(config: ServiceConfig) -> HttpLimits:
 
 @dataclass
 class Decoding:
-    """What decodes: the backend the core talks to, the tenants' indexes, the history writer and, on the
-    own engine, the engine itself and its hidden-state reuse."""
+    """What decodes: the backend the core talks to, the tenants' indexes and what keeps a request's
+    tenant in memory while it decodes, the history writer and, on the own engine, the engine itself and
+    its hidden-state reuse."""
 
     backend: Backend
     indexes: Indexes
+    residency: TenantResidency
     history: HistoryWriter | ReplicaWriter
     engine: Engine | None = None
     reuse: ReuseWiring | None = None
@@ -196,7 +198,7 @@ class Service:
                 assert loaded is not None
                 self.decoding = self._own_engine(store, loaded, invalidate)
             self.core = ServingCore(self.decoding.backend, serving_settings(c), self.metrics,
-                                    render_threads=c.server.num_worker_threads)
+                                    render_threads=c.server.num_worker_threads, residency=self.decoding.residency)
             admin = ServiceAdmin(store, self.decoding.indexes, invalidate)
             self.grpc = GrpcServer(self.core, admin, auth, c.server, self.metrics, version=__version__)
             self.stats_history = StatsHistory(lambda: admin.index_stats(None), admin.list_tenants,
@@ -236,23 +238,15 @@ class Service:
         if tuned:
             log.info("%d tenants draft with their own tuned settings", tuned)
         tokenize = (lambda text: list(tokenizer.encode(text, add_special_tokens=False))) if tokenizer else None
-        indexes: Indexes
-        if self.cluster is not None:
-            self.cluster.set_proposer(inner)
-            proposer = self.cluster.engine_proposer(inner)
-            indexes = self.cluster.indexes(accounting, self.metrics, tokenize)
-        else:
-            proposer = inner
-            indexes = TenantIndexes(store, inner, accounting, self.metrics, tokenize,
-                                    memory_budget_bytes=c.server.index_memory_bytes)
-        indexes.load_all()
+        indexes, residency = self._indexes(store, inner, accounting, tokenize)
         found = ReuseWiring.find(inner)
         reuse = ReuseWiring(found, store) if found is not None else None
         if reuse is not None:  # hidden-state reuse vectors are tenant history: sealed, restored
             log.info("restored %d hidden-state segments", reuse.restore_all(store.list_tenants()))
         history = self.cluster.writer if self.cluster is not None else HistoryWriter(store)
-        engine = Engine(runner, proposer, tokenizer,
-                        EngineConfig(history_sink=history.put, observer=StepMeter(accounting, self.metrics)))
+        engine = Engine(runner, inner, tokenizer,
+                        EngineConfig(history_sink=history.put, observer=StepMeter(accounting, self.metrics),
+                                     index_turns=self.cluster is None))
 
         def on_deleted(tid: object) -> None:  # also when deleted by `python -m privacy` in this process
             tenant = getattr(tid, "value", str(tid))
@@ -275,27 +269,49 @@ class Service:
                 reuse.close()
             history.close()
 
-        backend: Backend = EngineBackend(engine, tokenizer, name, record_trajectory=indexes.record,
-                                         on_close=close_history, store_before_reply=c.server.store_before_reply,
-                                         on_store_wait=self.metrics.observe_store_wait, on_fatal=self._engine_died)
+        backend = EngineBackend(engine, tokenizer, name, record_trajectory=indexes.record, on_close=close_history,
+                                store_before_reply=c.server.store_before_reply,
+                                on_store_wait=self.metrics.observe_store_wait, on_fatal=self._engine_died)
+        return Decoding(backend, indexes, residency, history, engine, reuse)
+
+    def _indexes(self, store: HistoryStore, proposer: object, accounting: TenantAccounting,
+                 tokenize: Callable[[str], list[int]] | None) -> tuple[Indexes, TenantResidency]:
+        """The tenants' indexes over ``proposer`` (the own engine's, or the proxy of the one in vLLM's
+        worker) and what keeps a request's tenant in memory while it decodes: loaded at start-up within
+        ``server.index_memory_bytes`` in one process; on a replica, loaded lazily from the shared store."""
         if self.cluster is not None:
-            backend = self.cluster.backend(backend)
-        else:  # a request's tenant is loaded (off the engine thread) and pinned while it decodes
-            backend = IndexedBackend(backend, indexes)
-        return Decoding(backend, indexes, history, engine, reuse)
+            self.cluster.set_proposer(proposer)
+            return self.cluster.indexes(accounting, self.metrics, tokenize), self.cluster.residency()
+        indexes = TenantIndexes(store, proposer, accounting, self.metrics, tokenize,
+                                memory_budget_bytes=self.config.server.index_memory_bytes)
+        indexes.load_all()
+        return indexes, IndexResidency(indexes)
 
     def _vllm(self, store: HistoryStore, invalidate: Callable[[], None]) -> Decoding:
-        """The ``vllm`` decode backend, its tenants' indexes in vLLM's worker, the history writer."""
-        history = HistoryWriter(store)
-        backend, indexes = start_vllm(self.config, store, TenantAccounting(), self.metrics, history.put,
-                                      on_close=history.close, on_fatal=self._engine_died, engine=self._vllm_engine)
+        """The ``vllm`` decode backend, its tenants' indexes in vLLM's worker (shared through the store on
+        a replica, as the own engine's), the history writer."""
+        engine = self._vllm_engine if self._vllm_engine is not None else start_vllm_engine(self.config)
+        try:
+            tenants, tokenizer = attach_tenants(engine, self.config, store)
+            tokenize = lambda text: list(tokenizer.encode(text, add_special_tokens=False))
+            accounting = TenantAccounting()
+            indexes, residency = self._indexes(store, tenants if tenants is not None else object(), accounting,
+                                               tokenize)
+            history = self.cluster.writer if self.cluster is not None else HistoryWriter(store)
+            backend = vllm_backend(engine, tokenizer, self.config, accounting, self.metrics, history.put,
+                                   indexes.record, index_turns=self.cluster is None, on_close=history.close,
+                                   on_fatal=self._engine_died)
+        except BaseException:
+            if self._vllm_engine is None:
+                engine.close()
+            raise
 
         def on_deleted(tid: object) -> None:
             invalidate()
             indexes.forget(getattr(tid, "value", str(tid)))
 
         store.add_deletion_hook(on_deleted)
-        return Decoding(backend, indexes, history)
+        return Decoding(backend, indexes, residency, history)
 
     @property
     def history(self) -> HistoryWriter | ReplicaWriter | None:

@@ -20,7 +20,9 @@ ends its stream with an exception (``serving.errors``); a backend whose engine d
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Sequence
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
 from serving.admission import CancelEvent
@@ -61,40 +63,27 @@ class DecodeBackend(Protocol):
         ...
 
 
-class WrappedBackend:
-    """A ``DecodeBackend`` that adds to another one, ``inner``: what a subclass does not define is the
-    inner backend's (the index budget's ``IndexedBackend`` and a replica's ``ReplicaBackend`` wrap the
-    engine's backend and override ``generate``, and where they must, ``append_trajectory``)."""
+class TenantResidency(Protocol):
+    """What happens to a tenant's drafting state around each of its requests, whichever engine decodes:
+    ``hold`` makes it ready before the request decodes (loading it off the event loop where the memory
+    budget evicted it, or a replica has not loaded it yet; a tenant deleted elsewhere is refused with
+    ``errors.Unauthenticated``) and keeps it from eviction until the request ends; ``check`` refuses a
+    deleted tenant's ``AppendTrajectory``. ``reprise.server.index_budget.IndexResidency`` (one process)
+    and ``reprise.cluster.residency.ReplicaResidency`` (a replica among several) implement it; the
+    serving core calls it around every request (``ServingCore.generate``)."""
 
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.tokenizer = inner.tokenizer
+    def hold(self, tenant: str, speculate: bool) -> AbstractAsyncContextManager[None]: ...
 
-    @property
-    def engine(self) -> Any:
-        return self.inner.engine
+    def check(self, tenant: str) -> None: ...
 
-    @property
-    def alive(self) -> bool:
-        return bool(self.inner.alive)
 
-    def model_info(self) -> ModelInfo:
-        return self.inner.model_info()
+class NoResidency:
+    """A backend whose drafting state needs nothing before a request (tests; drafters without per-tenant
+    indexes)."""
 
-    async def check(self, request: Request) -> None:
-        await self.inner.check(request)
+    @contextlib.asynccontextmanager
+    async def hold(self, tenant: str, speculate: bool) -> AsyncIterator[None]:
+        yield
 
-    def generate(self, request: Request, cancel: CancelEvent) -> AsyncGenerator[BackendEvent, None]:
-        return self.inner.generate(request, cancel)  # type: ignore[no-any-return]
-
-    async def append_trajectory(self, tenant: str, session_id: str, token_ids: Sequence[int]) -> int:
-        return int(await self.inner.append_trajectory(tenant, session_id, token_ids))
-
-    async def close(self) -> None:
-        await self.inner.close()
-
-    def close_now(self) -> None:
-        self.inner.close_now()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
+    def check(self, tenant: str) -> None:
+        pass

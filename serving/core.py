@@ -13,7 +13,8 @@ A front translates its wire into ``prepare``'s arguments and the events back int
    checked and the default ``max_new_tokens`` filled in (``serving.prepare.fit_to_prompt``);
 3. **check**: the engine refuses what it cannot honour (an output grammar with no complete output that
    fits, ``DecodeBackend.check``);
-4. **decode**: ``Started``, then the engine's committed tokens regrouped into fixed-size ``TextDelta``
+4. **decode**: ``Started``, the tenant's drafting state held ready (``serving.backend.TenantResidency``),
+   then the engine's committed tokens regrouped into fixed-size ``TextDelta``
    events with exactly their text (``serving.stream``), then the reply parsed for tool calls
    (``ToolCallDelta``) and ``Finished``.
 
@@ -35,7 +36,7 @@ from typing import Protocol
 
 from serving import errors
 from serving.admission import Admission
-from serving.backend import DecodeBackend
+from serving.backend import DecodeBackend, NoResidency, TenantResidency
 from serving.prepare import (
     AUTO,
     MAX_SESSION_CHARS,
@@ -91,8 +92,9 @@ class ServingCore:
     """Admission, rendering, the engine's stream and its events, for every front (module docstring)."""
 
     def __init__(self, backend: DecodeBackend, settings: ServingSettings, metrics: ServingMetrics | None = None,
-                 render_threads: int = 4) -> None:
+                 render_threads: int = 4, residency: TenantResidency | None = None) -> None:
         self.backend = backend
+        self.residency: TenantResidency = residency if residency is not None else NoResidency()
         self.settings = settings
         self.metrics: ServingMetrics = metrics if metrics is not None else NullMetrics()
         self.info = backend.model_info()
@@ -138,7 +140,8 @@ class ServingCore:
             yield Started(request)
             stream = ReplyStream(request, self.backend.tokenizer, hold_tool_text)
             end: Finished | None = None
-            async with contextlib.aclosing(self.backend.generate(request, active.cancel)) as events:
+            async with (self.residency.hold(request.tenant, request.params.speculate),
+                        contextlib.aclosing(self.backend.generate(request, active.cancel)) as events):
                 async for event in events:
                     if isinstance(event, Finished):
                         end = event
@@ -190,6 +193,7 @@ class ServingCore:
         check_size(content, self.info, field)
         ids = await self._render(content, add_generation_prompt=False)
         self.append_quotas.admit_tokens(tenant, len(ids), field)
+        self.residency.check(tenant)
         return await self.backend.append_trajectory(tenant, session_id, ids)
 
     def abort(self, tenant: str, request_id: str) -> bool:

@@ -6,7 +6,7 @@ Modules: ``config`` (``ClusterConfig``, the ``[cluster]`` settings), ``node`` (`
 ``reprise.service`` wires in), ``replica`` (held tenants, catching up, eviction, deletion), ``loading`` (snapshot, rebuild, stream
 application), ``upkeep``
 (feed listener, snapshots, resync), ``writer`` (retried, announced appends), ``indexes`` and
-``backend`` (the service's index and data-plane backends on a replica), ``auth`` (credentials through a
+``residency`` (the service's indexes and the data plane's tenant residency on a replica), ``auth`` (credentials through a
 store outage), ``launch`` (a replica process with a tiny model, for tests and ``reprise bench cluster``).
 """
 

@@ -3,10 +3,13 @@
 
     node = ClusterNode(config.cluster, store, proposer, metrics)
     auth = node.authenticator()                    # verdicts survive a store outage
-    engine_proposer = node.engine_proposer(proposer)   # sessions leave recording to the stream
     indexes = node.indexes(accounting, tokenize)   # lazy loads, appends via the stream
     writer = node.writer                           # history sink: retried, announced appends
-    decode = node.backend(engine_backend)          # requests wait for their tenant's index
+    residency = node.residency()                   # requests wait for their tenant's index
+
+Either engine decodes (``model.engine``): the proposer is the own engine's, or the proxy of the one in
+vLLM's worker (``reprise.backends.vllm.tenants.WorkerTenants``); the replica's loader, catch-up and
+eviction are the same code for both. The engine leaves recording finished turns to the stream.
     node.start(); ...; node.stop()                 # feed listener + upkeep threads
 """
 
@@ -20,9 +23,9 @@ from prometheus_client import Counter, Histogram
 from privacy.changefeed import KIND_DELETE, KIND_KEYS, open_feed
 from privacy.errors import StorageError
 from reprise.cluster.auth import ResilientAuthenticator
-from reprise.cluster.backend import ReplicaBackend, StreamFedProposer
 from reprise.cluster.indexes import ReplicatedIndexes
 from reprise.cluster.replica import Replica
+from reprise.cluster.residency import ReplicaResidency
 from reprise.cluster.upkeep import FeedListener, Upkeep
 from reprise.cluster.writer import ReplicaWriter
 from reprise.config import ClusterConfig
@@ -99,15 +102,12 @@ class ClusterNode:
         self.replica.on_keys_changed(self._auth.forget_tenant)
         return self._auth
 
-    def engine_proposer(self, proposer: Any) -> Any:
-        return StreamFedProposer(proposer) if self.replica.has_indexes else proposer
-
     def indexes(self, accounting: Any, metrics: Any = None, tokenize: Any = None) -> Any:
         self.replica.on_tenant_gone(accounting.forget)
         return ReplicatedIndexes(self.store, self.replica.proposer, accounting, self.replica, metrics, tokenize)
 
-    def backend(self, decode: Any) -> Any:
-        return ReplicaBackend(decode, self.replica, self.config.load_wait_s)
+    def residency(self) -> ReplicaResidency:
+        return ReplicaResidency(self.replica, self.config.load_wait_s)
 
     def start(self) -> None:
         self.listener.start()

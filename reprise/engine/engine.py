@@ -105,12 +105,15 @@ class StepObserver(Protocol):
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
     """Engine settings: the draft budget policy, EOS ids (default: the model's), the history sink (called
-    with every finished turn that is recorded) and the step observer."""
+    with every finished turn that is recorded), the step observer, and whether a finished session
+    records its turn into the proposer's index (``index_turns``; off on a replica, where turns reach
+    the index from the shared stream: reprise/cluster/)."""
 
     budget: DraftBudget = field(default_factory=DraftBudget)
     eos_token_ids: tuple[int, ...] | None = None
     history_sink: HistorySink | None = None
     observer: StepObserver | None = None
+    index_turns: bool = True
 
 
 class RequestHandle:
@@ -512,7 +515,7 @@ class Engine:
         item.handle.error = error
         result = _result(item.handle.request, item.stop.token_ids, item.stop.text, reason, matched, item.steps,
                          item.drafted, item.accepted, item.cached)
-        item.session.finish(record=result.recorded)
+        item.session.finish(record=result.recorded and self.config.index_turns)
         if result.recorded and self.config.history_sink is not None:
             try:
                 item.handle.stored = self.config.history_sink(result)

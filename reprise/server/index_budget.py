@@ -8,9 +8,9 @@ tenant larger than the budget would otherwise be rebuilt for every request). An 
 rebuilt from the tenant's encrypted history the next time the tenant needs it (``TenantIndexes.ensure``);
 the store keeps everything, so eviction costs time, never data.
 
-``IndexedBackend`` wraps a decode backend so that a request's tenant is in memory, and pinned, while it
-decodes: the load runs on a worker thread before the request reaches the engine, never on the engine's
-thread. (Replicas on Redis have their own loader and budget: ``reprise.cluster``.)
+``IndexResidency`` keeps a request's tenant in memory, and pinned, while it decodes: the load runs on a
+worker thread before the request reaches the engine, never on the engine's thread. (Replicas on Redis
+have their own loader and budget: ``reprise.cluster``.)
 """
 
 from __future__ import annotations
@@ -19,13 +19,9 @@ import asyncio
 import contextlib
 import threading
 from collections import Counter, OrderedDict
-from collections.abc import AsyncGenerator, Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from typing import Any
-
-from serving.admission import CancelEvent
-from serving.backend import WrappedBackend
-from serving.records import BackendEvent, Request
 
 
 class ResidentIndexes:
@@ -109,24 +105,25 @@ class ResidentIndexes:
             return victims
 
 
-class IndexedBackend(WrappedBackend):
-    """A ``serving.backend.DecodeBackend`` whose requests find their tenant's index in memory: loaded
-    (off the event loop) before decoding if the budget evicted it, pinned while decoding, measured
-    afterwards (the engine recorded the turn into it), and the budget enforced."""
+class IndexResidency:
+    """``serving.backend.TenantResidency`` in one process: a request's tenant is loaded (off the event
+    loop) before it decodes if the budget evicted it, pinned while it decodes, measured afterwards (the
+    engine recorded the turn into it), and the budget enforced."""
 
-    def __init__(self, inner: Any, indexes: Any) -> None:
-        super().__init__(inner)
+    def __init__(self, indexes: Any) -> None:
         self.indexes = indexes
 
-    async def generate(self, request: Request, cancel: CancelEvent) -> AsyncGenerator[BackendEvent, None]:
-        tenant = request.tenant
+    @contextlib.asynccontextmanager
+    async def hold(self, tenant: str, speculate: bool) -> AsyncIterator[None]:
         loop = asyncio.get_running_loop()
         with self.indexes.resident.pinned(tenant):
             if self.indexes.has_indexes and not self.indexes.resident.touch(tenant):  # in memory: no thread hop
                 await loop.run_in_executor(None, self.indexes.ensure, tenant)
             try:
-                async for event in self.inner.generate(request, cancel):
-                    yield event
+                yield
             finally:
                 with contextlib.suppress(RuntimeError):  # the loop's executor is shut down: the service stops
                     loop.run_in_executor(None, self.indexes.after_request, tenant)
+
+    def check(self, tenant: str) -> None:
+        pass

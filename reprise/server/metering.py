@@ -9,6 +9,7 @@ this process started), the savings estimate among them (serving/savings.py).
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Sequence
@@ -20,6 +21,7 @@ from reprise.engine.request import GenerationResult
 from serving.admin import TenantStats
 from serving.savings import Savings
 
+log = logging.getLogger(__name__)
 MAX_POSITIONS = 64
 
 
@@ -42,6 +44,7 @@ class TenantAccounting:
     in the engine's prefix cache (``verifier.prefix_cache.PrefixCache``) when there is one."""
 
     def __init__(self, prefix_cache: Any = None) -> None:
+        self.refresh: Any = None  # called before figures are read: vLLM's backend drains the worker's steps
         self._counts: dict[str, _Counts] = {}
         self._lock = threading.Lock()
         self.since_unix_ms = int(time.time() * 1000)
@@ -81,6 +84,11 @@ class TenantAccounting:
             cached = self._prefix_cache.scope_stats(tenant)
             index_figures |= {"prefix_cache_bytes": cached.bytes, "prompt_tokens": cached.query_tokens,
                               "cached_prompt_tokens": cached.hit_tokens}
+        if self.refresh is not None:  # `reprise index stats` right after a request counts it
+            try:
+                self.refresh()
+            except Exception:
+                log.debug("refreshing the figures failed", exc_info=True)
         with self._lock:
             c = self._counts.get(tenant) or _Counts()
             last = max((i + 1 for i, n in enumerate(c.accepted_beyond) if n), default=0)

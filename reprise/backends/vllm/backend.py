@@ -89,6 +89,8 @@ class VllmBackend:
     ``meter`` (a ``StepObserver``: ``on_step(reports)``) receives the worker's steps and ``accounting``
     (``record_request``) each finished request.
     ``close`` shuts the engine down too unless ``owns_engine`` is False (an engine shared by tests).
+    ``index_turns``: a finished turn is added to the worker's index of its tenant at once (off on a
+    replica, where it reaches the index from the shared stream: reprise/cluster/).
     """
 
     def __init__(self, engine: Any, tokenizer: Any, model_name: str, *, accounting: Any, meter: Any = None,
@@ -97,10 +99,11 @@ class VllmBackend:
                  on_close: Callable[[], None] | None = None, salt_key: bytes | None = None,
                  owns_engine: bool = True, store_before_reply: bool = True,
                  store_wait_s: float = STORE_WAIT_S, on_store_wait: Callable[[float], None] | None = None,
-                 on_fatal: Callable[[BaseException], None] | None = None) -> None:
+                 on_fatal: Callable[[BaseException], None] | None = None, index_turns: bool = True) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
         self._drafting = engine.settings.speculation == "reprise"
+        self._index_turns = index_turns and self._drafting
         eos = getattr(tokenizer, "eos_token_id", None)
         self._info = model_info(tokenizer, model_name, engine.settings.max_model_len,
                                 (int(eos),) if eos is not None else (),
@@ -288,7 +291,7 @@ class VllmBackend:
         request = turn.request
         tenant = request.tenant
         ticket = self._sink(turn) if self._sink is not None else None
-        if self._drafting and turn.token_ids:
+        if self._index_turns and turn.token_ids:
             try:
                 self.engine.rpc("reprise_record", tenant, request.session_id, token_bytes(request.prompt_ids),
                                 token_bytes(turn.token_ids))

@@ -2,9 +2,10 @@
 
 With the ``vllm`` engine each tenant's history and corpus indexes live in the worker process, next to
 the proposer that drafts from them (``worker.RepriseWorkerExtension``); the service keeps none of its
-own. ``WorkerTenants`` offers the methods ``reprise.server.indexes.TenantIndexes`` calls on a proposer
-(``load_history``, ``record``, ``add_corpus``, ``evict``, ``delete``, ``index_stats``,
-``set_tenant_config``) and forwards each to the worker over vLLM's ``collective_rpc``. So the encrypted
+own. ``WorkerTenants`` offers the methods ``reprise.server.indexes.TenantIndexes`` and a replica's
+``reprise.cluster.replica.Replica`` call on a proposer (``load_history``, ``record``, ``add_corpus``,
+``evict``, ``delete``, ``index_stats``, ``set_tenant_config``, ``snapshot``, ``restore``) and forwards each
+to the worker over vLLM's ``collective_rpc``. So the encrypted
 store stays the source of truth and the same code loads it: at start-up ``TenantIndexes.load_all``
 streams each tenant's stored trajectories (decrypted in the service) to the worker in batches; a
 recorded turn, an imported corpus, a rebuild or a deletion reaches the worker the same way; each
@@ -67,3 +68,16 @@ class WorkerTenants:
 
     def index_stats(self, tenant: str) -> HistoryStats:
         return HistoryStats(**self._first("reprise_index_stats", tenant))
+
+    def snapshot(self, tenant: str) -> bytes:
+        """The tenant's drafting state as bytes (a replica seals it as the tenant's snapshot)."""
+        return bytes(self._first("reprise_snapshot", tenant))
+
+    def restore(self, tenant: str, data: bytes) -> None:
+        """Replace the tenant's drafting state on every rank; ValueError for bytes that are no snapshot,
+        KeyError for a deleted tenant (as ``RepriseProposer.restore``)."""
+        refused = self._first("reprise_restore", tenant, data)
+        if refused == "deleted":
+            raise KeyError(f"tenant {tenant!r} was deleted")
+        if refused:
+            raise ValueError(refused)

@@ -8,7 +8,8 @@ steps the model, in order with the requests added before them. That channel carr
   number matching, the step budget's cost model);
 - each tenant's drafting state: ``reprise_load`` (its trajectories from the encrypted store, at start-up
   or a rebuild), ``reprise_record`` (a finished turn), ``reprise_add_corpus``, ``reprise_evict``,
-  ``reprise_delete``, ``reprise_set_tenant_config``;
+  ``reprise_delete``, ``reprise_set_tenant_config``, and on a replica ``reprise_snapshot`` and
+  ``reprise_restore`` (the state a replica seals, and loads from a sealed snapshot);
 - figures back to the service: ``reprise_drain_steps`` (per-step draft and accept counts per tenant, and
   each step's share of its cost against its tokens' plain steps), ``reprise_index_stats``,
   ``reprise_health``, ``reprise_step_cost``.
@@ -123,6 +124,20 @@ class RepriseWorkerExtension:
             config = _chain_wide(DraftingConfig.from_dict(drafting), proposer.num_speculative_tokens,
                                  proposer.chain_factor)
         proposer.tenants.set_tenant_config(tenant, config)
+
+    def reprise_snapshot(self, tenant: str) -> bytes:
+        return self._reprise_proposer().tenants.snapshot(tenant)
+
+    def reprise_restore(self, tenant: str, data: bytes) -> str:
+        """Replace the tenant's drafting state with a snapshot; "" when done, else why not ("deleted", or
+        what is wrong with the bytes): errors cross vLLM's RPC as text."""
+        try:
+            self._reprise_proposer().tenants.restore(tenant, bytes(data))
+        except KeyError:
+            return "deleted"
+        except ValueError as exc:
+            return str(exc) or "not a snapshot"
+        return ""
 
     def reprise_index_stats(self, tenant: str) -> dict[str, int]:
         return {k: int(v) for k, v in dataclasses.asdict(self._reprise_proposer().tenants.index_stats(tenant)).items()}

@@ -60,15 +60,21 @@ class Stack:
         from privacy.config import StoreConfig
         from reprise.config import ModelConfig, ServiceConfig
         from reprise.server.history_writer import HistoryWriter
+        from reprise.server.index_budget import IndexResidency
+        from reprise.server.indexes import TenantIndexes
         from reprise.server.metering import TenantAccounting
-        from reprise.server.vllm import wire_vllm
+        from reprise.server.vllm import attach_tenants, vllm_backend
 
         self.config = ServiceConfig(home=home, model=ModelConfig(drafter=drafter))
         self.store = open_store(StoreConfig(data_dir=home), env=master_env)
         self.history = HistoryWriter(self.store)
         self.accounting = TenantAccounting()
-        self.backend, self.indexes = wire_vllm(engine, self.config, self.store, self.accounting, None,
-                                               self.history.put, owns_engine=False)
+        tenants, tokenizer = attach_tenants(engine, self.config, self.store)
+        self.indexes = TenantIndexes(self.store, tenants, self.accounting)
+        self.indexes.load_all()
+        self.backend = vllm_backend(engine, tokenizer, self.config, self.accounting, None, self.history.put,
+                                    self.indexes.record, owns_engine=False)
+        self.residency = IndexResidency(self.indexes)
 
     def tenant(self) -> str:
         return self.store.create_tenant(f"t-{uuid.uuid4().hex[:8]}").id.value
@@ -80,7 +86,11 @@ class Stack:
         request = Request(uuid.uuid4().hex, tenant, PromptInput(token_ids=prompt),
                           GenerateParams(max_new_tokens=max_new_tokens, speculate=speculate),
                           session_id=session or uuid.uuid4().hex, prompt_ids=prompt)
-        out, end = asyncio.run(decode(self.backend, request))
+        async def held() -> tuple[list[int], Finished]:
+            async with self.residency.hold(tenant, speculate):  # as the serving core holds it
+                return await decode(self.backend, request)
+
+        out, end = asyncio.run(held())
         assert end.usage.completion_tokens == len(out)
         return out
 
@@ -271,3 +281,78 @@ def test_the_neural_fallback_drafts_where_retrieval_has_nothing_and_outputs_stay
         assert again.backend.health()["fallback_steps"] == before
     finally:
         again.close()
+
+
+@pytest.mark.redis
+def test_a_replica_on_vllm_drafts_from_a_turn_another_replica_wrote_and_follows_a_deletion(
+        vllm_engine, tmp_path, master_env):
+    """Replica A: the cluster parts over this module's engine, as ``reprise serve --engine vllm
+    --cluster-enabled`` wires them (``Service._vllm``); replica B: another replica of the same store
+    (the real Redis, a key prefix of this test's own) that appends a turn. B's turn reaches A's worker
+    through the tenant's stream and the change feed, and A drafts from it; B's deletion of the tenant
+    drops it from A's worker and A refuses it."""
+    from privacy import open_store
+    from privacy.config import StoreConfig
+    from privacy.tenants import TenantId
+    from reprise.cluster.node import ClusterNode
+    from reprise.config import ClusterConfig, ServiceConfig
+    from reprise.server.metering import TenantAccounting
+    from reprise.server.vllm import attach_tenants, vllm_backend
+    from retrieval.proposer import RepriseProposer
+    from serving import errors
+    from testkit.cluster import wait_for
+
+    prefix = f"test-vllm-replica-{uuid.uuid4().hex[:8]}"
+    stores = [open_store(StoreConfig(backend="redis", redis_key_prefix=prefix, data_dir=tmp_path / name),
+                         env=master_env) for name in ("a", "b")]
+    cluster = ClusterConfig(enabled=True, replica_id="a", resync_interval_s=1.0)
+    node_a = ClusterNode(cluster, stores[0], None)
+    tenants, tokenizer = attach_tenants(vllm_engine, ServiceConfig(home=tmp_path), stores[0])
+    node_a.set_proposer(tenants)
+    accounting = TenantAccounting()
+    indexes = node_a.indexes(accounting)
+    backend = vllm_backend(vllm_engine, tokenizer, ServiceConfig(home=tmp_path), accounting, None,
+                           node_a.writer.put, indexes.record, index_turns=False, owns_engine=False)
+    residency = node_a.residency()
+    node_b = ClusterNode(ClusterConfig(enabled=True, replica_id="b", resync_interval_s=1.0), stores[1],
+                         RepriseProposer())
+    node_a.start()
+    node_b.start()
+
+    def generate(tenant: str, *, speculate: bool, record: bool = True) -> list[int]:
+        prompt = tuple(PromptRenderer(tokenizer, backend.model_info()).render(PromptInput(messages=_messages(TASKS[0]))))
+        request = Request(uuid.uuid4().hex, tenant, PromptInput(token_ids=prompt),
+                          GenerateParams(max_new_tokens=48, speculate=speculate, record=record),
+                          session_id=uuid.uuid4().hex, prompt_ids=prompt)
+
+        async def run() -> list[int]:
+            async with residency.hold(tenant, speculate):
+                return (await decode(backend, request))[0]
+
+        return asyncio.run(run())
+
+    try:
+        tenant = stores[0].create_tenant("acme").id.value
+        expected = generate(tenant, speculate=False, record=False)
+        assert node_a.replica.ensure(tenant, 10.0)  # A holds the tenant (a drafting request loads it): empty
+        assert indexes.stats(tenant).index_sequences == 0
+        node_b.indexes(TenantAccounting()).record(tenant, "on-b", expected)  # B's AppendTrajectory
+        delay = wait_for(lambda: indexes.stats(tenant).index_sequences == 1, timeout=10)
+        assert delay < 2.0  # announced on the feed: not the resync's second
+        assert generate(tenant, speculate=True) == expected
+        s = indexes.stats(tenant)
+        assert s.drafter_steps.get("reprise:history", 0) > 0 and s.num_accepted_tokens >= len(expected) // 2
+        wait_for(lambda: indexes.stats(tenant).index_sequences == 2, timeout=10)  # A's own turn, via the stream
+        stores[1].delete_tenant(TenantId(tenant))  # deleted through B
+        wait_for(lambda: tenant in node_a.replica.deleted, timeout=10)
+        with pytest.raises(errors.Unauthenticated):
+            generate(tenant, speculate=True)
+        with pytest.raises(KeyError):
+            tenants.record(tenant, "late", [1, 2], [3, 4])  # the worker refuses the deleted tenant
+    finally:
+        node_b.stop()
+        node_a.stop()
+        backend.close_now()
+        node_a.writer.close()
+        for store in stores:
+            store.close()
