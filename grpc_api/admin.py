@@ -63,6 +63,9 @@ def stats_message(s: TenantStats) -> admin_pb2.TenantIndexStats:
         prefill_seconds=v.prefill_seconds, plain_prefill_seconds=v.plain_prefill_seconds,
         committed_tokens=v.num_tokens, speedup=v.speedup or 0.0, seconds_saved_drafts=v.seconds_saved_drafts,
         seconds_saved_cache=v.seconds_saved_cache, tokens_per_second=v.tokens_per_second or 0.0,
+        holdout_requests=s.measured.held_out, drafted_requests=s.measured.drafted,
+        measured_speedup=s.measured.speedup or 0.0, measured_speedup_low=s.measured.low or 0.0,
+        measured_speedup_high=s.measured.high or 0.0,
     )
 
 

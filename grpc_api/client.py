@@ -512,6 +512,12 @@ class IndexStats:
     seconds: float = 0.0
     plain_seconds: float = 0.0
     tokens_per_second: float | None = None
+    # Measured on held-out requests (server.holdout_share): None before two held-out and two drafted ones.
+    holdout_requests: int = 0
+    drafted_requests: int = 0
+    measured_speedup: float | None = None
+    measured_speedup_low: float | None = None
+    measured_speedup_high: float | None = None
 
     @classmethod
     def from_message(cls, m: Any) -> IndexStats:
@@ -524,7 +530,9 @@ class IndexStats:
                    m.prefix_cache_bytes, m.prompt_tokens, m.cached_prompt_tokens, m.prefix_cache_hit_rate,
                    m.index_resident, m.quarantined_records,
                    m.speedup if spent > 0 else None, plain - spent, m.seconds_saved_drafts, m.seconds_saved_cache,
-                   spent, plain, m.tokens_per_second if spent > 0 else None)
+                   spent, plain, m.tokens_per_second if spent > 0 else None, m.holdout_requests, m.drafted_requests,
+                   *((m.measured_speedup, m.measured_speedup_low, m.measured_speedup_high) if m.measured_speedup
+                     else (None, None, None)))
 
 
 @dataclass(frozen=True, slots=True)

@@ -109,8 +109,13 @@ class ServerConfig:
         "memory for all tenants' in-memory drafting indexes together; beyond it the least recently used "
         "tenants' indexes are evicted and rebuilt from their encrypted history on next use (0 = no limit; "
         "replicas use cluster.index_memory_bytes)"))
+    holdout_share: float = field(default=0.0, metadata=_help(
+        "share of each tenant's drafting requests decoded without drafts, to measure what drafting saves "
+        "(the measured speedup beside the estimate in `reprise index stats`; docs/service.md); 0 = off"))
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.holdout_share < 1.0:
+            raise ValueError(f"server.holdout_share must be in [0, 1), got {self.holdout_share}")
         for name in ("grpc_port", "http_port"):
             port = getattr(self, name)
             if not 0 <= port <= 65535:

@@ -55,6 +55,7 @@ from reprise.server.tenant_config import apply_tenant_configs
 from reprise.server.vllm import attach_tenants, start_vllm_engine, vllm_backend
 from serving.backend import TenantResidency
 from serving.core import ServingCore
+from serving.holdout import Holdout
 from serving.prepare import ServingSettings
 from serving.records import Authenticator
 from verifier.models import LoadedModel, configure_threads, load_default_model, load_model, served_model_name
@@ -147,6 +148,7 @@ class Service:
         self.grpc_port = 0
         self.http_port = 0
         self.exit_code = 0
+        self.holdout = Holdout(config.server.holdout_share)  # what drafting saves, measured on a share of requests
         self._loop: asyncio.AbstractEventLoop | None = None
         self._app: object = None
 
@@ -198,7 +200,8 @@ class Service:
                 assert loaded is not None
                 self.decoding = self._own_engine(store, loaded, invalidate)
             self.core = ServingCore(self.decoding.backend, serving_settings(c), self.metrics,
-                                    render_threads=c.server.num_worker_threads, residency=self.decoding.residency)
+                                    render_threads=c.server.num_worker_threads, residency=self.decoding.residency,
+                                    holdout=self.holdout)
             admin = ServiceAdmin(store, self.decoding.indexes, invalidate)
             self.grpc = GrpcServer(self.core, admin, auth, c.server, self.metrics, version=__version__)
             self.stats_history = StatsHistory(lambda: admin.index_stats(None), admin.list_tenants,
@@ -230,7 +233,7 @@ class Service:
         name = self._model_name or served_model_name(loaded.source or "model")
         runner = ModelRunner(loaded.model, num_slots=c.model.num_slots, max_len=c.model.max_len,
                              max_draft_nodes=c.model.max_draft_nodes, prefix_cache_bytes=c.model.prefix_cache_bytes)
-        accounting = TenantAccounting(runner.prefix_cache)
+        accounting = TenantAccounting(runner.prefix_cache, self.holdout)
         inner = make_proposer(c.model.drafter or DEFAULT_DRAFTER, c.drafting)
         if tokenizer is not None and hasattr(inner, "set_vocabulary"):  # numbers match by class
             inner.set_vocabulary(lambda i: tokenizer.decode([i]), runner.vocab_size)
@@ -294,7 +297,7 @@ class Service:
         try:
             tenants, tokenizer = attach_tenants(engine, self.config, store)
             tokenize = lambda text: list(tokenizer.encode(text, add_special_tokens=False))
-            accounting = TenantAccounting()
+            accounting = TenantAccounting(holdout=self.holdout)
             indexes, residency = self._indexes(store, tenants if tenants is not None else object(), accounting,
                                                tokenize)
             history = self.cluster.writer if self.cluster is not None else HistoryWriter(store)

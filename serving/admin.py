@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import BinaryIO, Literal, Protocol
 
+from serving.holdout import MeasuredSpeedup
 from serving.savings import Savings
 
 
@@ -54,6 +55,7 @@ class TenantStats:
     index_resident: bool = True  # False: not in memory (evicted by the budget, or not used yet); loads on use
     quarantined_records: int = 0  # stored records skipped at the last load: they failed authentication or parsing
     savings: Savings = field(default_factory=Savings)  # seconds spent against the estimate without Reprise
+    measured: MeasuredSpeedup = field(default_factory=MeasuredSpeedup)  # on held-out requests (server.holdout_share)
 
     @property
     def hit_rate(self) -> float:

@@ -37,6 +37,7 @@ from typing import Protocol
 from serving import errors
 from serving.admission import Admission
 from serving.backend import DecodeBackend, NoResidency, TenantResidency
+from serving.holdout import Holdout
 from serving.prepare import (
     AUTO,
     MAX_SESSION_CHARS,
@@ -92,8 +93,10 @@ class ServingCore:
     """Admission, rendering, the engine's stream and its events, for every front (module docstring)."""
 
     def __init__(self, backend: DecodeBackend, settings: ServingSettings, metrics: ServingMetrics | None = None,
-                 render_threads: int = 4, residency: TenantResidency | None = None) -> None:
+                 render_threads: int = 4, residency: TenantResidency | None = None,
+                 holdout: Holdout | None = None) -> None:
         self.backend = backend
+        self.holdout = holdout if holdout is not None else Holdout(0.0)
         self.residency: TenantResidency = residency if residency is not None else NoResidency()
         self.settings = settings
         self.metrics: ServingMetrics = metrics if metrics is not None else NullMetrics()
@@ -125,6 +128,7 @@ class ServingCore:
         arrival = time.perf_counter()
         active = self.admission.admit(request.tenant, request.request_id)
         finish, usage, first, last, ended = "error", None, None, arrival, False
+        measured, held_out, first_tokens = request.params.speculate, False, 0
         try:
             if self.admission.draining:
                 raise errors.Unavailable("server is shutting down; retry on another replica")
@@ -132,6 +136,7 @@ class ServingCore:
                 raise errors.Unavailable("the decoding engine has stopped; retry on another replica")
             ids = await self._render(request.prompt, add_generation_prompt=True)
             request = fit_to_prompt(request, ids, self.info, self.settings, names)
+            request, held_out = self.holdout.take(request)
             try:
                 await self.backend.check(request)
             except errors.ServiceError as exc:
@@ -149,7 +154,7 @@ class ServingCore:
                     now = time.perf_counter()
                     if event.token_ids:
                         if first is None:
-                            first = now
+                            first, first_tokens = now, len(event.token_ids)
                         else:
                             self.metrics.observe_emission_gap(now - last)
                         last = now
@@ -164,6 +169,8 @@ class ServingCore:
             last_event = closing[-1]
             assert isinstance(last_event, Finished)
             finish, usage, ended = last_event.finish_reason, last_event.usage, True
+            if measured and first is not None and finish not in ("aborted", "error"):
+                self.holdout.record(request.tenant, held_out, usage.completion_tokens - first_tokens, last - first)
             for out in closing:
                 yield out
         except BaseException as exc:

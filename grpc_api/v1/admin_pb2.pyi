@@ -126,7 +126,7 @@ class IndexMemory(_message.Message):
     def __init__(self, budget_bytes: _Optional[int] = ..., resident_bytes: _Optional[int] = ..., resident_tenants: _Optional[int] = ..., num_evictions: _Optional[int] = ..., quarantined_records: _Optional[int] = ...) -> None: ...
 
 class TenantIndexStats(_message.Message):
-    __slots__ = ("tenant_id", "index_tokens", "index_sequences", "index_memory_bytes", "corpus_tokens", "num_requests", "num_steps", "num_drafted_steps", "hit_rate", "tau", "num_draft_tokens", "num_accepted_tokens", "acceptance_by_position", "drafter_steps", "counting_since_unix_ms", "prefix_cache_bytes", "prompt_tokens", "cached_prompt_tokens", "prefix_cache_hit_rate", "index_resident", "quarantined_records", "decode_seconds", "plain_decode_seconds", "prefill_seconds", "plain_prefill_seconds", "committed_tokens", "speedup", "seconds_saved_drafts", "seconds_saved_cache", "tokens_per_second")
+    __slots__ = ("tenant_id", "index_tokens", "index_sequences", "index_memory_bytes", "corpus_tokens", "num_requests", "num_steps", "num_drafted_steps", "hit_rate", "tau", "num_draft_tokens", "num_accepted_tokens", "acceptance_by_position", "drafter_steps", "counting_since_unix_ms", "prefix_cache_bytes", "prompt_tokens", "cached_prompt_tokens", "prefix_cache_hit_rate", "index_resident", "quarantined_records", "decode_seconds", "plain_decode_seconds", "prefill_seconds", "plain_prefill_seconds", "committed_tokens", "speedup", "seconds_saved_drafts", "seconds_saved_cache", "tokens_per_second", "holdout_requests", "drafted_requests", "measured_speedup", "measured_speedup_low", "measured_speedup_high")
     class DrafterStepsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -164,6 +164,11 @@ class TenantIndexStats(_message.Message):
     SECONDS_SAVED_DRAFTS_FIELD_NUMBER: _ClassVar[int]
     SECONDS_SAVED_CACHE_FIELD_NUMBER: _ClassVar[int]
     TOKENS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    HOLDOUT_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    DRAFTED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_SPEEDUP_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_SPEEDUP_LOW_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_SPEEDUP_HIGH_FIELD_NUMBER: _ClassVar[int]
     tenant_id: str
     index_tokens: int
     index_sequences: int
@@ -194,7 +199,12 @@ class TenantIndexStats(_message.Message):
     seconds_saved_drafts: float
     seconds_saved_cache: float
     tokens_per_second: float
-    def __init__(self, tenant_id: _Optional[str] = ..., index_tokens: _Optional[int] = ..., index_sequences: _Optional[int] = ..., index_memory_bytes: _Optional[int] = ..., corpus_tokens: _Optional[int] = ..., num_requests: _Optional[int] = ..., num_steps: _Optional[int] = ..., num_drafted_steps: _Optional[int] = ..., hit_rate: _Optional[float] = ..., tau: _Optional[float] = ..., num_draft_tokens: _Optional[int] = ..., num_accepted_tokens: _Optional[int] = ..., acceptance_by_position: _Optional[_Iterable[float]] = ..., drafter_steps: _Optional[_Mapping[str, int]] = ..., counting_since_unix_ms: _Optional[int] = ..., prefix_cache_bytes: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., cached_prompt_tokens: _Optional[int] = ..., prefix_cache_hit_rate: _Optional[float] = ..., index_resident: _Optional[bool] = ..., quarantined_records: _Optional[int] = ..., decode_seconds: _Optional[float] = ..., plain_decode_seconds: _Optional[float] = ..., prefill_seconds: _Optional[float] = ..., plain_prefill_seconds: _Optional[float] = ..., committed_tokens: _Optional[int] = ..., speedup: _Optional[float] = ..., seconds_saved_drafts: _Optional[float] = ..., seconds_saved_cache: _Optional[float] = ..., tokens_per_second: _Optional[float] = ...) -> None: ...
+    holdout_requests: int
+    drafted_requests: int
+    measured_speedup: float
+    measured_speedup_low: float
+    measured_speedup_high: float
+    def __init__(self, tenant_id: _Optional[str] = ..., index_tokens: _Optional[int] = ..., index_sequences: _Optional[int] = ..., index_memory_bytes: _Optional[int] = ..., corpus_tokens: _Optional[int] = ..., num_requests: _Optional[int] = ..., num_steps: _Optional[int] = ..., num_drafted_steps: _Optional[int] = ..., hit_rate: _Optional[float] = ..., tau: _Optional[float] = ..., num_draft_tokens: _Optional[int] = ..., num_accepted_tokens: _Optional[int] = ..., acceptance_by_position: _Optional[_Iterable[float]] = ..., drafter_steps: _Optional[_Mapping[str, int]] = ..., counting_since_unix_ms: _Optional[int] = ..., prefix_cache_bytes: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., cached_prompt_tokens: _Optional[int] = ..., prefix_cache_hit_rate: _Optional[float] = ..., index_resident: _Optional[bool] = ..., quarantined_records: _Optional[int] = ..., decode_seconds: _Optional[float] = ..., plain_decode_seconds: _Optional[float] = ..., prefill_seconds: _Optional[float] = ..., plain_prefill_seconds: _Optional[float] = ..., committed_tokens: _Optional[int] = ..., speedup: _Optional[float] = ..., seconds_saved_drafts: _Optional[float] = ..., seconds_saved_cache: _Optional[float] = ..., tokens_per_second: _Optional[float] = ..., holdout_requests: _Optional[int] = ..., drafted_requests: _Optional[int] = ..., measured_speedup: _Optional[float] = ..., measured_speedup_low: _Optional[float] = ..., measured_speedup_high: _Optional[float] = ...) -> None: ...
 
 class IndexOperationRequest(_message.Message):
     __slots__ = ("tenant_id",)

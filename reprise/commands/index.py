@@ -129,9 +129,16 @@ def run_stats(args: argparse.Namespace) -> int:
         print(f"requests through drafter mix count since {started} (the server's start; the index persists)")
     if len(stats) == 1 and stats[0].speedup is not None:
         s = stats[0]
-        print(f"time saved  {s.seconds_saved:.1f} s of an estimated {s.plain_seconds:.1f} s without Reprise "
+        print(f"time saved (estimate)  {s.seconds_saved:.1f} s of an estimated {s.plain_seconds:.1f} s without Reprise "
               f"(drafts {s.seconds_saved_drafts:.1f} s, prefix cache {s.seconds_saved_cache:.1f} s); "
               f"{s.tokens_per_second or 0.0:.1f} tokens/s delivered")
+    if len(stats) == 1 and (stats[0].holdout_requests or stats[0].measured_speedup is not None):
+        s = stats[0]
+        measured = ("not yet (two of each are needed)" if s.measured_speedup is None else
+                    f"{s.measured_speedup:.2f}x (95 % interval {s.measured_speedup_low:.2f}x-"
+                    f"{s.measured_speedup_high:.2f}x)")
+        print(f"speedup measured on held-out requests  {measured}: {s.holdout_requests} decoded without drafts, "
+              f"{s.drafted_requests} with (server.holdout_share)")
     if len(stats) == 1 and stats[0].acceptance_by_position:
         shown = ", ".join(f"{i + 1}: {a:.0%}" for i, a in enumerate(stats[0].acceptance_by_position[:16]))
         print(f"acceptance by position  {shown}")

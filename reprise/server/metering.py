@@ -19,6 +19,7 @@ from typing import Any
 from reprise.engine.engine import StepReport
 from reprise.engine.request import GenerationResult
 from serving.admin import TenantStats
+from serving.holdout import MeasuredSpeedup
 from serving.savings import Savings
 
 log = logging.getLogger(__name__)
@@ -43,12 +44,13 @@ class TenantAccounting:
     the dashboard say since when (``counting_since_unix_ms``). They are joined with the tenant's figures
     in the engine's prefix cache (``verifier.prefix_cache.PrefixCache``) when there is one."""
 
-    def __init__(self, prefix_cache: Any = None) -> None:
+    def __init__(self, prefix_cache: Any = None, holdout: Any = None) -> None:
         self.refresh: Any = None  # called before figures are read: vLLM's backend drains the worker's steps
         self._counts: dict[str, _Counts] = {}
         self._lock = threading.Lock()
         self.since_unix_ms = int(time.time() * 1000)
         self._prefix_cache = prefix_cache
+        self._holdout = holdout  # serving.holdout.Holdout: the measured speedup beside the estimate
 
     def record_steps(self, reports: Sequence[StepReport]) -> None:
         """One engine step: each request's drafted and accepted counts (one lock for the whole step)."""
@@ -76,6 +78,8 @@ class TenantAccounting:
     def forget(self, tenant: str) -> None:
         with self._lock:
             self._counts.pop(tenant, None)
+        if self._holdout is not None:
+            self._holdout.forget(tenant)
 
     def stats(self, tenant: str, index_resident: bool = True, **index_figures: int) -> TenantStats:
         """The tenant's figures; ``index_figures`` (index_tokens, ...) come from its index, when it is in
@@ -98,7 +102,9 @@ class TenantAccounting:
                 num_drafted_steps=c.num_drafted_steps, num_draft_tokens=c.num_draft_tokens,
                 num_accepted_tokens=c.num_accepted_tokens, acceptance_by_position=by_pos,
                 drafter_steps=dict(c.drafter_steps), counting_since_unix_ms=self.since_unix_ms,
-                index_resident=index_resident, savings=c.savings, **index_figures)
+                index_resident=index_resident, savings=c.savings,
+                measured=self._holdout.figures(tenant) if self._holdout is not None else MeasuredSpeedup(),
+                **index_figures)
 
 
 class StepMeter:

@@ -339,3 +339,25 @@ def test_hybrid_reuse_vectors_are_sealed_and_restored_after_a_restart(tmp_path, 
         assert wait_until(lambda: tid not in r.service.reuse.reuse.memory._tenants)
     finally:
         r.stop()
+
+
+def test_a_holdout_measures_the_speedup_beside_the_estimate(tmp_path, monkeypatch) -> None:
+    """``server.holdout_share``: a share of the tenant's requests decodes without drafts (same output) and
+    the admin plane reports their per-token ratio to the drafted ones, with its interval."""
+    monkeypatch.delenv("REPRISE_MASTER_KEY", raising=False)
+    r = start_service(tmp_path / "home", **{"server.holdout_share": "0.5"})
+    try:
+        tid, key = tenant_key(r)
+        prompt = "ab ab ab ab ab ab ab ab ab ab ab ab ab ab ab ab"
+        with RepriseClient(r.target, key) as client:
+            outputs = {tuple(client.generate(text=prompt, max_new_tokens=24, ignore_eos=True).token_ids)
+                       for _ in range(16)}
+        assert len(outputs) == 1  # held out or not, the same output
+        with AdminClient(r.target, r.admin_key) as admin:
+            stats = admin.index_stats(tid)[0]
+        assert stats.holdout_requests >= 2 and stats.drafted_requests >= 2
+        assert stats.holdout_requests + stats.drafted_requests == 16
+        assert stats.measured_speedup is not None and stats.measured_speedup > 0
+        assert stats.measured_speedup_low <= stats.measured_speedup <= stats.measured_speedup_high
+    finally:
+        r.stop()
