@@ -23,6 +23,7 @@ from replay_traces.replay import DEFAULT_BUDGET, ReplayReport, pool_reports, rea
 from replay_traces.tokenizer import CanonicalTokenizer
 from replay_traces.traces import Call, TraceStats
 from retrieval.config import DraftingConfig
+from retrieval.policy import DRAFT_TOKEN_COST
 from retrieval.session import Proposer
 
 # Default sweep over the full proposer's knobs: draft budget x path-probability pruning x back-off
@@ -34,11 +35,10 @@ DEFAULT_GRID: dict[str, tuple[Any, ...]] = {
     "levels": (1, 2),
     "skip_below": (0, 3),
 }
-# Cost model defaults: the ratio measured by `reprise bench verify` on SmolLM2-135M, fp32, one CPU thread
-# (the least-squares line after a 1,500-token prefix: 101 ms plus 3.45 ms per draft token, b/a = 0.034).
-# On a GPU b/a is far smaller; pass the figures of your own hardware.
+# Cost model defaults: a plain step is 1, a draft token adds DRAFT_TOKEN_COST (retrieval/policy.py, the
+# one default; docs/replay.md). On a GPU b/a is far smaller; pass the figures of your own hardware.
 DEFAULT_A = 1.0
-DEFAULT_B = 0.034
+DEFAULT_B = DRAFT_TOKEN_COST
 
 
 def estimated_speedup(tau: float, draft_tokens_per_step: float, a: float, b: float) -> float:

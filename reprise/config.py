@@ -178,8 +178,7 @@ class ModelConfig:
         "float32 elsewhere), float32, bfloat16 or float16"))
     device: str = field(default="cpu", metadata=_help("cpu, cuda or cuda:N"))
     num_threads: int = field(default=0, metadata=_help(
-        "torch CPU threads; 0 = every core this process may use (SmolLM2 in bfloat16 on a 2-core AMX CPU: a "
-        "plain step 54 ms on two threads, 87 ms on one)"))
+        "torch CPU threads; 0 = every core this process may use (docs/verifier.md measures both)"))
     num_slots: int = field(default=8, metadata=_help(
         "requests decoded together in one packed verification pass; more wait in the queue"))
     max_len: int = field(default=2048, metadata=_help("most tokens (prompt + output) of one request"))

@@ -18,6 +18,11 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
+# What a draft token adds to a verification step, as a share of a plain step, where nothing has been
+# measured on the host: the one default of every fixed cost line (the draft budget's ``CostModel``,
+# `reprise tune`, `reprise replay`'s estimated speedup). docs/verifier.md gives the measurement.
+DRAFT_TOKEN_COST = 0.034
+
 
 @dataclass(frozen=True, slots=True)
 class MonitorConfig:

@@ -54,10 +54,9 @@ def supports_lean(model: Any) -> bool:
 class Linear:
     """``x @ weight.T + bias``, with the weight also held prepacked on a CPU (float32), once per kernel:
     in MKL's packed GEMM format for one row (a plain step of one request) and in oneDNN's blocked layout
-    for more (draft rows, packed requests, prefill chunks). Measured on this 2-core AVX2 host, one thread
-    (docs/verifier.md): one row through SmolLM2's 30 layers 0.75x of ``F.linear``'s GEMV and its lm_head
-    0.45x; 9 rows 0.6x of MKL's GEMM, the lm_head 0.45x; a 512-row chunk 0.75x. The packed copies cost
-    the weight's memory twice more (``pack=False``: plain ``F.linear``)."""
+    for more (draft rows, packed requests, prefill chunks): faster than ``F.linear`` at every row count
+    (docs/verifier.md, "The lean forward", has the times). The packed copies cost the weight's memory
+    twice more (``pack=False``: plain ``F.linear``)."""
 
     __slots__ = ("bias", "packed_many", "packed_one", "weight")
 

@@ -36,8 +36,8 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "to
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 # CPU flags (Linux /proc/cpuinfo) of native bfloat16 matrix arithmetic. Without them torch and oneDNN
-# emulate bfloat16 through float32 conversions: on an AVX2 CPU a bfloat16 prefill measured 5.6x slower
-# than float32 and a 24-row verification step 3.1x slower (docs/verifier.md).
+# emulate bfloat16 through float32 conversions, several times slower than float32 (docs/verifier.md,
+# "Exactness by dtype").
 BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
 
 # Families whose forward honours an explicit 4D additive mask and explicit position ids (tested).

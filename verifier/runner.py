@@ -121,7 +121,7 @@ class ModelRunner:
         max_draft_nodes: int = 64,
         backend: str = "auto",
         keep_hidden: bool = False,
-        prefill_chunk: int = 2048,  # a typical agent prompt in one causal chunk: 0.81 s vs 0.9 s in 512s (1,500 tokens)
+        prefill_chunk: int = 2048,  # a typical agent prompt in one causal chunk (faster than in 512s: docs/verifier.md)
         prefix_cache_bytes: int = 0,
         prefix_block_size: int = DEFAULT_BLOCK_SIZE,
         forward: str = "auto",

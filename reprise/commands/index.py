@@ -129,7 +129,7 @@ def run_stats(args: argparse.Namespace) -> int:
         print(f"requests through drafter mix count since {started} (the server's start; the index persists)")
     if len(stats) == 1 and stats[0].speedup is not None:
         s = stats[0]
-        print(f"time saved (estimate)  {s.seconds_saved:.1f} s of an estimated {s.plain_seconds:.1f} s without Reprise "
+        print(f"time saved  {s.seconds_saved:.1f} s of an estimated {s.plain_seconds:.1f} s without Reprise "
               f"(drafts {s.seconds_saved_drafts:.1f} s, prefix cache {s.seconds_saved_cache:.1f} s); "
               f"{s.tokens_per_second or 0.0:.1f} tokens/s delivered")
     if len(stats) == 1 and (stats[0].holdout_requests or stats[0].measured_speedup is not None):

@@ -1,7 +1,7 @@
 """`reprise train-drafter`: train a neural draft head on the target's own hidden states.
 
-The target runs once over trace conversations rendered with its chat template (the slow part: about
-240 tokens/s for SmolLM2-135M on one idle CPU core; cached in OUT/features.pt and reused by later runs
+The target runs once over trace conversations rendered with its chat template (the slow part, timed in
+docs/neural_drafters.md; cached in OUT/features.pt and reused by later runs
 with the same traces and data settings, e.g. for another --kind); the head then trains on
 the stored states with the loss masked to assistant turns, and is scored on held-out sessions by top-1
 agreement with the target's greedy token.

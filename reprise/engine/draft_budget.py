@@ -27,16 +27,14 @@ import numpy as np
 
 from reprise.engine.step_cost import FALLBACK_POINTS, StepCostFit
 from retrieval.draft_tree import DraftTree, conditional_probs, subtree
+from retrieval.policy import DRAFT_TOKEN_COST
 
 _NO_NODES = np.zeros(0, dtype=np.int32)
 
-# Measured with `reprise bench verify` (SmolLM2-135M, fp32, one thread, the 2-core development machine,
-# 1,500-token prefix, CPU time, load average about 2): a plain step costs 1 (84 ms); one or two draft
-# tokens cost almost nothing more (the rows ride on the same weight reads), then each adds about 0.04;
-# the least-squares line is 1.20 + 0.041 d. The table is the measurement itself, and what the engine's
-# own fit starts from before it has measured anything.
-DEFAULT_A = 1.20
-DEFAULT_B = 0.041
+# A fixed cost line's default: a plain step is 1, a draft token adds DRAFT_TOKEN_COST (the one default of
+# `reprise tune` and `reprise replay`'s estimate too; docs/verifier.md says where it was measured).
+DEFAULT_A = 1.0
+DEFAULT_B = DRAFT_TOKEN_COST
 DEFAULT_POINTS = FALLBACK_POINTS
 
 

@@ -16,9 +16,9 @@ offset[B]``; rows and prefixes are the two things a step pays for, the matrix pr
 attention by request). One table over every batch size would price a single request's seven draft
 rows like a plain step of eight requests.
 
-``calibrate`` fills the table at start-up with a few steps of each draft size on a random prompt
-(about three seconds for SmolLM2-135M on one CPU thread); without calibration or steps the budget uses
-the table measured on the development machine (``FALLBACK_POINTS``).
+``calibrate`` fills the table at start-up with a few steps of each draft size on a random prompt;
+without calibration or steps the budget uses ``FALLBACK_POINTS``, a table of ratios to a plain step
+(docs/verifier.md, "The draft budget's cost model", says where it was measured).
 
 Hot path: ``observe`` writes one number into a preallocated array; the table is refitted every
 ``refresh_every`` observations (one median over a ``[grid, window]`` array), never per token.
@@ -32,8 +32,8 @@ from typing import Any
 
 import numpy as np
 
-# SmolLM2-135M, fp32, one CPU thread, 1,500-token prefix (`reprise bench verify` on the 2-core development
-# machine), as ratios to a plain step: the cost model before this host has measured its own.
+# Step cost by draft rows as ratios to a plain step, before the host has measured its own: `reprise bench
+# verify`'s table for SmolLM2-135M (docs/verifier.md, "The draft budget's cost model").
 FALLBACK_POINTS = ((0, 1.0), (1, 1.01), (2, 1.07), (4, 1.47), (8, 1.87), (16, 2.08), (32, 2.65), (64, 3.66))
 CALIBRATION_SIZES = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 

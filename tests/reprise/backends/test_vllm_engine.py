@@ -291,6 +291,8 @@ def test_a_replica_on_vllm_drafts_from_a_turn_another_replica_wrote_and_follows_
     (the real Redis, a key prefix of this test's own) that appends a turn. B's turn reaches A's worker
     through the tenant's stream and the change feed, and A drafts from it; B's deletion of the tenant
     drops it from A's worker and A refuses it."""
+    from testkit.cluster import wait_for
+
     from privacy import open_store
     from privacy.config import StoreConfig
     from privacy.tenants import TenantId
@@ -300,7 +302,6 @@ def test_a_replica_on_vllm_drafts_from_a_turn_another_replica_wrote_and_follows_
     from reprise.server.vllm import attach_tenants, vllm_backend
     from retrieval.proposer import RepriseProposer
     from serving import errors
-    from testkit.cluster import wait_for
 
     prefix = f"test-vllm-replica-{uuid.uuid4().hex[:8]}"
     stores = [open_store(StoreConfig(backend="redis", redis_key_prefix=prefix, data_dir=tmp_path / name),
