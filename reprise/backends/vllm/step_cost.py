@@ -25,9 +25,8 @@ hundred tokens of each other), that term is left out of the fit.
 
 A fit can be wrong where its terms are correlated (batches that verify more drafts are also smaller
 ones), and a cut on a wrong fit sends drafts that cost more than they win. So besides the fit the meter
-keeps, per batch size, the tokens per second that drafted and undrafted steps actually delivered, and
-``drafts_pay`` stops drafting at a batch size where drafted steps measure slower (probing now and then
-on both sides, so a change of load or tenant mix turns it back): whatever the fit says, a step never
+keeps, per batch size, the tokens per second that drafted and undrafted steps actually delivered
+(``payoff.PayoffGuard``): whatever the fit says, a step never
 drafts where drafting measured slower than not drafting.
 
 Only steady steps count: the same requests in both calls (a new request's prefill, or an idle engine
@@ -38,10 +37,11 @@ between requests, would make the gap a different thing), and gaps under ``max_ga
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
+from reprise.backends.vllm.payoff import PayoffGuard
 from reprise.engine.draft_budget import CostModel
 
 _TERMS = ("base", "per_request", "per_draft", "drafted", "per_context")
@@ -125,23 +125,13 @@ class _Call:
     context: int
 
 
-@dataclass(slots=True)
-class _Throughput:
-    """Decayed tokens and wall seconds (a step and the proposer's call before it) of one batch size's
-    drafted and undrafted steady steps."""
-
-    drafted: np.ndarray = field(default_factory=lambda: np.zeros(3))  # (steps, tokens, seconds)
-    plain: np.ndarray = field(default_factory=lambda: np.zeros(3))
-    calls: int = 0  # decisions taken at this batch size (``drafts_pay``)
-
-
 class StepCostMeter:
     """Running least squares of step seconds on (requests, draft tokens, context), and each batch size's
     measured throughput with and without drafts. One thread (the proposer's caller)."""
 
     def __init__(self, decay: float = 0.995, min_steps: int = 64, min_spread: float = 4.0,
                  max_gap_s: float = 5.0, min_undrafted: int = 8, probe_every: int = 32,
-                 refresh_every: int = 32, rate_decay: float = 0.98, guard: bool = True) -> None:
+                 refresh_every: int = 32, guard: bool = True) -> None:
         if not 0.0 < decay < 1.0:
             raise ValueError(f"decay must be in (0, 1), got {decay}")
         self.decay = decay
@@ -151,8 +141,7 @@ class StepCostMeter:
         self.min_undrafted = min_undrafted
         self.probe_every = probe_every
         self.refresh_every = refresh_every
-        self.rate_decay = rate_decay
-        self.guard = guard  # False: drafts_pay always says yes (unit tests of the drafting itself)
+        self.payoff = PayoffGuard(min_undrafted, probe_every, enabled=guard)  # per batch size, measured
         self._xx = np.zeros((5, 5))  # decayed sums of x x^T, x = (1, requests, draft tokens, any draft, context)
         self._xy = np.zeros(5)
         self._steps = 0
@@ -164,9 +153,7 @@ class StepCostMeter:
         # batch -> decayed (weight, seconds sum, steps, context tokens sum) of its undrafted steps
         self._plain: dict[int, tuple[float, float, int, float]] = {}
         self._request_context = np.zeros(3)  # decayed (weight, sum, sum of squares) of a step's context a request
-        self._throughput: dict[int, _Throughput] = {}
         self._last: _Call | None = None
-        self.rested_steps = 0  # steps the guard sent no drafts at a batch size where drafts measured slower
 
     # ---- timing (the proposer's calls) ---------------------------------------------------------------
 
@@ -179,9 +166,7 @@ class StepCostMeter:
         if last is None or not decoding or last.batch != batch or now - last.at > self.max_gap_s:
             return
         self.observe(len(batch), last.rows - len(batch), now - last.at - last.own, last.context)
-        side = "drafted" if last.rows > len(batch) else "plain"
-        t = self._throughput.setdefault(len(batch), _Throughput())
-        setattr(t, side, getattr(t, side) * self.rate_decay + np.array([1.0, tokens, now - last.at]))
+        self.payoff.observe(len(batch), last.rows > len(batch), tokens, now - last.at)
 
     def after_call(self, now: float, batch: tuple[str, ...], rows: int, own: float, context: int) -> None:
         """The call that began at ``now`` took ``own`` seconds and sent drafts for ``rows`` rows in all."""
@@ -191,20 +176,9 @@ class StepCostMeter:
             self._cut_cost = self.fit()
 
     def drafts_pay(self, batch_size: int) -> bool:
-        """Whether the coming step of ``batch_size`` requests may send drafts: until both sides are measured
-        at this batch size, every other step drafts; then it drafts where drafted steps delivered at least
-        the tokens per second undrafted ones did, with one step in ``probe_every`` taking the other side
-        (so both measurements stay current)."""
-        if not self.guard:
-            return True
-        t = self._throughput.setdefault(batch_size, _Throughput())
-        t.calls += 1
-        if t.plain[0] < self.min_undrafted or t.drafted[0] < self.min_undrafted:
-            return t.calls % 2 == 0
-        pays = t.drafted[1] / t.drafted[2] >= t.plain[1] / t.plain[2]
-        if not pays:
-            self.rested_steps += 1
-        return pays != (t.calls % self.probe_every == 0)
+        """Whether the coming step of ``batch_size`` requests may send drafts (``PayoffGuard``: a step and
+        the proposer's call before it, timed between two calls)."""
+        return self.payoff.drafts_pay(batch_size)
 
     @property
     def cost(self) -> VllmStepCost | None:

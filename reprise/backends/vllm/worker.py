@@ -160,7 +160,7 @@ class RepriseWorkerExtension:
         meter = self._reprise_proposer().step_cost
         fit = meter.fit()
         figures = {"steps": float(meter.num_steps), "propose_s": meter.propose_seconds,
-                   "rested_steps": float(meter.rested_steps)}
+                   "rested_steps": float(meter.payoff.rested_steps)}
         if fit is not None:
             figures |= {"base_s": fit.base, "per_request_s": fit.per_request, "per_draft_s": fit.per_draft,
                         "drafted_s": fit.drafted, "per_context_token_s": fit.per_context, "context": fit.context}

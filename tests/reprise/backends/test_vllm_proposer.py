@@ -330,9 +330,9 @@ def test_the_payoff_guard_stops_drafting_where_drafted_steps_measure_slower():
     decisions = _steps(slow, 400, batch, 0.02, 3, 0.01)
     assert decisions[:16].count(True) == 8  # both sides measured first, one step each in turn
     late = decisions[100:]
-    assert late.count(True) == len(late) // slow.probe_every  # one probe in probe_every still drafts
-    assert slow.rested_steps > 0
+    assert late.count(True) == len(late) // slow.payoff.probe_every  # one probe in probe_every still drafts
+    assert slow.payoff.rested_steps > 0
     fast = StepCostMeter()  # a drafted step: 6 tokens in 0.012 s
     late = _steps(fast, 400, batch, 0.012, 6, 0.01)[100:]
-    assert late.count(False) == len(late) // fast.probe_every  # one plain probe in probe_every
+    assert late.count(False) == len(late) // fast.payoff.probe_every  # one plain probe in probe_every
     assert all(StepCostMeter(guard=False).drafts_pay(2) for _ in range(3))
