@@ -1,21 +1,35 @@
 """The data plane: ``reprise.v1.DecodingService``, a thin adapter over the serving core.
 
-The servicer translates protobuf messages into ``ServingCore.prepare``'s arguments and the core's events
-(``serving.records``: Started, TextDelta, ToolCallDelta, Finished) back into messages; validation,
-admission, rendering, chunking and tool-call parsing are the core's, the same for the HTTP API.
+The servicer translates a protobuf message into the one request record (``serving.records.Request``)
+and the core's events (``serving.records``: Started, TextDelta, ToolCallDelta, Finished) back into
+messages; validation, admission, rendering, chunking and tool-call parsing are the core's, the same for
+the HTTP API. The core's errors name the record's fields; they leave here named as GenerateRequest
+names them (``SPELLING``: ``stopping.max_new_tokens``, ``input.messages[2].role``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from typing import Any
 
 from grpc_api.interceptors import current_principal
 from grpc_api.v1 import common_pb2, decoding_pb2, decoding_pb2_grpc
 from serving import errors
 from serving.core import ServingCore
-from serving.prepare import MAX_ID_CHARS, RawParams, ResponseFormat, ToolChoice, check_id, check_message_count
-from serving.records import ChatMessage, Finished, PromptInput, Request, TextDelta, Tool, ToolCall
+from serving.prepare import MAX_ID_CHARS, check_id, check_message_count
+from serving.records import (
+    ChatMessage,
+    Finished,
+    GenerateParams,
+    PromptInput,
+    Request,
+    ResponseFormat,
+    TextDelta,
+    Tool,
+    ToolCall,
+    ToolChoice,
+)
 
 FINISH = {
     "stop": decoding_pb2.FINISH_REASON_STOP,
@@ -24,14 +38,14 @@ FINISH = {
     "aborted": decoding_pb2.FINISH_REASON_ABORTED,
     "tool_calls": decoding_pb2.FINISH_REASON_TOOL_CALLS,
 }
-# RawParams' fields as GenerateRequest names them, for error messages.
-FIELDS = {"temperature": "sampling.temperature", "top_p": "sampling.top_p", "top_k": "sampling.top_k",
-          "seed": "sampling.seed", "repetition_penalty": "sampling.repetition_penalty",
-          "max_new_tokens": "stopping.max_new_tokens", "min_new_tokens": "stopping.min_new_tokens",
-          "stop": "stopping.stop", "stop_token_ids": "stopping.stop_token_ids", "tool_choice": "tool_choice",
-          "response_format": "response_format", "json_schema": "response_format.json_schema",
-          "messages": "input.messages", "prompt": "input.tokens.ids", "tools": "tools", "request_id": "request_id",
-          "session_id": "session_id", "stream_chunk_tokens": "stream_chunk_tokens"}
+# The request record's fields as GenerateRequest (and AppendTrajectoryRequest) name them, for errors.
+SPELLING = errors.spelling({
+    "temperature": "sampling.temperature", "top_p": "sampling.top_p", "top_k": "sampling.top_k",
+    "seed": "sampling.seed", "repetition_penalty": "sampling.repetition_penalty",
+    "max_new_tokens": "stopping.max_new_tokens", "min_new_tokens": "stopping.min_new_tokens",
+    "stop": "stopping.stop", "stop_token_ids": "stopping.stop_token_ids",
+    "response_format.schema": "response_format.json_schema", "messages": "input.messages",
+    "prompt": "input.tokens.ids", "content.token_ids": "content.tokens.ids"})
 _TOOL_CHOICE = {decoding_pb2.TOOL_CHOICE_MODE_UNSPECIFIED: "auto", decoding_pb2.TOOL_CHOICE_MODE_AUTO: "auto",
                 decoding_pb2.TOOL_CHOICE_MODE_NONE: "none", decoding_pb2.TOOL_CHOICE_MODE_REQUIRED: "required"}
 _RESPONSE_FORMAT = {decoding_pb2.RESPONSE_FORMAT_TYPE_UNSPECIFIED: "text", decoding_pb2.RESPONSE_FORMAT_TYPE_TEXT: "text",
@@ -61,18 +75,16 @@ def prompt_input(message: Any, field: str) -> PromptInput:
     return PromptInput(messages=tuple(chat_message(m) for m in message.messages.messages))
 
 
-def raw_params(request: decoding_pb2.GenerateRequest) -> RawParams:
+def generate_params(request: decoding_pb2.GenerateRequest) -> GenerateParams:
+    """Sampling and stopping as sent: a field left unset keeps ``GenerateParams``' default."""
     s, st = request.sampling, request.stopping
     if request.speculation not in (decoding_pb2.SPECULATION_MODE_UNSPECIFIED, decoding_pb2.SPECULATION_MODE_AUTO,
                                    decoding_pb2.SPECULATION_MODE_OFF):
         raise errors.InvalidArgument(f"speculation mode {request.speculation} is not a SpeculationMode", "speculation")
-    return RawParams(
-        temperature=s.temperature if s.HasField("temperature") else None,
-        top_p=s.top_p if s.HasField("top_p") else None,
-        top_k=s.top_k if s.HasField("top_k") else None,
-        seed=s.seed if s.HasField("seed") else None,
-        repetition_penalty=s.repetition_penalty if s.HasField("repetition_penalty") else None,
-        max_new_tokens=st.max_new_tokens if st.HasField("max_new_tokens") else None,
+    given = {name: getattr(s, name) for name in ("temperature", "top_p", "top_k", "seed", "repetition_penalty")
+             if s.HasField(name)}
+    return GenerateParams(
+        **given, max_new_tokens=st.max_new_tokens if st.HasField("max_new_tokens") else None,
         min_new_tokens=st.min_new_tokens, stop=tuple(st.stop), stop_token_ids=tuple(st.stop_token_ids),
         ignore_eos=st.ignore_eos, include_stop_str_in_output=st.include_stop_str_in_output,
         speculate=request.speculation != decoding_pb2.SPECULATION_MODE_OFF, record=not request.do_not_record)
@@ -104,35 +116,40 @@ class DecodingServicer(decoding_pb2_grpc.DecodingServiceServicer):
 
     # ---- generation ------------------------------------------------------------------------------
 
-    def _prepare(self, request: decoding_pb2.GenerateRequest) -> Request:
-        return self._core.prepare(
-            current_principal().id, prompt=prompt_input(request, "input"), raw=raw_params(request),
-            tools=[Tool(t.name, t.description, t.parameters or "{}") for t in request.tools],
-            tool_choice=tool_choice(request), response_format=response_format(request),
-            request_id=request.request_id, session_id=request.session_id,
-            chunk_tokens=request.stream_chunk_tokens, names=FIELDS)
+    def _request(self, request: decoding_pb2.GenerateRequest) -> Request:
+        """The request record of a GenerateRequest (validated by the core)."""
+        tools = tuple(Tool(t.name, t.description, t.parameters or "{}") for t in request.tools)
+        prompt = dataclasses.replace(prompt_input(request, "input"), tools=tools)
+        return Request(current_principal().id, prompt, generate_params(request), request_id=request.request_id,
+                       session_id=request.session_id, tool_choice=tool_choice(request),
+                       response_format=response_format(request),
+                       stream_chunk_tokens=request.stream_chunk_tokens or None)  # 0: the server's default
 
     async def GenerateStream(self, request, context):
-        prepared = self._prepare(request)
-        request_id = prepared.request_id
-        async with contextlib.aclosing(self._core.generate(prepared, FIELDS)) as events:
-            async for event in events:
-                if isinstance(event, TextDelta):
-                    yield decoding_pb2.GenerateStreamResponse(
-                        request_id=request_id, chunk=decoding_pb2.Chunk(token_ids=event.token_ids, text=event.text))
-                elif isinstance(event, Finished):
-                    yield decoding_pb2.GenerateStreamResponse(request_id=request_id, complete=_complete(event))
+        asked = self._request(request)
+        with errors.spelled(SPELLING):
+            prepared = self._core.prepare(asked)
+            request_id = prepared.request_id
+            async with contextlib.aclosing(self._core.generate(prepared)) as events:
+                async for event in events:
+                    if isinstance(event, TextDelta):
+                        chunk = decoding_pb2.Chunk(token_ids=event.token_ids, text=event.text)
+                        yield decoding_pb2.GenerateStreamResponse(request_id=request_id, chunk=chunk)
+                    elif isinstance(event, Finished):
+                        yield decoding_pb2.GenerateStreamResponse(request_id=request_id, complete=_complete(event))
 
     async def Generate(self, request, context):
-        prepared = self._prepare(request)
+        asked = self._request(request)
         ids: list[int] = []
         end: Finished | None = None
-        async with contextlib.aclosing(self._core.generate(prepared, FIELDS)) as events:
-            async for event in events:
-                if isinstance(event, TextDelta):
-                    ids.extend(event.token_ids)
-                elif isinstance(event, Finished):
-                    end = event
+        with errors.spelled(SPELLING):
+            prepared = self._core.prepare(asked)
+            async with contextlib.aclosing(self._core.generate(prepared)) as events:
+                async for event in events:
+                    if isinstance(event, TextDelta):
+                        ids.extend(event.token_ids)
+                    elif isinstance(event, Finished):
+                        end = event
         assert end is not None
         return decoding_pb2.GenerateResponse(request_id=prepared.request_id, token_ids=ids, text=end.text,
                                              complete=_complete(end))
@@ -156,8 +173,8 @@ class DecodingServicer(decoding_pb2_grpc.DecodingServiceServicer):
 
     async def AppendTrajectory(self, request, context):
         content = prompt_input(request, "content")
-        num = await self._core.append_trajectory(current_principal().id, request.session_id, content,
-                                                 {"content": "content", "session_id": "session_id"})
+        with errors.spelled(SPELLING):
+            num = await self._core.append_trajectory(current_principal().id, request.session_id, content)
         return decoding_pb2.AppendTrajectoryResponse(num_tokens=num)
 
 

@@ -1,11 +1,13 @@
-"""OpenAI request bodies (``/v1/chat/completions``, ``/v1/completions``) into ``ServingCore.prepare``.
+"""OpenAI request bodies (``/v1/chat/completions``, ``/v1/completions``) into the one request record
+(``serving.records.Request``), which the routes hand to ``ServingCore.prepare``.
 
 Unknown parameters are ignored, as OpenAI-compatible servers do; a known one that no engine here can
 honour (``logprobs``, ``audio``, ``store``, ... : ``UNSUPPORTED``) is a 400 when set, and one with a bad
 value is a 400 whose message and ``param`` name it as sent (``messages[2].tool_calls[0].function.arguments``,
 ``max_completion_tokens``). Reprise's own extras, beside OpenAI's: ``top_k``, ``repetition_penalty``,
 ``min_tokens``, ``ignore_eos``, ``speculation`` (``auto`` / ``off``: the same output, off decodes one
-token per step). The Responses API's bodies share these helpers (``http_api.responses``).
+token per step). The Responses API's bodies share these helpers (``http_api.responses``). The core's
+errors name the record's fields; ``ApiCall.spelling`` words them as the body named them.
 """
 
 from __future__ import annotations
@@ -16,34 +18,40 @@ from dataclasses import dataclass
 from typing import Any
 
 from serving import errors
-from serving.core import ServingCore
-from serving.prepare import (
-    MAX_SESSION_CHARS,
-    RawParams,
+from serving.prepare import MAX_LOGIT_BIAS, MAX_SESSION_CHARS, check_id, check_message_count
+from serving.records import (
+    ChatMessage,
+    GenerateParams,
+    PromptInput,
+    Request,
     ResponseFormat,
+    Tool,
+    ToolCall,
     ToolChoice,
-    check_id,
-    check_message_count,
 )
-from serving.records import ChatMessage, PromptInput, Request, Tool, ToolCall
 
-# Neutral field names as the OpenAI API spells them, for error messages and ``param``.
-FIELDS = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens", "tool_choice": "tool_choice",
-          "response_format": "response_format", "json_schema": "response_format.json_schema.schema",
-          "tools": "tools", "tool": "tools[{i}].function", "messages": "messages", "prompt": "prompt",
-          "session_id": "prompt_cache_key", "stream_chunk_tokens": "stream_chunk_tokens"}
+# The request record's fields as the OpenAI API names them (``max_new_tokens`` is whichever of
+# ``max_tokens`` and ``max_completion_tokens`` the body sent: ``spelling``).
+FIELDS = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens",
+          "response_format.schema": "response_format.json_schema.schema", "tools[{i}]": "tools[{i}].function",
+          "session_id": "prompt_cache_key"}
+
+
+def spelling(max_tokens_field: str, fields: Mapping[str, str] = FIELDS) -> errors.Spelling:
+    """A body's ``Spelling`` of the record's fields (``max_tokens_field``: the name it gave max_new_tokens)."""
+    return errors.spelling({**fields, "max_new_tokens": max_tokens_field})
 
 
 @dataclass(frozen=True, slots=True)
 class ApiCall:
-    """A prepared request with what the HTTP front needs to answer it: whether to stream, whether a
-    stream ends with usage, the field names errors after preparation use, and whether the reply may
-    carry several tool calls (``parallel_tool_calls`` false: the first call only)."""
+    """A request as the body asked for it, with what the HTTP front needs to answer it: whether to
+    stream, whether a stream ends with usage, how its errors name fields, and whether the reply may carry
+    several tool calls (``parallel_tool_calls`` false: the first call only)."""
 
     request: Request
     stream: bool
     include_usage: bool
-    names: Mapping[str, str]
+    spelling: errors.Spelling
     parallel_tool_calls: bool = True
 
 
@@ -194,20 +202,42 @@ def _stop(body: Mapping[str, Any]) -> tuple[str, ...]:
     raise bad("stop", "must be a string or a list of strings")
 
 
-def sampling(body: Mapping[str, Any], max_tokens_field: str) -> RawParams:
-    """Sampling and stopping values of a body (``max_tokens_field``: the name it gives max_new_tokens)."""
+def logit_bias(body: Mapping[str, Any]) -> tuple[tuple[int, float], ...]:
+    """OpenAI's ``logit_bias`` (token id as a string -> bias in [-100, 100]) as sorted pairs (the core
+    checks the ids against the model's vocabulary)."""
+    raw = opt(body, "logit_bias", dict, "an object of token id -> bias") or {}
+    if len(raw) > MAX_LOGIT_BIAS:  # counted before any entry is read
+        raise bad("logit_bias", f"has {len(raw)} entries; at most {MAX_LOGIT_BIAS}")
+    pairs = []
+    for key, value in raw.items():
+        try:
+            token = int(key)
+        except (TypeError, ValueError):
+            raise bad("logit_bias", f"keys must be token ids, got {str(key)!r:.40}") from None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not -100 <= value <= 100:
+            raise errors.InvalidArgument(f"logit_bias[{key!r}] must be a number in [-100, 100], got {value!r:.40}",
+                                         "logit_bias")
+        pairs.append((token, float(value)))
+    return tuple(sorted(pairs))
+
+
+# Sampling values of a body: name -> (types, what a bad one is told it must be).
+_SAMPLING: dict[str, tuple[type | tuple[type, ...], str]] = {
+    "temperature": ((int, float), "a number"), "top_p": ((int, float), "a number"), "top_k": (int, "an integer"),
+    "seed": (int, "an integer"), "repetition_penalty": ((int, float), "a number"),
+    "presence_penalty": ((int, float), "a number"), "frequency_penalty": ((int, float), "a number")}
+
+
+def sampling(body: Mapping[str, Any], max_tokens_field: str) -> GenerateParams:
+    """Sampling and stopping values of a body (``max_tokens_field``: the name it gives max_new_tokens); a
+    value left out keeps ``GenerateParams``' default."""
     speculation = body.get("speculation", "auto")
     if speculation not in ("auto", "off"):
         raise bad("speculation", f'must be "auto" or "off", got {json.dumps(speculation)[:40]}')
-    return RawParams(
-        temperature=opt(body, "temperature", (int, float), "a number"),
-        top_p=opt(body, "top_p", (int, float), "a number"),
-        top_k=opt(body, "top_k", int, "an integer"),
-        seed=opt(body, "seed", int, "an integer"),
-        repetition_penalty=opt(body, "repetition_penalty", (int, float), "a number"),
-        presence_penalty=opt(body, "presence_penalty", (int, float), "a number"),
-        frequency_penalty=opt(body, "frequency_penalty", (int, float), "a number"),
-        logit_bias=opt(body, "logit_bias", dict, "an object of token id -> bias"),
+    given = {name: opt(body, name, kinds, what) for name, (kinds, what) in _SAMPLING.items()}
+    return GenerateParams(
+        **{name: value for name, value in given.items() if value is not None},
+        logit_bias=logit_bias(body),
         max_new_tokens=opt(body, max_tokens_field, int, "an integer"),
         min_new_tokens=opt(body, "min_tokens", int, "an integer") or 0,
         stop=_stop(body),
@@ -248,7 +278,7 @@ def refuse_unsupported(body: Mapping[str, Any]) -> None:
             raise bad(name, f"{json.dumps(value)[:40]} is not supported: {instead}")
 
 
-def _common(body: Any) -> tuple[RawParams, dict[str, str], bool, bool]:
+def _common(body: Any) -> tuple[GenerateParams, errors.Spelling, bool, bool]:
     if not isinstance(body, dict):
         raise errors.InvalidArgument("the body must be a JSON object")
     refuse_unsupported(body)
@@ -256,33 +286,31 @@ def _common(body: Any) -> tuple[RawParams, dict[str, str], bool, bool]:
     if n is not None and n != 1:
         raise bad("n", f"must be 1 (one choice per request), got {n}")
     max_field = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-    names = {**FIELDS, "max_new_tokens": max_field}
-    raw = sampling(body, max_field)
+    params = sampling(body, max_field)
     opt(body, "user", str, "a string")
     stream = bool(opt(body, "stream", bool, "a boolean"))
     options = opt(body, "stream_options", dict, "an object") or {}
-    return raw, names, stream, bool(options.get("include_usage")) and stream
+    return params, spelling(max_field), stream, bool(options.get("include_usage")) and stream
 
 
-def chat_request(body: Any, core: ServingCore, tenant: str, session_header: str | None) -> ApiCall:
+def chat_request(body: Any, tenant: str, session_header: str | None) -> ApiCall:
     """A ``/v1/chat/completions`` body."""
-    raw, names, stream, include_usage = _common(body)
+    params, spell, stream, include_usage = _common(body)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise bad("messages", "must be a non-empty list")
     check_message_count("messages", len(messages))
-    request = core.prepare(
-        tenant, prompt=PromptInput(messages=tuple(_message(i, m) for i, m in enumerate(messages))), raw=raw,
-        tools=_tools(body), tool_choice=tool_choice(body.get("tool_choice")),
-        response_format=response_format(body.get("response_format")), session_id=session(body, session_header),
-        names=names)
+    prompt = PromptInput(messages=tuple(_message(i, m) for i, m in enumerate(messages)), tools=_tools(body))
+    request = Request(tenant, prompt, params, session_id=session(body, session_header),
+                      tool_choice=tool_choice(body.get("tool_choice")),
+                      response_format=response_format(body.get("response_format")))
     parallel = opt(body, "parallel_tool_calls", bool, "a boolean") is not False
-    return ApiCall(request, stream, include_usage, names, parallel)
+    return ApiCall(request, stream, include_usage, spell, parallel)
 
 
-def completion_request(body: Any, core: ServingCore, tenant: str, session_header: str | None) -> ApiCall:
+def completion_request(body: Any, tenant: str, session_header: str | None) -> ApiCall:
     """A ``/v1/completions`` body: one prompt, as text or token ids."""
-    raw, names, stream, include_usage = _common(body)
+    params, spell, stream, include_usage = _common(body)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch of one
@@ -294,5 +322,5 @@ def completion_request(body: Any, core: ServingCore, tenant: str, session_header
         raise bad("prompt", "must be one non-empty string or one non-empty list of token ids")
     if body.get("echo"):
         raise bad("echo", "is not supported")
-    request = core.prepare(tenant, prompt=given, raw=raw, session_id=session(body, session_header), names=names)
-    return ApiCall(request, stream, include_usage, names)
+    return ApiCall(Request(tenant, given, params, session_id=session(body, session_header)), stream, include_usage,
+                   spell)

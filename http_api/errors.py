@@ -2,8 +2,9 @@
 status an OpenAI client maps to its exception classes (400 BadRequestError, 401 AuthenticationError,
 403 PermissionDeniedError, 404 NotFoundError, 413, 429 RateLimitError with Retry-After, 503 while
 draining). The service's errors (``serving.errors``) map here by class, as they map to gRPC codes in
-``grpc_api.status``; ``param`` is the field at fault as the caller spelled it. Anything else is a 500
-whose details stay in the server log."""
+``grpc_api.status``; ``param`` is the field at fault as the caller spelled it (an error from the core is
+worded in the body's names first: ``spelling``). Anything else is a 500 whose details stay in the
+server log."""
 
 from __future__ import annotations
 
@@ -34,10 +35,13 @@ _STATUS: list[tuple[type[errors.ServiceError], int, str, str | None]] = [
 ]
 
 
-def error_body(exc: BaseException) -> tuple[int, dict, dict[str, str]]:
-    """(status, body, headers) of an error."""
+def error_body(exc: BaseException, spelling: errors.Spelling | None = None) -> tuple[int, dict, dict[str, str]]:
+    """(status, body, headers) of an error; ``spelling``: how the request named the fields the core's
+    errors name (``http_api.chat.spelling``)."""
     if isinstance(exc, ValueError) and not isinstance(exc, errors.ServiceError):
         exc = errors.InvalidArgument(str(exc))
+    if isinstance(exc, errors.ServiceError) and spelling is not None:
+        exc.spell(spelling)
     headers: dict[str, str] = {}
     for cls, status, kind, code in _STATUS:
         if isinstance(exc, cls):

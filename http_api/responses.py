@@ -42,6 +42,7 @@ from http_api.chat import (
     response_format,
     sampling,
     session,
+    spelling,
     text_content,
     tool_choice,
 )
@@ -57,14 +58,16 @@ from serving.records import (
     Finished,
     PromptInput,
     TextDelta,
+    Tool,
     ToolCall,
     ToolCallDelta,
 )
+from serving.records import Request as DecodeRequest  # fastapi's Request is the HTTP request
 
-# Neutral field names as the Responses API spells them.
-FIELDS = {"max_new_tokens": "max_output_tokens", "min_new_tokens": "min_tokens", "tool_choice": "tool_choice",
-          "response_format": "text.format", "json_schema": "text.format.schema", "tools": "tools",
-          "tool": "tools[{i}]", "messages": "input", "prompt": "input", "session_id": "prompt_cache_key"}
+# The request record's fields as the Responses API names them.
+SPELLING = spelling("max_output_tokens", {
+    "min_new_tokens": "min_tokens", "response_format": "text.format", "response_format.schema": "text.format.schema",
+    "messages": "input", "prompt": "input", "session_id": "prompt_cache_key"})
 MAX_ID_CHARS = 128
 
 
@@ -139,7 +142,7 @@ def messages_of(items: list[dict[str, Any]], field: str = "input") -> list[ChatM
     return out
 
 
-def _tools(body: Mapping[str, Any]) -> tuple[list[Any], list[dict[str, Any]]]:
+def _tools(body: Mapping[str, Any]) -> tuple[list[Tool], list[dict[str, Any]]]:
     """The function tools (for the core) and the tools as the response echoes them."""
     raw = body.get("tools") or []
     if not isinstance(raw, list):
@@ -289,19 +292,19 @@ def responses_router(core: ServingCore, authenticator: Authenticator, store: Res
             messages.insert(0, ChatMessage("system", instructions))
         tools, echo = _tools(body)
         text = opt(body, "text", dict, "an object") or {}
-        request_ = core.prepare(
-            who.id, prompt=PromptInput(messages=tuple(messages)), raw=sampling(body, "max_output_tokens"), tools=tools,
-            tool_choice=tool_choice(body.get("tool_choice")), response_format=response_format(text.get("format"),
-                                                                                              "text.format"),
-            session_id=session(body, request.headers.get("x-session-id")), names=FIELDS)
+        asked = DecodeRequest(who.id, PromptInput(messages=tuple(messages), tools=tuple(tools)),
+                              sampling(body, "max_output_tokens"), session_id=session(body, request.headers.get(
+                                  "x-session-id")), tool_choice=tool_choice(body.get("tool_choice")),
+                              response_format=response_format(text.get("format"), "text.format"))
         turn = Turn(body, info.model_name, echo, conversation)
-        events = core.generate(request_, FIELDS, hold_tool_text=True)
-        await until_started(events)
         save = (lambda response: _save(store, who.id, turn, response)) if keep and store is not None else None
-        if opt(body, "stream", bool, "a boolean"):
-            return StreamingResponse(stream(events, turn, save), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Request-Id": turn.id})
-        return await unless_disconnected(request, answer(events, turn, save))
+        with errors.spelled(SPELLING):
+            events = core.generate(core.prepare(asked), hold_tool_text=True)
+            await until_started(events)
+            if opt(body, "stream", bool, "a boolean"):
+                return StreamingResponse(stream(events, turn, save), media_type="text/event-stream",
+                                         headers={"Cache-Control": "no-cache", "X-Request-Id": turn.id})
+            return await unless_disconnected(request, answer(events, turn, save))
 
     async def answer(events: AsyncGenerator[Event, None], turn: Turn, save: Any) -> Response:
         end: Finished | None = None
@@ -376,7 +379,7 @@ def responses_router(core: ServingCore, authenticator: Authenticator, store: Res
                 yield event("response.completed" if status == "completed" else "response.incomplete"
                             if status == "incomplete" else "response.failed", response=response)
             except (errors.ServiceError, ValueError) as exc:  # the stream has begun: the error is an event
-                _, doc, _ = error_body(exc)
+                _, doc, _ = error_body(exc, SPELLING)
                 yield event("error", code=doc["error"]["code"], message=doc["error"]["message"],
                             param=doc["error"]["param"])
 

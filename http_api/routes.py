@@ -91,7 +91,7 @@ def openai_router(core: ServingCore, authenticator: Authenticator, max_body_byte
         who = principal(authenticator, request, "tenant")
         body = await read_json(request, max_body_bytes)
         check_model(body, info)
-        call = chat_request(body, core, who.id, request.headers.get("x-session-id"))
+        call = chat_request(body, who.id, request.headers.get("x-session-id"))
         return await unless_disconnected(request, respond(call, chat=True))
 
     @router.post("/completions")
@@ -99,21 +99,23 @@ def openai_router(core: ServingCore, authenticator: Authenticator, max_body_byte
         who = principal(authenticator, request, "tenant")
         body = await read_json(request, max_body_bytes)
         check_model(body, info)
-        call = completion_request(body, core, who.id, request.headers.get("x-session-id"))
+        call = completion_request(body, who.id, request.headers.get("x-session-id"))
         return await unless_disconnected(request, respond(call, chat=False))
 
     async def respond(call: ApiCall, chat: bool) -> Response:
-        events = core.generate(call.request, call.names, hold_tool_text=chat)
-        await until_started(events)
-        ident = ("chatcmpl-" if chat else "cmpl-") + call.request.request_id
-        if call.stream:
-            return StreamingResponse(stream(events, call, ident, chat), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Request-Id": ident})
-        end: Finished | None = None
-        async with contextlib.aclosing(events):
-            async for event in events:
-                if isinstance(event, Finished):
-                    end = event
+        with errors.spelled(call.spelling):
+            prepared = core.prepare(call.request)
+            events = core.generate(prepared, hold_tool_text=chat)
+            await until_started(events)
+            ident = ("chatcmpl-" if chat else "cmpl-") + prepared.request_id
+            if call.stream:
+                return StreamingResponse(stream(events, call, ident, chat), media_type="text/event-stream",
+                                         headers={"Cache-Control": "no-cache", "X-Request-Id": ident})
+            end: Finished | None = None
+            async with contextlib.aclosing(events):
+                async for event in events:
+                    if isinstance(event, Finished):
+                        end = event
         assert end is not None
         if not call.parallel_tool_calls and len(end.tool_calls) > 1:
             end = dataclasses.replace(end, tool_calls=end.tool_calls[:1])
@@ -169,7 +171,7 @@ def openai_router(core: ServingCore, authenticator: Authenticator, max_body_byte
                         if call.include_usage:
                             yield event([], usage=usage(item.usage))
             except (errors.ServiceError, ValueError) as exc:  # the stream has begun: the error is an event
-                yield sse(error_body(exc)[1])
+                yield sse(error_body(exc, call.spelling)[1])
             yield b"data: [DONE]\n\n"
 
     return router

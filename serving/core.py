@@ -1,16 +1,17 @@
 """The serving core: what every front does with a generation request, written once, for every engine.
 
     core = ServingCore(backend, ServingSettings(...), metrics)
-    request = core.prepare(tenant, prompt=..., raw=RawParams(...), names=FIELDS)   # errors name the field
-    async for event in core.generate(request, names=FIELDS):
+    request = core.prepare(Request(tenant, PromptInput(...), GenerateParams(...)))   # validated once
+    async for event in core.generate(request):
         ...   # Started, then TextDelta..., ToolCallDelta..., Finished
 
-A front translates its wire into ``prepare``'s arguments and the events back into its wire; errors are
-``serving.errors`` exceptions, which each front maps to its own status once. ``generate``:
+A front translates its wire into a ``Request`` and the events back into its wire; errors are
+``serving.errors`` exceptions, which each front words in its own field names and maps to its own status
+once. ``generate``:
 
 1. **admit**: per-tenant and global limits (``serving.admission``), counted for both fronts together;
 2. **render**: the prompt through the one renderer (``serving.render``) on a worker thread, the context
-   checked and the default ``max_new_tokens`` filled in (``serving.prepare.fit_to_prompt``);
+   checked and ``max_new_tokens`` set when the caller left it out (``serving.prepare.fit_to_prompt``);
 3. **check**: the engine refuses what it cannot honour (an output grammar with no complete output that
    fits, ``DecodeBackend.check``);
 4. **decode**: ``Started``, the tenant's drafting state held ready (``serving.backend.TenantResidency``),
@@ -31,7 +32,7 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import time
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import AsyncGenerator
 from typing import Protocol
 
 from serving import errors
@@ -39,22 +40,16 @@ from serving.admission import Admission
 from serving.backend import DecodeBackend, NoResidency, TenantResidency
 from serving.holdout import Holdout
 from serving.prepare import (
-    AUTO,
     MAX_SESSION_CHARS,
-    TEXT,
-    RawParams,
-    ResponseFormat,
     ServingSettings,
-    ToolChoice,
     check_id,
     check_size,
     check_token_ids,
     fit_to_prompt,
-    param_name,
     prepare,
 )
 from serving.quotas import AppendQuotas
-from serving.records import Event, Finished, PromptInput, Request, Started, Tool
+from serving.records import Event, Finished, PromptInput, Request, Started
 from serving.render import PromptRenderer
 from serving.stream import ReplyStream
 
@@ -111,17 +106,12 @@ class ServingCore:
 
     # ---- requests -----------------------------------------------------------------------------------
 
-    def prepare(self, tenant: str, *, prompt: PromptInput, raw: RawParams, tools: Sequence[Tool] = (),
-                tool_choice: ToolChoice = AUTO, response_format: ResponseFormat = TEXT,
-                request_id: str = "", session_id: str = "", chunk_tokens: int = 0,
-                names: Mapping[str, str] | None = None) -> Request:
-        """A validated request (``serving.prepare.prepare`` with this server's model and settings)."""
-        return prepare(self.info, self.settings, tenant=tenant, prompt=prompt, raw=raw, tools=tools,
-                       tool_choice=tool_choice, response_format=response_format, request_id=request_id,
-                       session_id=session_id, chunk_tokens=chunk_tokens, names=names)
+    def prepare(self, request: Request) -> Request:
+        """The request a front built, validated (``serving.prepare.prepare`` with this server's model and
+        settings)."""
+        return prepare(self.info, self.settings, request)
 
-    async def generate(self, request: Request, names: Mapping[str, str] | None = None,
-                       hold_tool_text: bool = False) -> AsyncGenerator[Event, None]:
+    async def generate(self, request: Request, hold_tool_text: bool = False) -> AsyncGenerator[Event, None]:
         """The request's events (module docstring). Errors before ``Started`` raise from the first
         ``__anext__``; after it, from the event where they happened. ``hold_tool_text``: text that may
         be a tool call is held back from ``TextDelta`` events (``serving.stream.ReplyStream``)."""
@@ -135,13 +125,9 @@ class ServingCore:
             if not self.backend.alive:
                 raise errors.Unavailable("the decoding engine has stopped; retry on another replica")
             ids = await self._render(request.prompt, add_generation_prompt=True)
-            request = fit_to_prompt(request, ids, self.info, self.settings, names)
+            request = fit_to_prompt(request, ids, self.info, self.settings)
             request, held_out = self.holdout.take(request)
-            try:
-                await self.backend.check(request)
-            except errors.ServiceError as exc:
-                exc.param = param_name(exc.param, names)
-                raise
+            await self.backend.check(request)
             yield Started(request)
             stream = ReplyStream(request, self.backend.tokenizer, hold_tool_text)
             end: Finished | None = None
@@ -184,19 +170,19 @@ class ServingCore:
                                          usage.completion_tokens if usage is not None else 0,
                                          None if first is None else first - arrival, time.perf_counter() - arrival)
 
-    async def append_trajectory(self, tenant: str, session_id: str, content: PromptInput,
-                                names: Mapping[str, str] | None = None) -> int:
+    async def append_trajectory(self, tenant: str, session_id: str, content: PromptInput) -> int:
         """Add a turn that did not go through ``generate`` to the tenant's history, within the tenant's
-        quotas (``serving.quotas``: the call rate first, before any work; the tokens once counted)."""
-        field = (names or {}).get("content", "content")
+        quotas (``serving.quotas``: the call rate first, before any work; the tokens once counted).
+        Errors name ``content`` (its token ids: ``content.token_ids``) and ``session_id``."""
+        field = "content"
         if self.admission.draining:
             raise errors.Unavailable("server is shutting down; retry on another replica")
         self.append_quotas.admit_call(tenant)
-        check_id((names or {}).get("session_id", "session_id"), session_id, MAX_SESSION_CHARS)
+        check_id("session_id", session_id, MAX_SESSION_CHARS)
         if content.token_ids is not None:
-            check_token_ids(f"{field}.tokens.ids", content.token_ids, self.info.vocab_size)
+            check_token_ids("content.token_ids", content.token_ids, self.info.vocab_size)
         elif content.messages is not None and not self.info.has_chat_template:
-            raise errors.FailedPrecondition("the served model has no chat template: send text or tokens", field)
+            raise errors.FailedPrecondition.about(field, "the served model has no chat template: send text or tokens")
         check_size(content, self.info, field)
         ids = await self._render(content, add_generation_prompt=False)
         self.append_quotas.admit_tokens(tenant, len(ids), field)

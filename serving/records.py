@@ -1,16 +1,17 @@
 """The records that cross the serving core's seams, protocol-neutral (no gRPC, HTTP or torch here).
 
-One request is one ``Request`` from ``ServingCore.prepare`` to the engine: the fronts parse their wire
-into ``prepare``'s arguments, the core validates them once, renders the prompt into ``prompt_ids`` and
-fills in what depends on it (the default ``max_new_tokens``), and the backend decodes that same record.
+One request is one ``Request`` from a front to the engine: the fronts parse their wire into it, the core
+validates it once (``ServingCore.prepare``), renders the prompt into ``prompt_ids`` and sets what depends
+on it (``max_new_tokens`` when the caller left it out), and the backend decodes that same record.
 A stream is a sequence of typed events (``Started``, ``TextDelta``, ``ToolCallDelta``, ``Finished``);
 a backend's own stream is ``Tokens`` then ``Finished``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, get_args
+from typing import Any, Literal, Protocol, get_args
 
 # ---- who is calling --------------------------------------------------------------------------------
 
@@ -80,7 +81,8 @@ class OutputConstraint:
     """A grammar the output must follow: the literal ``prefix``, then a JSON value valid under ``schema``
     (JSON Schema text), then the literal ``suffix``, then end of sequence. ``name`` says what asked for
     it (``json_object``, ``json_schema``, ``tool_calls``) and ``param`` the request field it came from
-    (error messages name it). ``alternative``: an output of that constraint is allowed instead (a tool
+    (``response_format``, ``response_format.schema``, ``tool_choice``: error messages name it, and each
+    front spells it, ``serving.errors``). ``alternative``: an output of that constraint is allowed instead (a tool
     call the model may make rather than the formatted answer: ``tool_choice`` auto with tools and a
     ``response_format``)."""
 
@@ -93,16 +95,47 @@ class OutputConstraint:
 
 
 @dataclass(frozen=True, slots=True)
-class GenerateParams:
-    """Validated sampling and stopping parameters of one request (defaults filled in).
+class ToolChoice:
+    """``auto`` (the model decides), ``none`` (no calls are parsed), ``required`` (one call of any tool,
+    forced by the grammar), ``function`` (one call of the tool ``name``, forced). ``allowed`` (OpenAI's
+    ``allowed_tools``) keeps the request's tools to those named, with ``auto`` or ``required`` as ``mode``
+    for them."""
 
-    ``temperature`` 0 is greedy; ``speculate`` False decodes one token per step (the same output);
-    ``record`` False keeps the turn out of the tenant's history. ``presence_penalty``,
-    ``frequency_penalty`` (OpenAI's, 0 = off) and ``logit_bias`` ((token id, bias) pairs) are applied
-    by vLLM; the own engine refuses them when set (its ``check``).
+    mode: Literal["auto", "none", "required", "function"] = "auto"
+    name: str = ""
+    allowed: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseFormat:
+    """``text`` (free), ``json_object`` (any JSON object) or ``json_schema`` (valid under ``schema``)."""
+
+    type: Literal["text", "json_object", "json_schema"] = "text"
+    schema: str = ""
+
+
+AUTO = ToolChoice()
+TEXT = ResponseFormat()
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateParams:
+    """Sampling and stopping parameters of one request; a field left out asks for its default.
+
+    ``max_new_tokens`` None: not given (the serving core sets it once the prompt's length is known:
+    ``serving.prepare.fit_to_prompt``; an engine decodes only a request where it is set).
+    ``temperature`` 0 is greedy; ``min_new_tokens``: EOS and ``stop_token_ids`` are banned until that
+    many tokens exist. EOS ends the request unless ``ignore_eos``; a ``stop_token_ids`` token ends it too;
+    both stay in the output. ``stop`` strings are matched on the decoded text: the text ends before the
+    first match (``include_stop_str_in_output`` keeps the match), and no token after the one completing
+    it is emitted. ``speculate`` False decodes one token per step (the same output); ``record`` False
+    keeps the turn out of the tenant's history. ``presence_penalty``, ``frequency_penalty`` (OpenAI's,
+    0 = off) and ``logit_bias`` ((token id, bias) pairs) are applied by vLLM; the own engine refuses
+    them when set (its ``check``). ``constraint`` is the serving core's, from the request's tools,
+    ``tool_choice`` and ``response_format`` (``serving.prepare``).
     """
 
-    max_new_tokens: int
+    max_new_tokens: int | None = None
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
@@ -123,23 +156,37 @@ class GenerateParams:
 
 @dataclass(frozen=True, slots=True)
 class Request:
-    """One generation request, the same record from ``ServingCore.prepare`` to the engine.
+    """One generation request: the one record from a front to the engine that decodes it.
 
-    ``prompt_ids`` is empty until the core renders ``prompt`` (on a worker thread); ``explicit_max``
-    says whether the caller set ``max_new_tokens`` (else the core fills it in once the prompt's length
-    is known). ``tool_format`` is set when the reply is parsed for tool calls; ``chunk_tokens`` is how
-    many tokens each stream event carries.
+    A front builds it from its wire (what the caller sent; unvalidated), the serving core validates it
+    once (``serving.prepare.prepare``: ``request_id`` made when empty, ``params.constraint`` and
+    ``tool_format`` set from the tools, ``tool_choice`` and ``response_format``), renders ``prompt`` into
+    ``prompt_ids`` and sets what depends on its length (``params.max_new_tokens`` when not given:
+    ``serving.prepare.fit_to_prompt``); both engines decode that same record. ``tool_format`` is set
+    when the reply is parsed for tool calls; ``stream_chunk_tokens`` is how many tokens each stream event
+    carries (None: the server's default). ``Request.of_tokens`` makes one for an engine run without the
+    service (offline replay, benchmarks, tests).
     """
 
-    request_id: str
     tenant: str
     prompt: PromptInput
-    params: GenerateParams
+    params: GenerateParams = field(default_factory=GenerateParams)
+    request_id: str = ""
     session_id: str = ""
-    explicit_max: bool = True
+    tool_choice: ToolChoice = AUTO
+    response_format: ResponseFormat = TEXT
+    stream_chunk_tokens: int | None = None
     tool_format: str | None = None
-    chunk_tokens: int = 1
     prompt_ids: tuple[int, ...] = ()
+
+    @classmethod
+    def of_tokens(cls, prompt_ids: Sequence[int], *, tenant: str = "default", session_id: str = "",
+                  request_id: str = "", max_new_tokens: int = 256, **params: Any) -> Request:
+        """A request whose prompt is token ids, as the engine takes it (``params``: ``GenerateParams``'
+        fields); not validated here: ``Engine.submit`` refuses what it cannot decode."""
+        ids = tuple(int(t) for t in prompt_ids)
+        return cls(tenant, PromptInput(token_ids=ids), GenerateParams(max_new_tokens=max_new_tokens, **params),
+                   request_id=request_id, session_id=session_id, prompt_ids=ids)
 
 
 FinishReason = Literal["stop", "eos", "length", "aborted", "error", "tool_calls"]
@@ -209,7 +256,7 @@ class Started:
 
 @dataclass(frozen=True, slots=True)
 class TextDelta:
-    """``chunk_tokens`` committed tokens (the last chunk may be shorter) and exactly their text: event
+    """``stream_chunk_tokens`` committed tokens (the last chunk may be shorter) and exactly their text: event
     sizes follow tokens, never verification steps, so they do not show how much a draft was accepted.
     A front that asks for it (OpenAI chat) gets text that may be a tool call held back: it leaves parsed,
     as ``ToolCallDelta``."""

@@ -3,7 +3,7 @@
 An engine commits tokens a verification step at a time: one token, or many when a draft was accepted.
 A stream whose events followed steps would show how much each draft was accepted (and so what the
 tenant's history predicted). ``ReplyStream`` regroups them: each ``TextDelta`` carries exactly
-``chunk_tokens`` tokens (the last may be shorter) and exactly their text, so event sizes follow tokens,
+``stream_chunk_tokens`` tokens (the last may be shorter) and exactly their text, so event sizes follow tokens,
 never steps.
 
 A token's text comes from incremental detokenization (``TokenTexts``: each token's piece is the text
@@ -67,7 +67,7 @@ class ReplyStream:
 
     def __init__(self, request: Request, tokenizer: Any, hold_tool_text: bool = False) -> None:
         self.request = request
-        self.size = max(1, request.chunk_tokens)
+        self.size = max(1, request.stream_chunk_tokens or 1)
         self._texts = TokenTexts(tokenizer)
         self._held = StreamingToolText() if hold_tool_text and request.tool_format is not None else None
         # The engine holds back this many characters at the end of each step (a stop string may begin

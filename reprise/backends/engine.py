@@ -2,7 +2,8 @@
 
 Implements ``serving.backend.DecodeBackend``, the seam the serving core talks to. The engine thread runs
 ``Engine.serve``: every step packs all active requests into one verification pass. ``generate`` submits
-its request with two callbacks that hand the engine's events to the caller's event loop
+the serving core's request record itself (the engine derives its own working state from it) with two
+callbacks that hand the engine's events to the caller's event loop
 (``call_soon_threadsafe``): committed tokens as they commit, the finished turn once it is resolved. No
 thread waits on the request; the reply then waits, on the loop, for its turn to be in the history
 store (``reprise.backends.stored``). Cancelling (client gone, deadline, Abort) sets the request's
@@ -26,28 +27,12 @@ from typing import Any
 from reprise.backends.grammars import Grammars
 from reprise.backends.stored import STORE_WAIT_S, wait_stored
 from reprise.engine.engine import Engine, RequestHandle
-from reprise.engine.request import GenerationRequest, StoppingParams
 from serving import errors
 from serving.admission import CancelEvent
 from serving.records import BackendEvent, Finished, ModelInfo, Request, Tokens
 from serving.render import model_info
-from verifier.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
-
-
-def engine_request(request: Request, grammar: Any = None) -> GenerationRequest:
-    """The engine's view of a serving request."""
-    p = request.params
-    return GenerationRequest(
-        prompt_ids=request.prompt_ids,
-        sampling=SamplingParams(temperature=p.temperature, top_k=p.top_k, top_p=p.top_p,
-                                repetition_penalty=p.repetition_penalty, seed=p.seed),
-        stopping=StoppingParams(max_new_tokens=p.max_new_tokens, min_new_tokens=p.min_new_tokens,
-                                stop_token_ids=p.stop_token_ids, stop_strings=p.stop, ignore_eos=p.ignore_eos,
-                                include_stop_string=p.include_stop_str_in_output),
-        tenant=request.tenant, session_id=request.session_id, request_id=request.request_id,
-        record_history=p.record, speculate=p.speculate, grammar=grammar)
 
 
 def refuse_unsupported(request: Request) -> None:
@@ -55,12 +40,11 @@ def refuse_unsupported(request: Request) -> None:
     p = request.params
     for name in ("presence_penalty", "frequency_penalty"):
         if getattr(p, name):
-            raise errors.InvalidArgument(
-                f"{name} is not supported by this server's engine (model.engine transformers); "
-                "send 0, or repetition_penalty, or use a server with model.engine vllm", name)
+            raise errors.bad_field(name, "is not supported by this server's engine (model.engine transformers); "
+                                         "send 0, or repetition_penalty, or use a server with model.engine vllm")
     if p.logit_bias:
-        raise errors.InvalidArgument("logit_bias is not supported by this server's engine (model.engine "
-                                     "transformers); use a server with model.engine vllm", "logit_bias")
+        raise errors.bad_field("logit_bias", "is not supported by this server's engine (model.engine transformers); "
+                                             "use a server with model.engine vllm")
 
 
 def request_error(exc: BaseException) -> BaseException:
@@ -144,7 +128,7 @@ class EngineBackend:
             grammar = await loop.run_in_executor(None, self._grammars.compile, request)
         events: asyncio.Queue[Tokens | RequestHandle] = asyncio.Queue()
         handle = self.engine.submit(
-            engine_request(request, grammar), cancel=cancel,
+            request, grammar=grammar, cancel=cancel,
             on_stream=lambda ids, text: call_soon(loop, events.put_nowait, Tokens(tuple(ids), text)),
             on_done=lambda h: call_soon(loop, events.put_nowait, h))
         try:

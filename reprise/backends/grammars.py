@@ -1,9 +1,10 @@
 """Both engines' output grammars: one ``GrammarCompiler`` per served model, built on first use, and its
 refusals as the serving core's errors.
 
-A refusal names the field at fault in the core's neutral names (the core spells them as the caller did):
-``max_new_tokens`` when the shortest output does not fit, ``tools[i]`` (``serving.prepare.TOOL_PARAM``) when
-one tool's parameters cannot be used, else the field that asked for the constraint."""
+A refusal names the field at fault by the request record's names (each front words it as its caller did:
+``serving.errors``): ``max_new_tokens`` when the shortest output does not fit, ``tools[i].parameters``
+(``serving.prepare.TOOL_PARAM``) when one tool's parameters cannot be used, else the field that asked
+for the constraint."""
 
 from __future__ import annotations
 
@@ -33,17 +34,19 @@ class Grammars:
             return None
         tokenizer = self._args[0]
         if tokenizer is None:
-            raise errors.FailedPrecondition("structured output needs the model's tokenizer; this server has none",
-                                            constraint.param)
+            raise errors.FailedPrecondition.about(
+                constraint.param, "structured output needs the model's tokenizer; this server has none")
         with self._lock:
             if self._compiler is None:
                 self._compiler = GrammarCompiler(*self._args)
+        max_new_tokens = request.params.max_new_tokens
+        assert max_new_tokens is not None, "the serving core sets max_new_tokens before an engine's check"
         try:
-            return self._compiler.compile(constraint, tenant=request.tenant, max_tokens=request.params.max_new_tokens)
+            return self._compiler.compile(constraint, tenant=request.tenant, max_tokens=max_new_tokens)
         except GrammarError as exc:
-            raise errors.InvalidArgument(str(exc), _param(exc, request, constraint.param)) from None
+            raise errors.InvalidArgument.about(_param(exc, request, constraint.param), str(exc)) from None
         except ValueError as exc:
-            raise errors.InvalidArgument(str(exc), constraint.param) from None
+            raise errors.InvalidArgument.about(constraint.param, str(exc)) from None
 
 
 def _param(exc: GrammarError, request: Request, default: str) -> str:

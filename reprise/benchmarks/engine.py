@@ -390,12 +390,11 @@ class _OwnEngine:
         self.engine = Engine(runner, proposer, self.lm.tokenizer, EngineConfig(observer=self.records))
 
     def run(self, prompts: list[list[int]]) -> list[list[int]]:
-        from reprise.engine.request import GenerationRequest, StoppingParams
+        from serving.records import Request
 
-        handles = [self.engine.submit(GenerationRequest(
-            prompt_ids=tuple(ids), stopping=StoppingParams(max_new_tokens=self.max_new_tokens), tenant=TENANT,
-            speculate=self.speculate))
-            for ids in prompts]
+        handles = [self.engine.submit(Request.of_tokens(ids, tenant=TENANT, max_new_tokens=self.max_new_tokens,
+                                                        speculate=self.speculate))
+                   for ids in prompts]
         self.engine.run_until_idle()
         return [list(h.wait().token_ids) for h in handles]
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from reprise.engine.request import GenerationRequest
 from retrieval.draft_tree import DraftTree
 from retrieval.session import DraftSession, Proposer, Verified
+from serving.records import Request
 
 log = logging.getLogger(__name__)
 
@@ -22,7 +22,7 @@ class GuardedSession:
 
     __slots__ = ("request_id", "session")
 
-    def __init__(self, proposer: Proposer, request: GenerationRequest, request_id: str) -> None:
+    def __init__(self, proposer: Proposer, request: Request, request_id: str) -> None:
         self.request_id = request_id
         self.session: DraftSession | None = None
         try:

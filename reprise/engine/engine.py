@@ -4,6 +4,10 @@
     result = engine.generate(prompt_ids, max_new_tokens=128)            # one request, this thread
     handle = engine.submit(request, on_stream=print); engine.run_until_idle()   # many, packed
 
+A request is the serving core's record (``serving.records.Request``: ``Request.of_tokens`` makes one
+from token ids); what the engine keeps of it while it decodes (its slot, session, stop checker, grammar
+state, the runner's sampling parameters) is its own (``_Active``) and never leaves it.
+
 ``Engine.step()`` is admit -> propose -> verify -> postprocess (docs/architecture.md draws it):
 
 1. **admit**: waiting requests take free slots (their prompt is prefilled), the tenant holding the fewest
@@ -45,12 +49,12 @@ from reprise.engine.drafting import GuardedSession
 from reprise.engine.grammar import GrammarState
 from reprise.engine.grammar_compiler import GrammarError
 from reprise.engine.prefill_cost import PrefillCostFit
-from reprise.engine.request import GenerationRequest, GenerationResult, StoppingParams, Usage
+from reprise.engine.request import GenerationResult
 from reprise.engine.step_cost import StepCostFit
-from reprise.engine.stopping import StopChecker
+from reprise.engine.stopping import StopChecker, check_stopping
 from retrieval.draft_tree import DraftTree, subtree
 from retrieval.session import Proposer, Verified
-from serving.records import FinishReason
+from serving.records import FinishReason, Request, Usage
 from serving.savings import RequestCost, attribute_prefill, attribute_step
 from verifier.runner import ModelRunner, VerifyResult, VerifyStep
 from verifier.sampling import SamplingParams
@@ -121,9 +125,10 @@ class RequestHandle:
     history sink's ticket for a recorded turn (None when nothing is stored), for callers that answer
     only once the turn is durable."""
 
-    def __init__(self, request: GenerationRequest, cancel: threading.Event | None,
-                 on_done: Callable[[RequestHandle], None] | None = None) -> None:
+    def __init__(self, request: Request, cancel: threading.Event | None,
+                 on_done: Callable[[RequestHandle], None] | None = None, grammar: Any = None) -> None:
         self.request = request
+        self.grammar = grammar  # the CheckedGrammar its output follows (None: free)
         self.request_id = request.request_id
         self.cancelled = cancel if cancel is not None else threading.Event()
         self.done = threading.Event()
@@ -231,15 +236,17 @@ class Engine:
         return cache.drop(tenant) if cache is not None else 0
 
     # ---- submission (any thread) ------------------------------------------------------------------
-    def submit(self, request: GenerationRequest, *, on_stream: StreamCallback | None = None,
+    def submit(self, request: Request, *, grammar: Any = None, on_stream: StreamCallback | None = None,
                cancel: threading.Event | None = None,
                on_done: Callable[[RequestHandle], None] | None = None) -> RequestHandle:
-        """Queue a request; it is admitted at the next step with a free slot. ``on_done(handle)`` is
-        called (on the engine thread) once it has its result or its error."""
-        StopChecker(request.stopping, self.tokenizer, (), 1)  # reject unusable stop settings now
+        """Queue a request (its ``prompt_ids`` rendered, its ``max_new_tokens`` set); it is admitted at the
+        next step with a free slot. ``grammar``: a ``reprise.engine.grammar.CheckedGrammar`` its output
+        follows (``GrammarCompiler.compile``). ``on_done(handle)`` is called (on the engine thread) once it
+        has its result or its error. What the engine cannot decode is refused here (ValueError)."""
+        _check(request, self.tokenizer)
         if not request.request_id:
             request = replace(request, request_id=uuid.uuid4().hex)
-        handle = RequestHandle(request, cancel, on_done)
+        handle = RequestHandle(request, cancel, on_done, grammar)
         with self._lock:
             self._waiting.append((handle, on_stream))
         return handle
@@ -259,12 +266,10 @@ class Engine:
             if not self.step():
                 stop.wait(idle_wait_s)
 
-    def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams | None = None, *, tenant: str = "default",
-                 on_stream: StreamCallback | None = None, **stopping: Any) -> GenerationResult:  # fmt: skip
-        """One request, decoded on this thread: ``stopping`` takes StoppingParams' fields."""
-        request = GenerationRequest(tuple(int(t) for t in prompt_ids), sampling or SamplingParams(),
-                                    StoppingParams(**stopping), tenant)
-        handle = self.submit(request, on_stream=on_stream)
+    def generate(self, prompt_ids: Sequence[int], *, tenant: str = "default", on_stream: StreamCallback | None = None,
+                 **params: Any) -> GenerationResult:
+        """One request, decoded on this thread: ``params`` takes ``GenerateParams``' fields."""
+        handle = self.submit(Request.of_tokens(prompt_ids, tenant=tenant, **params), on_stream=on_stream)
         while not handle.done.is_set():
             self.step()
         return handle.wait()
@@ -323,18 +328,20 @@ class Engine:
 
     def _start(self, handle: RequestHandle, on_stream: StreamCallback | None) -> _Active:
         request = handle.request
-        stop_ids = tuple(request.stopping.stop_token_ids) + (() if request.stopping.ignore_eos else self.eos_token_ids)
-        stopping, grammar = request.stopping, None
-        if request.grammar is not None:
+        params, grammar = request.params, None
+        stop_ids = tuple(params.stop_token_ids) + (() if params.ignore_eos else self.eos_token_ids)
+        if handle.grammar is not None:
             # The grammar's masks hold the stop tokens back until min_new_tokens, where the grammar allows
             # another token (GrammarState); the runner and the stop checker then need no minimum of their own.
-            grammar = GrammarState(request.grammar, self.runner.vocab_size, self.tokenizer,
-                                   min_new_tokens=stopping.min_new_tokens, suppress_ids=stop_ids)
-            stopping = replace(stopping, min_new_tokens=0)
+            grammar = GrammarState(handle.grammar, self.runner.vocab_size, self.tokenizer,
+                                   min_new_tokens=params.min_new_tokens, suppress_ids=stop_ids)
+            params = replace(params, min_new_tokens=0)
+        sampling = SamplingParams(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
+                                  repetition_penalty=params.repetition_penalty, seed=params.seed)
         started = self.clock()
-        slot = self.runner.start(request.prompt_ids, request.sampling, min_new_tokens=stopping.min_new_tokens,
+        slot = self.runner.start(request.prompt_ids, sampling, min_new_tokens=params.min_new_tokens,
                                  suppress_ids=stop_ids, cache_scope=request.tenant,
-                                 publish=request.record_history)  # fmt: skip
+                                 publish=params.record)  # fmt: skip
         seconds = self.clock() - started
         try:
             cached = self.runner.num_reused(slot)
@@ -345,8 +352,7 @@ class Engine:
             prompt_hidden = self.runner.take_prompt_hidden(slot)
             if prompt_hidden is not None:
                 session.observe_hidden(prompt_hidden)
-            stop = StopChecker(stopping, self.tokenizer, self.eos_token_ids,
-                               self.runner.max_len - len(request.prompt_ids))
+            stop = StopChecker(params, self.tokenizer, self.eos_token_ids, self.runner.max_len - len(request.prompt_ids))
             return _Active(handle, slot, session, stop, on_stream, grammar, cached=cached, prefill=prefill)
         except BaseException:
             self.runner.release(slot, keep_cache=False)
@@ -383,8 +389,8 @@ class Engine:
         when it did not propose: no room, or a request that does not speculate)."""
         budget = self.config.budget
         room = min(budget.max_draft_tokens, self.runner.max_draft_nodes, self.runner.remaining(item.slot) - 1,
-                   item.stop.max_tokens - len(item.stop.token_ids) - 1)  # drafts past the last token are waste
-        if room <= 0 or not item.handle.request.speculate:
+                   item.stop.max_new_tokens - len(item.stop.token_ids) - 1)  # drafts past the last token are waste
+        if room <= 0 or not item.handle.request.params.speculate:
             return DraftTree.empty(), 0, None
         t0 = time.perf_counter()
         tree = item.session.propose(room)  # a failing drafter gives an empty draft (GuardedSession)
@@ -475,7 +481,7 @@ class Engine:
         item.accepted += len(accepted)
         request = item.handle.request
         report = StepReport(request.tenant, len(draft.tree), len(accepted), draft.tree.source, draft.match_len,
-                            draft.propose_seconds, request.speculate, len(kept), prefill=item.prefill)
+                            draft.propose_seconds, request.params.speculate, len(kept), prefill=item.prefill)
         item.prefill = None
         if item.on_stream is not None and (kept or outcome.text_delta):
             try:
@@ -511,7 +517,7 @@ class Engine:
         self._active.remove(item)
         # A failed step may have half-written the rows; a request that asked not to be recorded leaves
         # nothing behind for later requests either.
-        self.runner.release(item.slot, keep_cache=error is None and item.handle.request.record_history)
+        self.runner.release(item.slot, keep_cache=error is None and item.handle.request.params.record)
         item.handle.error = error
         result = _result(item.handle.request, item.stop.token_ids, item.stop.text, reason, matched, item.steps,
                          item.drafted, item.accepted, item.cached)
@@ -558,7 +564,20 @@ def _own_nodes(nodes: np.ndarray) -> np.ndarray:
     return np.asarray(nodes[: forced[0]] if len(forced) else nodes, dtype=np.int32)
 
 
-def _result(request: GenerationRequest, output: Sequence[int], text: str, reason: FinishReason,
+def _check(request: Request, tokenizer: Any) -> None:
+    """What the engine needs of a request before it queues it (a served request passed the serving
+    core's checks; one made without the service, such as offline replay's, is checked here)."""
+    if not request.prompt_ids:
+        raise ValueError("prompt_ids is empty: at least one token is needed")
+    if any(not isinstance(t, int) or t < 0 for t in request.prompt_ids):
+        bad = next(t for t in request.prompt_ids if not isinstance(t, int) or t < 0)
+        raise ValueError(f"prompt_ids must be non-negative ints, got {bad!r}")
+    if not request.tenant:
+        raise ValueError("tenant must be a non-empty string")
+    check_stopping(request.params, tokenizer)
+
+
+def _result(request: Request, output: Sequence[int], text: str, reason: FinishReason,
             matched: int | str | None, steps: int, drafted: int, accepted: int, cached: int = 0) -> GenerationResult:
     usage = Usage(prompt_tokens=len(request.prompt_ids), completion_tokens=len(output), cached_tokens=cached,
                   steps=steps, drafted_tokens=drafted, accepted_tokens=accepted)

@@ -1,6 +1,6 @@
 """Output constraints measured and compiled into grammars, on the caller's (worker) thread, before any
 decoding: ``GrammarCompiler.compile(constraint, tenant=..., max_tokens=...)`` returns the
-``CheckedGrammar`` a ``GenerationRequest`` carries, or raises ``GrammarError`` (a ValueError) saying in
+``CheckedGrammar`` a request is submitted with (``Engine.submit(request, grammar=...)``), or raises ``GrammarError`` (a ValueError) saying in
 the client's terms why the constraint cannot be decoded under:
 
 * ``too_large``: the schema's text beyond ``MAX_CONSTRAINT_CHARS`` or nested beyond ``MAX_SCHEMA_DEPTH``
@@ -61,7 +61,7 @@ class GrammarError(ValueError):
 @dataclass(frozen=True, slots=True)
 class CheckedGrammar:
     """A compiled grammar (``xgrammar.CompiledGrammar``) that passed ``GrammarCompiler``'s checks, with
-    its bounds: what ``GenerationRequest.grammar`` carries, and the only thing ``GrammarState`` takes, so
+    its bounds: what ``Engine.submit`` takes as a request's grammar, and the only thing ``GrammarState`` takes, so
     the engine thread never starts on a grammar nobody measured. ``jump_forward``: its forced strings
     are bounded (``GrammarBounds.max_forced_bytes``, at most ``MAX_JUMP_FORWARD_BYTES``), so the engine
     may ask xgrammar for them; otherwise it decodes without jump-forward."""

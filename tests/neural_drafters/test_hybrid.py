@@ -3,6 +3,7 @@ when sampling (with each sampled node's q), hidden states handed over, and degra
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import numpy as np
@@ -27,10 +28,10 @@ from neural_drafters.training import Example, Trainer, TrainSettings, extract_fe
 from reprise import drafters
 from reprise.engine.draft_budget import DraftBudget
 from reprise.engine.engine import Engine, EngineConfig
-from reprise.engine.request import GenerationRequest, StoppingParams
 from retrieval.config import DraftingConfig
 from retrieval.draft_tree import DraftTree
 from retrieval.registry import make_proposer
+from serving.records import Request
 from verifier.runner import ModelRunner
 from verifier.sampling import SamplingParams, warp_probs
 from verifier.testing import chi_square, chi_square_critical, hf_greedy
@@ -144,8 +145,7 @@ def sampled_joint(model, params, first_prompt, proposer, trials):
         return original(steps)
 
     eng.runner.verify = verify
-    handles = [eng.submit(GenerationRequest(tuple(first_prompt), params,
-                                            StoppingParams(max_new_tokens=2, ignore_eos=True)))
+    handles = [eng.submit(Request.of_tokens(first_prompt, **dataclasses.asdict(params), max_new_tokens=2, ignore_eos=True))
                for _ in range(trials)]
     eng.run_until_idle()
     counts = np.zeros((VOCAB, VOCAB))

@@ -7,12 +7,13 @@ import json
 
 import pytest
 
+from http_api.chat import spelling
 from serving import errors
-from serving.prepare import ResponseFormat, ToolChoice, check_tools, output_constraint
-from serving.records import ModelInfo, Tool, ToolCall
+from serving.prepare import check_tools, output_constraint
+from serving.records import ModelInfo, ResponseFormat, Tool, ToolCall, ToolChoice
 from serving.tool_calls import FORMATS, StreamingToolText, format_for
 
-FIELDS = {"tool_choice": "tool_choice", "response_format": "response_format", "json_schema": "json_schema"}
+CHAT = spelling("max_tokens")  # how the chat front words the core's errors
 ADD = Tool("add", "Add two numbers", json.dumps({"type": "object", "properties": {"a": {"type": "integer"}}}))
 
 
@@ -70,30 +71,34 @@ def test_streaming_holds_back_a_possible_marker() -> None:
 
 
 def test_front_validates_tools_and_formats() -> None:
-    with pytest.raises(errors.InvalidArgument, match=r"tools\[0\].function.name 'bad name'"):
-        check_tools([Tool("bad name")], {"tool": "tools[{i}].function"})
+    with pytest.raises(errors.InvalidArgument, match=r"tools\[0\].name 'bad name'") as bad_name:
+        check_tools([Tool("bad name")])
+    bad_name.value.spell(CHAT)
+    assert bad_name.value.message.startswith("tools[0].function.name 'bad name'")
+    assert bad_name.value.param == "tools[0].function.name"
     with pytest.raises(errors.InvalidArgument, match="appears twice"):
         check_tools([ADD, ADD])
     with pytest.raises(errors.InvalidArgument, match="not valid JSON"):
         check_tools([Tool("x", parameters="{")])
     with pytest.raises(errors.InvalidArgument, match="not among the tools"):
-        output_constraint([ADD], ToolChoice("function", "mul"), ResponseFormat(), "hermes", FIELDS)
+        output_constraint([ADD], ToolChoice("function", "mul"), ResponseFormat(), "hermes")
     # A forced call wins over response_format (which shapes text; a forced turn has none), as on OpenAI;
     # a bad schema is refused all the same.
-    forced_call = output_constraint([ADD], ToolChoice("required"), ResponseFormat("json_object"), "hermes", FIELDS)
+    forced_call = output_constraint([ADD], ToolChoice("required"), ResponseFormat("json_object"), "hermes")
     assert forced_call is not None and forced_call.name == "tool_calls"
-    with pytest.raises(errors.InvalidArgument, match="json_schema"):
-        output_constraint([ADD], ToolChoice("required"), ResponseFormat("json_schema", "{"), "hermes", FIELDS)
-    assert output_constraint([ADD], ToolChoice("auto"), ResponseFormat(), "hermes", FIELDS) is None
-    plain = output_constraint([], ToolChoice(), ResponseFormat("json_object"), "hermes", FIELDS)
+    with pytest.raises(errors.InvalidArgument, match="response_format.schema") as bad_schema:
+        output_constraint([ADD], ToolChoice("required"), ResponseFormat("json_schema", "{"), "hermes")
+    bad_schema.value.spell(CHAT)
+    assert bad_schema.value.param == "response_format.json_schema.schema" in bad_schema.value.message
+    assert output_constraint([ADD], ToolChoice("auto"), ResponseFormat(), "hermes") is None
+    plain = output_constraint([], ToolChoice(), ResponseFormat("json_object"), "hermes")
     assert plain is not None and plain.name == "json_object" and plain.alternative is None
     # With tools the model may call, a call stays possible beside the format; with "none" it does not.
-    either = output_constraint([ADD], ToolChoice("auto"), ResponseFormat("json_object"), "hermes", FIELDS)
+    either = output_constraint([ADD], ToolChoice("auto"), ResponseFormat("json_object"), "hermes")
     assert either is not None and either.name == "json_object" and either.alternative is not None
     assert either.alternative.name == "tool_calls" and either.alternative.prefix == "<tool_call>\n"
-    assert output_constraint([ADD], ToolChoice("none"), ResponseFormat("json_object"), "hermes",
-                             FIELDS).alternative is None
-    forced = output_constraint([ADD], ToolChoice("function", "add"), ResponseFormat(), "smollm2", FIELDS)
+    assert output_constraint([ADD], ToolChoice("none"), ResponseFormat("json_object"), "hermes").alternative is None
+    forced = output_constraint([ADD], ToolChoice("function", "add"), ResponseFormat(), "smollm2")
     assert forced is not None and forced.prefix == "<tool_call>[" and forced.name == "tool_calls"
     assert ModelInfo("m", 10, (), 10, True).tool_call_format == "hermes"
 

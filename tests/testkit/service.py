@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from reprise.config import load_config
-from reprise.engine.request import GenerationRequest, GenerationResult, Usage
+from reprise.engine.request import GenerationResult
 from reprise.offline.tiny import TINY_EOS, byte_level_tokenizer, tiny_llama  # noqa: F401 - re-exported
 from reprise.service import Service
+from serving.records import Request, Usage
 from verifier.models import LoadedModel
 
 
@@ -87,7 +88,6 @@ def start_service(home: Path, model: Any = None, tokenizer: Any = None, **settin
 
 def finished_turn(tenant: str, session_id: str, request_id: str, prompt_ids, output_ids) -> GenerationResult:
     """A finished, recorded turn as the engine hands it to a history sink."""
-    request = GenerationRequest(tuple(int(t) for t in prompt_ids), tenant=tenant, session_id=session_id,
-                                request_id=request_id)
+    request = Request.of_tokens(prompt_ids, tenant=tenant, session_id=session_id, request_id=request_id)
     output = tuple(int(t) for t in output_ids)
     return GenerationResult(request, output, "", "length", None, Usage(len(request.prompt_ids), len(output), steps=1))

@@ -45,7 +45,7 @@ from reprise.backends.vllm.tags import RequestTag, StepRecord
 from reprise.backends.vllm.tenants import token_bytes
 from reprise.engine.engine import StepReport
 from reprise.engine.grammar_compiler import ebnf_text
-from reprise.engine.request import GenerationRequest, GenerationResult
+from reprise.engine.request import GenerationResult
 from serving import errors
 from serving.admission import CancelEvent
 from serving.records import (
@@ -139,8 +139,8 @@ class VllmBackend:
 
     async def check(self, request: Request) -> None:
         if request.params.logit_bias and self.engine.settings.speculative_config() is not None:
-            raise errors.InvalidArgument("logit_bias is not supported by this server's engine: vLLM refuses it "
-                                         "with speculative decoding (model.engine vllm, drafting on)", "logit_bias")
+            raise errors.bad_field("logit_bias", "is not supported by this server's engine: vLLM refuses it with "
+                                                 "speculative decoding (model.engine vllm, drafting on)")
         if request.params.constraint is not None:
             await asyncio.get_running_loop().run_in_executor(None, self._grammar_text, request)
 
@@ -196,8 +196,7 @@ class VllmBackend:
             usage = Usage(prompt_tokens=len(prompt), completion_tokens=len(output), cached_tokens=cached)
             if reason != "aborted" and request.params.record:
                 ticket = await loop.run_in_executor(None, self._remember, GenerationResult(
-                    GenerationRequest(prompt_ids=tuple(prompt), tenant=tenant, session_id=request.session_id,
-                                      request_id=request.request_id), tuple(output), "", reason, matched, usage))
+                    request, tuple(output), "", reason, matched, usage))
                 if self._store_before_reply:
                     await wait_stored(ticket, self._store_wait_s, self._on_store_wait)
             self._drain_soon(loop)
@@ -237,9 +236,11 @@ class VllmBackend:
     # ---- one request on the engine's loop ------------------------------------------------------------
 
     def _sampling(self, params: GenerateParams, tag: RequestTag, grammar: str | None = None) -> Any:
+        """The request's parameters as vLLM's ``SamplingParams`` (its wire), the tag in ``extra_args``."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
+        assert params.max_new_tokens is not None, "the serving core sets max_new_tokens before decoding"
         return SamplingParams(
             temperature=params.temperature, top_p=params.top_p, top_k=params.top_k if params.top_k > 0 else -1,
             seed=params.seed, repetition_penalty=params.repetition_penalty, presence_penalty=params.presence_penalty,

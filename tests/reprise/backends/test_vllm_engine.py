@@ -21,7 +21,7 @@ import pytest
 
 from reprise.backends.vllm.versions import VllmUnavailableError, require_vllm
 from serving.admission import CancelEvent
-from serving.records import Finished, GenerateParams, PromptInput, Request, Tokens
+from serving.records import Finished, PromptInput, Request, Tokens
 from serving.render import PromptRenderer
 
 try:
@@ -83,9 +83,10 @@ class Stack:
                  max_new_tokens: int = 48) -> list[int]:
         prompt = tuple(PromptRenderer(self.backend.tokenizer, self.backend.model_info()).render(
             PromptInput(messages=_messages(task))))
-        request = Request(uuid.uuid4().hex, tenant, PromptInput(token_ids=prompt),
-                          GenerateParams(max_new_tokens=max_new_tokens, speculate=speculate),
-                          session_id=session or uuid.uuid4().hex, prompt_ids=prompt)
+        request = Request.of_tokens(prompt, tenant=tenant, request_id=uuid.uuid4().hex,
+                                    session_id=session or uuid.uuid4().hex, max_new_tokens=max_new_tokens,
+                                    speculate=speculate)
+
         async def held() -> tuple[list[int], Finished]:
             async with self.residency.hold(tenant, speculate):  # as the serving core holds it
                 return await decode(self.backend, request)

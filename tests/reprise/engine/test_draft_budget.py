@@ -7,12 +7,11 @@ import pytest
 
 from reprise.engine.draft_budget import AcceptanceTracker, CostModel, DraftBudget
 from reprise.engine.engine import Engine, EngineConfig
-from reprise.engine.request import GenerationRequest, StoppingParams
 from reprise.engine.step_cost import StepCostFit
 from retrieval.draft_tree import DraftTree, conditional_probs, path_probs, subtree
 from retrieval.registry import make_proposer
+from serving.records import Request
 from verifier.runner import ModelRunner
-from verifier.sampling import SamplingParams
 from verifier.testing import tiny_model
 
 
@@ -161,8 +160,7 @@ def test_the_engine_cuts_its_whole_batch_to_one_width() -> None:
     engine = Engine(ModelRunner(model, num_slots=3, max_len=64), make_proposer("prompt_lookup"), None,
                     EngineConfig(budget=Spy()))
 
-    handles = [engine.submit(GenerationRequest((1, 2, 3 + i), SamplingParams(), StoppingParams(max_new_tokens=4,
-                                                                                             ignore_eos=True)))
+    handles = [engine.submit(Request.of_tokens((1, 2, 3 + i), max_new_tokens=4, ignore_eos=True))
                for i in range(3)]
     engine.run_until_idle()
     assert all(len(h.wait().token_ids) == 4 for h in handles)

@@ -3,6 +3,7 @@ history, and the sampled distribution."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import numpy as np
@@ -11,10 +12,10 @@ import torch
 
 from reprise.engine.draft_budget import DraftBudget
 from reprise.engine.engine import Engine, EngineConfig
-from reprise.engine.request import GenerationRequest, StoppingParams
 from reprise.engine.stopping import StopChecker
 from retrieval.draft_tree import DraftTree
 from retrieval.registry import make_proposer
+from serving.records import GenerateParams, PromptInput, Request
 from verifier.runner import ModelRunner
 from verifier.sampling import SamplingParams, warp_probs
 from verifier.testing import chi_square, chi_square_critical, hf_greedy, tiny_model
@@ -141,7 +142,7 @@ def test_packed_engine_with_queue(llama) -> None:
     engine = engine_for(llama, proposers, num_slots=3)
     prompts = [prompt_of(10 + i, 5 + 4 * i) for i in range(7)]
     handles = [
-        engine.submit(GenerationRequest(tuple(p), stopping=StoppingParams(max_new_tokens=10 + i)))
+        engine.submit(Request.of_tokens(p, max_new_tokens=10 + i))
         for i, p in enumerate(prompts)
     ]
     steps = 0
@@ -158,10 +159,9 @@ def test_free_slots_go_to_the_tenant_holding_fewest(llama) -> None:
     """Tenant a queues 4 long requests before tenant b's one: b gets the second slot at once and the
     next slot that frees goes to whoever holds fewest, not to a's queue in arrival order."""
     engine = engine_for(llama, ScriptedProposer(llama, "empty"), num_slots=2)
-    long = StoppingParams(max_new_tokens=30, ignore_eos=True)
-    a = [engine.submit(GenerationRequest(tuple(prompt_of(i)), stopping=long, tenant="a")) for i in range(4)]
-    b = engine.submit(GenerationRequest(tuple(prompt_of(9)), stopping=StoppingParams(max_new_tokens=3,
-                                                                                      ignore_eos=True), tenant="b"))
+    a = [engine.submit(Request.of_tokens(prompt_of(i), tenant="a", max_new_tokens=30, ignore_eos=True))
+         for i in range(4)]
+    b = engine.submit(Request.of_tokens(prompt_of(9), tenant="b", max_new_tokens=3, ignore_eos=True))
     engine.step()
     assert sorted(item.handle.request.tenant for item in engine._active) == ["a", "b"]
     engine.run_until_idle()
@@ -207,7 +207,7 @@ def test_stop_strings_cut_text_and_tokens(llama, include) -> None:
     chunks: list[tuple[list[int], str]] = []
     engine = engine_for(llama, ScriptedProposer(llama, "right"), tokenizer=tok)
     result = engine.generate(
-        prompt, max_new_tokens=40, stop_strings=(stop, "never-matches"), include_stop_string=include,
+        prompt, max_new_tokens=40, stop=(stop, "never-matches"), include_stop_str_in_output=include,
         on_stream=lambda ids, text: chunks.append((ids, text)),
     )  # fmt: skip
     assert result.finish_reason == "stop" and result.matched_stop == stop
@@ -223,7 +223,7 @@ def test_stop_strings_cut_text_and_tokens(llama, include) -> None:
 def test_stream_holds_back_partial_utf8_and_possible_stop_prefix() -> None:
     text = "héllo wörld"
     ids = list(text.encode())
-    checker = StopChecker(StoppingParams(max_new_tokens=100, stop_strings=("wör",)), ByteTokenizer(), (), 100)
+    checker = StopChecker(GenerateParams(max_new_tokens=100, stop=("wör",)), ByteTokenizer(), (), 100)
     outcomes = []
     for t in ids:
         outcomes.append(checker.append([t]))
@@ -255,9 +255,9 @@ def test_cancellation_frees_the_slot_and_skips_history(llama) -> None:
         if len(got) >= 3:
             cancel.set()
 
-    handle = engine.submit(GenerationRequest(tuple(prompt_of(23)), stopping=StoppingParams(max_new_tokens=50, ignore_eos=True)),
-                           on_stream=on_stream, cancel=cancel)  # fmt: skip
-    queued = engine.submit(GenerationRequest(tuple(prompt_of(24))))
+    handle = engine.submit(Request.of_tokens(prompt_of(23), max_new_tokens=50, ignore_eos=True),
+                           on_stream=on_stream, cancel=cancel)
+    queued = engine.submit(Request.of_tokens(prompt_of(24)))
     queued.cancel()  # cancelled while waiting: never admitted
     engine.run_until_idle()
     result = handle.wait()
@@ -272,9 +272,7 @@ def test_history_joins_through_session_and_sink(llama) -> None:
     sink: list = []
     engine = engine_for(llama, proposer, history_sink=sink.append)
     prompt = prompt_of(25)
-    request = GenerationRequest(
-        tuple(prompt), stopping=StoppingParams(max_new_tokens=8), tenant="acme", session_id="s1"
-    )
+    request = Request.of_tokens(prompt, max_new_tokens=8, tenant="acme", session_id="s1")
     result = engine.submit(request)
     engine.run_until_idle()
     out = result.wait()
@@ -287,14 +285,16 @@ def test_history_joins_through_session_and_sink(llama) -> None:
 def test_bad_requests_are_rejected_with_the_value(llama) -> None:
     engine = engine_for(llama, ScriptedProposer(llama, "empty"))
     with pytest.raises(ValueError, match="prompt_ids is empty"):
-        GenerationRequest(())
+        engine.submit(Request.of_tokens(()))
     with pytest.raises(ValueError, match="max_new_tokens must be >= 1, got 0"):
-        StoppingParams(max_new_tokens=0)
+        engine.submit(Request.of_tokens((3, 4), max_new_tokens=0))
+    with pytest.raises(ValueError, match="max_new_tokens is not set"):
+        engine.submit(Request("default", PromptInput(token_ids=(3, 4)), prompt_ids=(3, 4)))
     with pytest.raises(ValueError, match=r"min_new_tokens must be in \[0, max_new_tokens=4\], got 5"):
-        StoppingParams(max_new_tokens=4, min_new_tokens=5)
+        engine.submit(Request.of_tokens((3, 4), max_new_tokens=4, min_new_tokens=5))
     with pytest.raises(ValueError, match="stop_strings need a tokenizer"):
-        engine.submit(GenerationRequest((3, 4), stopping=StoppingParams(stop_strings=("x",))))
-    handle = engine.submit(GenerationRequest((3, 999)))
+        engine.submit(Request.of_tokens((3, 4), stop=("x",)))
+    handle = engine.submit(Request.of_tokens((3, 999)))
     engine.run_until_idle()
     with pytest.raises(ValueError, match="token id 999 is outside the vocabulary"):
         handle.wait()
@@ -326,9 +326,7 @@ def test_sampled_output_has_the_target_distribution() -> None:
     # Verify every draft node: the adaptive budget would rightly skip a 0.5/0.4 pair on the CPU cost table.
     engine = engine_for(model, Guess(model, "right"), num_slots=64, budget=DraftBudget(adaptive=False))
     handles = [
-        engine.submit(
-            GenerationRequest(tuple(prompt), params, StoppingParams(max_new_tokens=2, ignore_eos=True))
-        )
+        engine.submit(Request.of_tokens(prompt, **dataclasses.asdict(params), max_new_tokens=2, ignore_eos=True))
         for _ in range(800)
     ]
     engine.run_until_idle()
@@ -344,7 +342,7 @@ def test_sampled_output_has_the_target_distribution() -> None:
 
 
 def test_text_of_a_request_ending_mid_character_is_flushed() -> None:
-    checker = StopChecker(StoppingParams(max_new_tokens=3), ByteTokenizer(), (), 100)
+    checker = StopChecker(GenerateParams(max_new_tokens=3), ByteTokenizer(), (), 100)
     first = checker.append(list(b"ab"))
     last = checker.append(["é".encode()[0]])  # the length limit cuts a two-byte character in half
     assert first.text_delta == "ab" and last.finish_reason == "length"

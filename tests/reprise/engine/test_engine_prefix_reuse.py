@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 
 from reprise.engine.engine import Engine
-from reprise.engine.request import GenerationRequest, StoppingParams
 from retrieval.registry import make_proposer
+from serving.records import Request
 from verifier.runner import ModelRunner
 from verifier.testing import hf_greedy, tiny_model
 
@@ -46,9 +46,8 @@ def test_packed_requests_from_cache_and_from_scratch() -> None:
     base = words(1, 40)
     engine.generate(base, tenant="a", max_new_tokens=4, ignore_eos=True)
     prompts = [base + words(2, 5), words(3, 25), base + words(4, 11)]
-    stopping = StoppingParams(max_new_tokens=16, ignore_eos=True)
     handles = [
-        engine.submit(GenerationRequest(tuple(p), stopping=stopping, tenant=t))
+        engine.submit(Request.of_tokens(p, tenant=t, max_new_tokens=16, ignore_eos=True))
         for p, t in zip(prompts, ["a", "b", "a"])
     ]
     engine.run_until_idle()
@@ -61,8 +60,7 @@ def test_packed_requests_from_cache_and_from_scratch() -> None:
 def test_unrecorded_and_failed_requests_leave_no_kv() -> None:
     engine = make_engine()
     prompt = words(5, 33)
-    handle = engine.submit(GenerationRequest(tuple(prompt), stopping=StoppingParams(max_new_tokens=3),
-                                             tenant="a", record_history=False))  # fmt: skip
+    handle = engine.submit(Request.of_tokens(prompt, max_new_tokens=3, tenant="a", record=False))
     engine.run_until_idle()
     handle.wait()
     assert engine.runner.prefix_cache.stats().num_blocks == 0
@@ -72,7 +70,7 @@ def test_unrecorded_and_failed_requests_leave_no_kv() -> None:
         raise RuntimeError("device lost")
 
     engine.runner.verify = broken
-    failed = engine.submit(GenerationRequest(tuple(prompt), tenant="a"))
+    failed = engine.submit(Request.of_tokens(prompt, tenant="a"))
     engine.step()
     assert failed.done.is_set() and failed.error is not None
     assert engine.runner.prefix_cache.stats().num_blocks == 0
@@ -92,8 +90,7 @@ def test_parallel_calls_of_a_tenant_prefill_their_shared_prompt_once() -> None:
     shared = words(20, 48)
     prompts = [shared + words(21 + i, 3) for i in range(3)] + [shared]
     tenants = ["a", "a", "a", "b"]
-    stopping = StoppingParams(max_new_tokens=12, ignore_eos=True)
-    handles = [engine.submit(GenerationRequest(tuple(p), stopping=stopping, tenant=t))
+    handles = [engine.submit(Request.of_tokens(p, tenant=t, max_new_tokens=12, ignore_eos=True))
                for p, t in zip(prompts, tenants)]
     engine.run_until_idle()
     results = [h.wait() for h in handles]

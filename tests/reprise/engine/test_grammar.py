@@ -12,10 +12,9 @@ import torch
 from reprise.engine.engine import Engine, EngineConfig
 from reprise.engine.grammar import GrammarState, child_links, merge_chain
 from reprise.engine.grammar_compiler import GrammarCompiler
-from reprise.engine.request import GenerationRequest, StoppingParams
 from reprise.offline.tiny import TINY_EOS, TINY_VOCAB, byte_level_tokenizer, tiny_llama
 from retrieval.draft_tree import DraftTree
-from serving.records import OutputConstraint, Tool
+from serving.records import OutputConstraint, Request, Tool
 from serving.tool_calls import FORMATS
 from verifier.runner import ModelRunner
 from verifier.testing import full_logits
@@ -103,9 +102,7 @@ def run_engine(model, tokenizer, proposer, compiled, prompt, max_new, speculate=
     reports = []
     engine.config = EngineConfig(eos_token_ids=(TINY_EOS,), observer=type("O", (), {
         "on_step": lambda self, r: reports.extend(r), "on_finish": lambda self, r: None})())
-    request = GenerationRequest(tuple(prompt), stopping=StoppingParams(max_new_tokens=max_new), speculate=speculate,
-                                grammar=compiled)
-    handle = engine.submit(request)
+    handle = engine.submit(Request.of_tokens(prompt, max_new_tokens=max_new, speculate=speculate), grammar=compiled)
     engine.run_until_idle()
     return handle.wait(), reports
 

@@ -12,13 +12,11 @@ import pytest
 from reprise.engine.engine import Engine, EngineConfig
 from reprise.engine.grammar import GrammarState
 from reprise.engine.grammar_compiler import CheckedGrammar, GrammarCompiler, GrammarError
-from reprise.engine.request import GenerationRequest, StoppingParams
 from reprise.offline.tiny import TINY_EOS, TINY_VOCAB, byte_level_tokenizer, tiny_llama
 from retrieval.registry import make_proposer
-from serving.records import OutputConstraint, Tool
+from serving.records import OutputConstraint, Request, Tool
 from serving.tool_calls import FORMATS
 from verifier.runner import ModelRunner
-from verifier.sampling import SamplingParams
 
 xgr = pytest.importorskip("xgrammar")
 
@@ -47,15 +45,14 @@ def make_engine(model, tokenizer, num_slots: int = 4, **config) -> Engine:
                   tokenizer, EngineConfig(eos_token_ids=(TINY_EOS,), **config))
 
 
-def request(tokenizer, grammar=None, prompt: str = "hi", sampling: SamplingParams | None = None,
-            **stopping) -> GenerationRequest:
-    return GenerationRequest(tuple(tokenizer.encode(prompt)), sampling or SamplingParams(),
-                             StoppingParams(**stopping), grammar=grammar)
+def request(tokenizer, grammar=None, prompt: str = "hi", **params) -> dict:
+    """``Engine.submit``'s arguments for a request of ``prompt`` under ``grammar``."""
+    return {"request": Request.of_tokens(tokenizer.encode(prompt), **params), "grammar": grammar}
 
 
-def run_alone(model, tokenizer, req: GenerationRequest):
+def run_alone(model, tokenizer, req: dict):
     engine = make_engine(model, tokenizer)
-    handle = engine.submit(req)
+    handle = engine.submit(**req)
     engine.run_until_idle()
     return handle.wait()
 
@@ -74,7 +71,7 @@ def unchecked(compiler, schema: str) -> CheckedGrammar:
 def test_a_grammar_that_ends_before_min_tokens_ends_the_output_there(model, tokenizer, compiler, temperature) -> None:
     """max_tokens 40, min_tokens 30, schema boolean: the grammar allows nothing but EOS after "true"."""
     grammar = compiler.compile(BOOLEAN, tenant="t", max_tokens=40)
-    result = run_alone(model, tokenizer, request(tokenizer, grammar, sampling=SamplingParams(temperature, seed=3),
+    result = run_alone(model, tokenizer, request(tokenizer, grammar, temperature=temperature, seed=3,
                                                  max_new_tokens=40, min_new_tokens=30))
     assert result.finish_reason == "eos" and json.loads(result.text) in (True, False)
     assert result.token_ids[-1] == TINY_EOS and len(result.token_ids) < 30
@@ -104,8 +101,8 @@ def test_grammars_that_cannot_end_never_reach_the_engine(model, tokenizer, compi
     assert info.value.kind == kind
     # and an unchecked grammar object is refused by the engine itself, for that request alone
     engine = make_engine(model, tokenizer)
-    bad = engine.submit(request(tokenizer, grammar="not a checked grammar"))
-    good = engine.submit(request(tokenizer, compiler.compile(CITY, tenant="t", max_tokens=60), max_new_tokens=60))
+    bad = engine.submit(**request(tokenizer, grammar="not a checked grammar"))
+    good = engine.submit(**request(tokenizer, compiler.compile(CITY, tenant="t", max_tokens=60), max_new_tokens=60))
     engine.run_until_idle()
     with pytest.raises(TypeError, match="GrammarCompiler.compile"):
         bad.wait()
@@ -123,13 +120,13 @@ def test_one_failing_request_ends_alone_and_the_step_goes_on(model, tokenizer, c
     alone = [run_alone(model, tokenizer, r) for r in healthy]
 
     engine = make_engine(model, tokenizer, num_slots=4)
-    dead_end = engine.submit(request(tokenizer, unchecked(compiler, '{"allOf": [{"$ref": "#"}]}'), max_new_tokens=20))
-    handles = [engine.submit(r) for r in healthy]
+    dead_end = engine.submit(**request(tokenizer, unchecked(compiler, '{"allOf": [{"$ref": "#"}]}'), max_new_tokens=20))
+    handles = [engine.submit(**r) for r in healthy]
 
     def broken_consumer(ids, text):
         raise ConnectionError("client went away")
 
-    broken = engine.submit(request(tokenizer, city, prompt="x", max_new_tokens=20), on_stream=broken_consumer)
+    broken = engine.submit(**request(tokenizer, city, prompt="x", max_new_tokens=20), on_stream=broken_consumer)
     engine.run_until_idle()
     with pytest.raises(GrammarError, match="allows no token after 0 tokens") as info:
         dead_end.wait()
@@ -140,7 +137,7 @@ def test_one_failing_request_ends_alone_and_the_step_goes_on(model, tokenizer, c
         result = handle.wait()
         assert result.token_ids == expected.token_ids and result.finish_reason == expected.finish_reason
     assert engine.runner.num_free_slots == 4  # every slot came back
-    again = engine.submit(request(tokenizer, city, max_new_tokens=60))
+    again = engine.submit(**request(tokenizer, city, max_new_tokens=60))
     engine.run_until_idle()
     assert set(json.loads(again.wait().text)) == {"city", "days"}
 
@@ -149,7 +146,7 @@ def test_a_verification_failure_of_one_request_ends_only_it(model, tokenizer) ->
     prompts = ["one", "two", "three"]
     alone = [run_alone(model, tokenizer, request(tokenizer, prompt=p, max_new_tokens=16)) for p in prompts]
     engine = make_engine(model, tokenizer, num_slots=3)
-    handles = [engine.submit(request(tokenizer, prompt=p, max_new_tokens=16)) for p in prompts]
+    handles = [engine.submit(**request(tokenizer, prompt=p, max_new_tokens=16)) for p in prompts]
     original, poisoned = engine.runner.verify, {}
 
     def verify(steps):  # the second request's rows fail (as a NaN distribution would), whatever the batch
@@ -179,7 +176,7 @@ def test_failing_history_sink_and_observer_do_not_stop_the_engine(model, tokeniz
         raise OSError("disk full")
 
     engine = make_engine(model, tokenizer, history_sink=sink, observer=BrokenObserver())
-    handles = [engine.submit(request(tokenizer, prompt=p, max_new_tokens=8)) for p in ("a", "b")]
+    handles = [engine.submit(**request(tokenizer, prompt=p, max_new_tokens=8)) for p in ("a", "b")]
     engine.run_until_idle()
     for handle in handles:
         assert handle.wait().finish_reason in ("length", "eos")
@@ -194,10 +191,10 @@ def test_the_engine_thread_survives_a_request_that_cannot_go_on(model, tokenizer
     thread = threading.Thread(target=engine.serve, args=(stop,), daemon=True)
     thread.start()
     try:
-        bad = engine.submit(request(tokenizer, unchecked(compiler, '{"allOf": [{"$ref": "#"}]}')))
+        bad = engine.submit(**request(tokenizer, unchecked(compiler, '{"allOf": [{"$ref": "#"}]}')))
         with pytest.raises(GrammarError):
             bad.wait(60)
-        good = engine.submit(request(tokenizer, compiler.compile(CITY, tenant="t", max_tokens=60), max_new_tokens=60))
+        good = engine.submit(**request(tokenizer, compiler.compile(CITY, tenant="t", max_tokens=60), max_new_tokens=60))
         assert set(json.loads(good.wait(60).text)) == {"city", "days"}
         assert thread.is_alive()
     finally:

@@ -86,6 +86,6 @@ def test_reports_carry_each_requests_share_and_its_tokens_plain_steps_at_its_bat
 
 
 def _request(prompt, tenant):
-    from reprise.engine.request import GenerationRequest, StoppingParams
+    from serving.records import Request
 
-    return GenerationRequest(tuple(prompt), stopping=StoppingParams(max_new_tokens=24, ignore_eos=True), tenant=tenant)
+    return Request.of_tokens(prompt, max_new_tokens=24, ignore_eos=True, tenant=tenant)

@@ -19,13 +19,12 @@ from testkit.service import TINY_EOS, byte_tokenizer, start_service, tiny_llama
 from grpc_api.client import AdminClient, RepriseClient, RepriseError
 from privacy import TenantId
 from reprise.engine.engine import Engine
-from reprise.engine.request import GenerationRequest, StoppingParams
 from reprise.server.hidden_store import segment_key
 from reprise.server.tenant_config import save_drafting_config
 from retrieval.config import DraftingConfig
 from retrieval.registry import make_proposer, proposer_names
+from serving.records import Request
 from verifier.runner import ModelRunner
-from verifier.sampling import SamplingParams
 from verifier.testing import hf_greedy
 
 
@@ -35,10 +34,8 @@ def reference():
     model = tiny_llama()
     engine = Engine(ModelRunner(model, num_slots=1, max_len=1000), make_proposer("prompt_lookup"), byte_tokenizer())
 
-    def run(prompt_ids, max_new_tokens, sampling=None, **stopping):
-        request = GenerationRequest(tuple(prompt_ids), sampling or SamplingParams(),
-                                    StoppingParams(max_new_tokens=max_new_tokens, **stopping))
-        handle = engine.submit(request)
+    def run(prompt_ids, max_new_tokens, **params):
+        handle = engine.submit(Request.of_tokens(prompt_ids, max_new_tokens=max_new_tokens, **params))
         engine.run_until_idle()
         return handle.wait()
 

@@ -6,12 +6,12 @@ import numpy as np
 
 from reprise.engine.draft_budget import DraftBudget
 from reprise.engine.engine import Engine, EngineConfig, StepReport
-from reprise.engine.request import GenerationRequest, StoppingParams
 from reprise.offline.tiny import tiny_llama
 from reprise.server.metering import StepMeter, TenantAccounting
 from reprise.server.metrics import ServiceMetrics
 from retrieval.draft_tree import DraftTree
 from retrieval.registry import make_proposer
+from serving.records import Request
 from serving.savings import RequestCost
 from verifier.runner import ModelRunner
 from verifier.testing import hf_greedy
@@ -105,8 +105,7 @@ def test_speculation_off_drafts_nothing_same_output() -> None:
     prompt = [7, 8, 9, 10] * 8
     on = engine.generate(prompt, max_new_tokens=30)
     assert on.usage.drafted_tokens > 0
-    handle = engine.submit(GenerationRequest(tuple(prompt), stopping=StoppingParams(max_new_tokens=30),
-                                             tenant="off", speculate=False))
+    handle = engine.submit(Request.of_tokens(prompt, max_new_tokens=30, tenant="off", speculate=False))
     engine.run_until_idle()
     off = handle.wait()
     assert off.token_ids == on.token_ids and off.usage.drafted_tokens == 0
