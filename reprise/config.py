@@ -28,7 +28,7 @@ import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from fileio import HOME_ENV, reprise_home
 from privacy.config import StoreConfig
@@ -39,6 +39,9 @@ ENGINES = ("transformers", "vllm")
 _SHORT_FLAGS = {"model.engine": "engine"}  # settings whose flag drops the section name
 MiB = 1024 * 1024
 _REPLICA_RE = re.compile(r"^[A-Za-z0-9_.:-]{0,64}$")
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+_T = TypeVar("_T", bound="DataclassInstance")
 
 
 def _help(text: str) -> dict[str, str]:
@@ -159,6 +162,13 @@ class ServerConfig:
     @property
     def num_worker_threads(self) -> int:
         return self.worker_threads or 4
+
+    def settings_for(self, kind: type[_T], prefix: str = "") -> _T:
+        """The settings record ``kind`` (a dataclass such as ``serving.prepare.ServingSettings`` or
+        ``http_api.server.HttpLimits``) with each of its fields read from this section's field of the same
+        name after ``prefix`` (``HttpLimits.header_timeout_s`` is ``http_header_timeout_s``): derived, never
+        copied by hand, so a setting added to both reaches its part."""
+        return kind(**{f.name: getattr(self, prefix + f.name) for f in dataclasses.fields(kind)})
 
 
 def _positive(name: str, value: float) -> None:

@@ -97,22 +97,6 @@ def check_port_free(host: str, port: int) -> None:
             raise OSError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
 
 
-def serving_settings(config: ServiceConfig) -> ServingSettings:
-    s = config.server
-    return ServingSettings(default_max_new_tokens=s.default_max_new_tokens, stream_chunk_tokens=s.stream_chunk_tokens,
-                           max_concurrent_requests=s.max_concurrent_requests,
-                           max_requests_per_tenant=s.max_requests_per_tenant,
-                           append_calls_per_s=s.append_calls_per_s, append_burst_calls=s.append_burst_calls,
-                           append_tokens_per_minute=s.append_tokens_per_minute)
-
-
-def http_limits(config: ServiceConfig) -> HttpLimits:
-    s = config.server
-    return HttpLimits(header_timeout_s=s.http_header_timeout_s, body_timeout_s=s.http_body_timeout_s,
-                      keepalive_timeout_s=s.http_keepalive_timeout_s, max_connections=s.http_max_connections,
-                      max_connections_per_client=s.http_max_connections_per_client)
-
-
 @dataclass
 class Decoding:
     """What decodes: the backend the core talks to, the tenants' indexes and what keeps a request's
@@ -188,7 +172,7 @@ class Service:
                 self.cluster = ClusterNode(c.cluster, store, None, self.metrics)
             auth: Authenticator = self.cluster.authenticator() if self.cluster else StoreAuthenticator(store)
             if c.server.http_port:  # bind now: the HTTP port is free before the store writes anything
-                self.http = HttpServer(c.server.host, c.server.http_port, http_limits(c))
+                self.http = HttpServer(c.server.host, c.server.http_port, c.server.settings_for(HttpLimits, "http_"))
             self.admin_key_file = ensure_admin_key(store)
             if self.admin_key_file is not None:
                 log.warning("first start: the admin key is in %s (0600); `reprise tenant ...` reads it there",
@@ -199,7 +183,7 @@ class Service:
             else:
                 assert loaded is not None
                 self.decoding = self._own_engine(store, loaded, invalidate)
-            self.core = ServingCore(self.decoding.backend, serving_settings(c), self.metrics,
+            self.core = ServingCore(self.decoding.backend, c.server.settings_for(ServingSettings), self.metrics,
                                     render_threads=c.server.num_worker_threads, residency=self.decoding.residency,
                                     holdout=self.holdout)
             admin = ServiceAdmin(store, self.decoding.indexes, invalidate)

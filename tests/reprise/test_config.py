@@ -18,6 +18,22 @@ def test_defaults_are_valid_and_home_follows_env(tmp_path: Path) -> None:
     assert c.server.num_worker_threads == 4
 
 
+def test_parts_settings_are_derived_from_the_server_section(tmp_path: Path) -> None:
+    """ServingSettings and HttpLimits are read from [server] by name: their defaults are the config's,
+    and every value set there reaches them (none is copied by hand)."""
+    from http_api.server import HttpLimits
+    from serving.prepare import ServingSettings
+
+    assert cfg.ServerConfig().settings_for(ServingSettings) == ServingSettings()
+    assert cfg.ServerConfig().settings_for(HttpLimits, "http_") == HttpLimits()
+    c = cfg.load_config({"server.default_max_new_tokens": "77", "server.append_burst_calls": "5",
+                         "server.http_body_timeout_s": "9.5", "server.http_max_connections_per_client": "3"},
+                        env={"REPRISE_HOME": str(tmp_path)})
+    serving, http = c.server.settings_for(ServingSettings), c.server.settings_for(HttpLimits, "http_")
+    assert (serving.default_max_new_tokens, serving.append_burst_calls) == (77, 5)
+    assert (http.body_timeout_s, http.max_connections_per_client) == (9.5, 3)
+
+
 def test_precedence_flag_over_env_over_file(tmp_path: Path) -> None:
     toml = tmp_path / "reprise.toml"
     toml.write_text("[server]\ngrpc_port = 7000\nhttp_port = 7001\ngrace_seconds = 2.5\n"
