@@ -301,9 +301,9 @@ def chat_request(body: Any, tenant: str, session_header: str | None) -> ApiCall:
         raise bad("messages", "must be a non-empty list")
     check_message_count("messages", len(messages))
     prompt = PromptInput(messages=tuple(_message(i, m) for i, m in enumerate(messages)), tools=_tools(body))
-    request = Request(tenant, prompt, params, session_id=session(body, session_header),
-                      tool_choice=tool_choice(body.get("tool_choice")),
-                      response_format=response_format(body.get("response_format")))
+    choice, fmt = tool_choice(body.get("tool_choice")), response_format(body.get("response_format"))
+    request = Request(tenant, prompt, params, session_id=session(body, session_header), tool_choice=choice,
+                      response_format=fmt)
     parallel = opt(body, "parallel_tool_calls", bool, "a boolean") is not False
     return ApiCall(request, stream, include_usage, spell, parallel)
 

@@ -292,10 +292,11 @@ def responses_router(core: ServingCore, authenticator: Authenticator, store: Res
             messages.insert(0, ChatMessage("system", instructions))
         tools, echo = _tools(body)
         text = opt(body, "text", dict, "an object") or {}
-        asked = DecodeRequest(who.id, PromptInput(messages=tuple(messages), tools=tuple(tools)),
-                              sampling(body, "max_output_tokens"), session_id=session(body, request.headers.get(
-                                  "x-session-id")), tool_choice=tool_choice(body.get("tool_choice")),
-                              response_format=response_format(text.get("format"), "text.format"))
+        params = sampling(body, "max_output_tokens")
+        choice, fmt = tool_choice(body.get("tool_choice")), response_format(text.get("format"), "text.format")
+        asked = DecodeRequest(who.id, PromptInput(messages=tuple(messages), tools=tuple(tools)), params,
+                              session_id=session(body, request.headers.get("x-session-id")), tool_choice=choice,
+                              response_format=fmt)
         turn = Turn(body, info.model_name, echo, conversation)
         save = (lambda response: _save(store, who.id, turn, response)) if keep and store is not None else None
         with errors.spelled(SPELLING):
