@@ -114,10 +114,6 @@ class ResponseFormat:
     schema: str = ""
 
 
-AUTO = ToolChoice()
-TEXT = ResponseFormat()
-
-
 @dataclass(frozen=True, slots=True)
 class GenerateParams:
     """Sampling and stopping parameters of one request; a field left out asks for its default.
@@ -173,8 +169,8 @@ class Request:
     params: GenerateParams = field(default_factory=GenerateParams)
     request_id: str = ""
     session_id: str = ""
-    tool_choice: ToolChoice = AUTO
-    response_format: ResponseFormat = TEXT
+    tool_choice: ToolChoice = ToolChoice()
+    response_format: ResponseFormat = ResponseFormat()
     stream_chunk_tokens: int | None = None
     tool_format: str | None = None
     prompt_ids: tuple[int, ...] = ()

@@ -47,7 +47,7 @@ import numpy as np
 from reprise.engine.draft_budget import AcceptanceTracker, DraftBudget
 from reprise.engine.drafting import GuardedSession
 from reprise.engine.grammar import GrammarState
-from reprise.engine.grammar_compiler import GrammarError
+from reprise.engine.grammar_compiler import CheckedGrammar, GrammarError
 from reprise.engine.prefill_cost import PrefillCostFit
 from reprise.engine.request import GenerationResult
 from reprise.engine.step_cost import StepCostFit
@@ -126,9 +126,10 @@ class RequestHandle:
     only once the turn is durable."""
 
     def __init__(self, request: Request, cancel: threading.Event | None,
-                 on_done: Callable[[RequestHandle], None] | None = None, grammar: Any = None) -> None:
+                 on_done: Callable[[RequestHandle], None] | None = None,
+                 grammar: CheckedGrammar | None = None) -> None:
         self.request = request
-        self.grammar = grammar  # the CheckedGrammar its output follows (None: free)
+        self.grammar = grammar  # the grammar its output follows (None: free)
         self.request_id = request.request_id
         self.cancelled = cancel if cancel is not None else threading.Event()
         self.done = threading.Event()
@@ -236,13 +237,13 @@ class Engine:
         return cache.drop(tenant) if cache is not None else 0
 
     # ---- submission (any thread) ------------------------------------------------------------------
-    def submit(self, request: Request, *, grammar: Any = None, on_stream: StreamCallback | None = None,
-               cancel: threading.Event | None = None,
+    def submit(self, request: Request, *, grammar: CheckedGrammar | None = None,
+               on_stream: StreamCallback | None = None, cancel: threading.Event | None = None,
                on_done: Callable[[RequestHandle], None] | None = None) -> RequestHandle:
         """Queue a request (its ``prompt_ids`` rendered, its ``max_new_tokens`` set); it is admitted at the
-        next step with a free slot. ``grammar``: a ``reprise.engine.grammar.CheckedGrammar`` its output
-        follows (``GrammarCompiler.compile``). ``on_done(handle)`` is called (on the engine thread) once it
-        has its result or its error. What the engine cannot decode is refused here (ValueError)."""
+        next step with a free slot. ``grammar``: the grammar its output follows (``GrammarCompiler.compile``).
+        ``on_done(handle)`` is called (on the engine thread) once it has its result or its error. What the
+        engine cannot decode is refused here (ValueError)."""
         _check(request, self.tokenizer)
         if not request.request_id:
             request = replace(request, request_id=uuid.uuid4().hex)

@@ -55,8 +55,7 @@ class StopChecker:
     ``max_new_tokens``: the request's, or fewer when the context left (``room``) holds fewer."""
 
     def __init__(self, params: GenerateParams, tokenizer: Any, eos_token_ids: Sequence[int], room: int) -> None:
-        check_stopping(params, tokenizer)
-        assert params.max_new_tokens is not None  # check_stopping refuses a request without it
+        assert params.max_new_tokens is not None, "Engine.submit refuses a request without it (check_stopping)"
         self.params = params
         self.tokenizer = tokenizer
         self.max_new_tokens = min(params.max_new_tokens, room)
