@@ -9,11 +9,11 @@ import statistics
 import pytest
 
 from serving.holdout import Z95, Holdout
-from serving.records import GenerateParams, PromptInput, Request
+from serving.records import Request
 
 
 def _request(speculate: bool = True) -> Request:
-    return Request("r", "t", PromptInput(token_ids=(1, 2)), GenerateParams(max_new_tokens=8, speculate=speculate))
+    return Request.of_tokens((1, 2), tenant="t", request_id="r", max_new_tokens=8, speculate=speculate)
 
 
 def test_a_share_of_drafting_requests_decodes_without_drafts() -> None:

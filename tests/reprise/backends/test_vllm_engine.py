@@ -323,9 +323,8 @@ def test_a_replica_on_vllm_drafts_from_a_turn_another_replica_wrote_and_follows_
 
     def generate(tenant: str, *, speculate: bool, record: bool = True) -> list[int]:
         prompt = tuple(PromptRenderer(tokenizer, backend.model_info()).render(PromptInput(messages=_messages(TASKS[0]))))
-        request = Request(uuid.uuid4().hex, tenant, PromptInput(token_ids=prompt),
-                          GenerateParams(max_new_tokens=48, speculate=speculate, record=record),
-                          session_id=uuid.uuid4().hex, prompt_ids=prompt)
+        request = Request.of_tokens(prompt, tenant=tenant, request_id=uuid.uuid4().hex, session_id=uuid.uuid4().hex,
+                                    max_new_tokens=48, speculate=speculate, record=record)
 
         async def run() -> list[int]:
             async with residency.hold(tenant, speculate):
