@@ -1,19 +1,23 @@
-"""One server interceptor: authentication, the error-to-status mapping, and RPC metrics.
+"""One server interceptor: authentication from the headers, the calls' capacity, the error-to-status
+mapping, and RPC metrics.
 
-Every handler's behaviour is wrapped (keeping its request deserializer and response serializer, so the
-wrapper always matches the RPC's shape). The wrapper
+Every handler is replaced by one that takes its requests as a stream (whatever the RPC's shape: on the
+wire a unary request is a stream of one message), keeping the original's response shape and serializer,
+so that nothing waits for a request message that may never come. For each call it
 
-1. authenticates ``authorization: Bearer <key>`` and checks the role the service needs: DecodingService
-   wants a tenant key, AdminService an admin key; health checking and reflection need none;
-2. exposes the principal to the servicer through ``current_principal()``;
-3. turns exceptions into statuses in one place: ``serving.errors`` -> its code (``grpc_api.status``; RESOURCE_EXHAUSTED
-   with google.rpc.RetryInfo), ``ValueError`` -> INVALID_ARGUMENT, anything else -> INTERNAL with a
-   generic message (the traceback goes to the server log only);
-4. counts ``grpc_server_started_total``, ``grpc_server_handled_total{grpc_code}`` and
-   ``grpc_server_handling_seconds``;
-5. holds each anonymous stream (``Health.Watch``, reflection) to ``PublicStreams``' caps, per connection
-   and in total: beyond them the stream is refused with RESOURCE_EXHAUSTED and a retry delay, and the
-   capacity authenticated calls need is never theirs to take.
+1. authenticates ``authorization: Bearer <key>`` from the call's headers, in ``intercept_service``,
+   before the call waits for or counts anything: DecodingService wants a tenant key, AdminService an
+   admin key (health checking and reflection need none); a call without a valid one is refused at once;
+2. waits for the request message under ``grpc_api.capacity.PendingCalls``' caps and deadline, then
+   takes a slot of its plane (``PlaneSlots``: data, admin and public each have their own) and, for an
+   anonymous stream (``Health.Watch``, reflection), a place among ``PublicStreams``;
+3. exposes the principal to the servicer through ``current_principal()``;
+4. turns exceptions into statuses in one place: ``serving.errors`` -> its code (``grpc_api.status``;
+   RESOURCE_EXHAUSTED with google.rpc.RetryInfo), ``ValueError`` -> INVALID_ARGUMENT, a late request
+   message -> DEADLINE_EXCEEDED, anything else -> INTERNAL with a generic message (the traceback goes to
+   the server log only);
+5. counts ``grpc_server_started_total``, ``grpc_server_handled_total{grpc_code}`` and
+   ``grpc_server_handling_seconds`` (refused calls included).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import contextvars
 import inspect
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
@@ -32,6 +36,7 @@ from google.protobuf import any_pb2, duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
+from grpc_api.capacity import Capacity, MessageTimeout, default_capacity
 from grpc_api.status import status_code
 from serving import errors
 from serving.records import Authenticator, Principal
@@ -89,50 +94,24 @@ def _status_trailers(exc: errors.ServiceError) -> tuple[tuple[str, Any], ...]:
     return tuple(rpc_status.to_status(status).trailing_metadata)
 
 
-class PublicStreams:
-    """Caps on the streams anyone may open without a key, in total and per connection (the peer
-    address with its port: one HTTP/2 connection). Runs on the event loop."""
+_EMPTY = object()  # a request stream that ended before its first message
 
-    def __init__(self, max_total: int, max_per_connection: int) -> None:
-        self.max_total = max_total
-        self.max_per_connection = max_per_connection
-        self._by_peer: dict[str, int] = {}
-        self._total = 0
-        self.refused = 0
 
-    @property
-    def num_open(self) -> int:
-        return self._total
-
-    def acquire(self, peer: str) -> None:
-        mine = self._by_peer.get(peer, 0)
-        if mine >= self.max_per_connection or self._total >= self.max_total:
-            self.refused += 1
-            limit = (f"{self.max_per_connection} per connection" if mine >= self.max_per_connection
-                     else f"{self.max_total} in all")
-            raise errors.ResourceExhausted(f"too many open health-watch or reflection streams ({limit})",
-                                           retry_after_s=5.0)
-        self._by_peer[peer] = mine + 1
-        self._total += 1
-
-    def release(self, peer: str) -> None:
-        mine = self._by_peer.get(peer, 0) - 1
-        if mine > 0:
-            self._by_peer[peer] = mine
-        else:
-            self._by_peer.pop(peer, None)
-        self._total -= 1
+def plane_of(service: str) -> str:
+    """The plane a service belongs to: ``public`` (health, reflection), ``admin`` or ``data``."""
+    if service.startswith(PUBLIC_PREFIXES):
+        return "public"
+    return "admin" if service == ADMIN_PLANE else "data"
 
 
 class ServerInterceptor(grpc.aio.ServerInterceptor):
-    """Authentication, error mapping, metrics and the anonymous streams' caps for every RPC (see the
-    module docstring)."""
+    """Authentication, the calls' capacity, error mapping and metrics for every RPC (see the module
+    docstring)."""
 
-    def __init__(self, authenticator: Authenticator, metrics: Any = None,
-                 public_streams: PublicStreams | None = None) -> None:
+    def __init__(self, authenticator: Authenticator, metrics: Any = None, capacity: Capacity | None = None) -> None:
         self._auth = authenticator
         self._metrics = metrics if metrics is not None else NullMetrics()
-        self._public = public_streams if public_streams is not None else PublicStreams(64, 4)
+        self.capacity = capacity if capacity is not None else default_capacity()
 
     async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
@@ -140,25 +119,76 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
             return None  # unknown method: grpc answers UNIMPLEMENTED
         full = handler_call_details.method  # "/package.Service/Method"
         service, _, method = full.strip("/").rpartition("/")
-        if service.startswith(PUBLIC_PREFIXES):
-            role = None
-        elif service == ADMIN_PLANE:
-            role = "admin"
-        else:
-            role = "tenant"
-        rpc_type = _rpc_type(handler)
-        labels = (service, method, rpc_type)
-        check = self._check_factory(role, full)
+        plane = plane_of(service)
+        labels = (service, method, _rpc_type(handler))
+        try:
+            principal = self._authenticate(plane, full, handler_call_details.invocation_metadata)
+        except errors.ServiceError as exc:
+            return self._refusal(handler, labels, full, exc)
+        return self._wrap(handler, labels, full, plane, principal)
+
+    def _authenticate(self, plane: str, method: str, metadata: Any) -> Principal | None:
+        """The caller's principal from the call's headers (None on the public plane)."""
+        if plane == "public":
+            return None
+        key = bearer_key(metadata)
+        if key is None:
+            raise errors.Unauthenticated("missing credentials: send metadata 'authorization: Bearer <key>'")
+        if not key:
+            raise errors.Unauthenticated("malformed authorization metadata: expected 'Bearer <key>'")
+        principal = self._auth.authenticate(key)
+        if principal is None:
+            raise errors.Unauthenticated("unknown or revoked API key")
+        role = "admin" if plane == "admin" else "tenant"
+        if principal.kind != role:
+            if role == "admin":
+                raise errors.PermissionDenied(f"{method} needs an admin key; this key belongs to a tenant")
+            raise errors.PermissionDenied(f"{method} needs a tenant's API key; admin keys cannot decode")
+        return principal
+
+    def _refusal(self, handler: grpc.RpcMethodHandler, labels: tuple[str, str, str], method: str,
+                 exc: errors.ServiceError) -> grpc.RpcMethodHandler:
+        """A handler that answers ``exc`` at once, without waiting for the request message."""
+        if isinstance(exc, (errors.Unauthenticated, errors.PermissionDenied)):
+            self.capacity.unauthenticated.hit(f"{method}: {exc.message}")
+        code, message, trailers = _classify(exc, method)
         metrics = self._metrics
+
+        async def refuse(requests, context):
+            metrics.observe_rpc_started(*labels)
+            metrics.observe_rpc(*labels, code.name, 0.0)
+            await context.abort(code, message, trailers)
+
+        return _as_stream_handler(handler, refuse)
+
+    def _wrap(self, handler: grpc.RpcMethodHandler, labels: tuple[str, str, str], full: str, plane: str,
+              principal: Principal | None) -> grpc.RpcMethodHandler:
+        metrics = self._metrics
+        capacity = self.capacity
         parse = _parser(handler.request_deserializer, full)
-        if handler.request_streaming:
-            def prepare(raw):
-                async def parsed():
-                    async for item in raw:
-                        yield parse(item)
-                return parsed()
-        else:
-            prepare = parse
+        request_streaming = handler.request_streaming
+        public_stream = plane == "public" and handler.response_streaming
+
+        async def enter(requests, context, held: list[Callable[[], None]]) -> Any:
+            """The call's request (a stream of them for a streaming RPC), once its first message is in
+            and the call holds its places; what to release goes into ``held``."""
+            try:
+                first = await capacity.pending.first_message(context.peer(), requests)
+            except StopAsyncIteration:
+                if not request_streaming:
+                    raise errors.InvalidArgument(f"no request message was sent to {full}") from None
+                first = _EMPTY
+            capacity.planes.acquire(plane)
+            held.append(lambda: capacity.planes.release(plane))
+            if public_stream:
+                peer = context.peer()
+                capacity.public_streams.acquire(peer)
+                held.append(lambda: capacity.public_streams.release(peer))
+            if principal is not None:
+                _principal.set(principal)
+            if not request_streaming:
+                return parse(first)
+            return _request_stream(first, requests, parse)
 
         async def finish(context, code: grpc.StatusCode, start: float) -> None:
             metrics.observe_rpc(*labels, code.name, time.perf_counter() - start)
@@ -177,18 +207,12 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         if handler.response_streaming:
             inner = handler.unary_stream or handler.stream_stream
 
-            public = self._public if role is None else None
-
-            async def streaming(request_or_iterator, context):
+            async def streaming(requests, context):
                 start = time.perf_counter()
                 metrics.observe_rpc_started(*labels)
-                peer = None
+                held: list[Callable[[], None]] = []
                 try:
-                    check(context)
-                    if public is not None:
-                        public.acquire(context.peer())
-                        peer = context.peer()
-                    result = inner(prepare(request_or_iterator), context)
+                    result = inner(await enter(requests, context, held), context)
                     if inspect.isasyncgen(result):
                         async with contextlib.aclosing(result):
                             async for response in result:
@@ -206,66 +230,54 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
                 else:
                     await finish(context, grpc.StatusCode.OK, start)
                 finally:
-                    if peer is not None and public is not None:
-                        public.release(peer)
+                    for release in reversed(held):
+                        release()
 
-            behavior = streaming
-        else:
-            inner = handler.unary_unary or handler.stream_unary
+            return _as_stream_handler(handler, streaming)
 
-            async def unary(request_or_iterator, context):
-                start = time.perf_counter()
-                metrics.observe_rpc_started(*labels)
-                try:
-                    check(context)
-                    result = inner(prepare(request_or_iterator), context)
-                    if inspect.isawaitable(result):
-                        result = await result
-                except grpc.aio.AbortError:
-                    await finish(context, context.code() or grpc.StatusCode.UNKNOWN, start)
+        inner = handler.unary_unary or handler.stream_unary
+
+        async def unary(requests, context):
+            start = time.perf_counter()
+            metrics.observe_rpc_started(*labels)
+            held: list[Callable[[], None]] = []
+            try:
+                result = inner(await enter(requests, context, held), context)
+                if inspect.isawaitable(result):
+                    result = await result
+            except grpc.aio.AbortError:
+                await finish(context, context.code() or grpc.StatusCode.UNKNOWN, start)
+                raise
+            except BaseException as exc:
+                if _is_cancel(exc):
+                    await finish(context, cancelled_code(context), start)
                     raise
-                except BaseException as exc:
-                    if _is_cancel(exc):
-                        await finish(context, cancelled_code(context), start)
-                        raise
-                    await fail(context, exc, start)
-                await finish(context, grpc.StatusCode.OK, start)
-                return result
+                await fail(context, exc, start)
+            finally:
+                for release in reversed(held):
+                    release()
+            await finish(context, grpc.StatusCode.OK, start)
+            return result
 
-            behavior = unary
+        return _as_stream_handler(handler, unary)
 
-        factory = {
-            (False, False): grpc.unary_unary_rpc_method_handler,
-            (False, True): grpc.unary_stream_rpc_method_handler,
-            (True, False): grpc.stream_unary_rpc_method_handler,
-            (True, True): grpc.stream_stream_rpc_method_handler,
-        }[(handler.request_streaming, handler.response_streaming)]
-        # Requests arrive as bytes and are parsed in the wrapper, so that a malformed message gets
-        # INVALID_ARGUMENT (grpc's own deserializer failure would read as INTERNAL).
-        return factory(behavior, request_deserializer=None, response_serializer=handler.response_serializer)
 
-    def _check_factory(self, role: str | None, method: str) -> Callable[[Any], None]:
-        auth = self._auth
+def _as_stream_handler(handler: grpc.RpcMethodHandler, behavior: Callable[..., Any]) -> grpc.RpcMethodHandler:
+    """``behavior`` as a handler that takes its requests as a stream (so grpc starts it at once, before
+    any message) with ``handler``'s response shape. Requests arrive as bytes and are parsed in the
+    wrapper, so that a malformed message gets INVALID_ARGUMENT (grpc's own deserializer failure would
+    read as INTERNAL)."""
+    factory = grpc.stream_stream_rpc_method_handler if handler.response_streaming else \
+        grpc.stream_unary_rpc_method_handler
+    return factory(behavior, request_deserializer=None, response_serializer=handler.response_serializer)
 
-        def check(context) -> None:
-            if role is None:
-                return
-            key = bearer_key(context.invocation_metadata())
-            if key is None:
-                raise errors.Unauthenticated(
-                    "missing credentials: send metadata 'authorization: Bearer <key>'")
-            if not key:
-                raise errors.Unauthenticated("malformed authorization metadata: expected 'Bearer <key>'")
-            principal = auth.authenticate(key)
-            if principal is None:
-                raise errors.Unauthenticated("unknown or revoked API key")
-            if principal.kind != role:
-                if role == "admin":
-                    raise errors.PermissionDenied(f"{method} needs an admin key; this key belongs to a tenant")
-                raise errors.PermissionDenied(f"{method} needs a tenant's API key; admin keys cannot decode")
-            _principal.set(principal)
 
-        return check
+async def _request_stream(first: Any, rest: Any, parse: Callable[[Any], Any]) -> AsyncIterator[Any]:
+    if first is _EMPTY:
+        return
+    yield parse(first)
+    async for raw in rest:
+        yield parse(raw)
 
 
 def _parser(deserializer: Callable[[bytes], Any] | None, method: str) -> Callable[[Any], Any]:
@@ -286,6 +298,8 @@ def _is_cancel(exc: BaseException) -> bool:
 
 
 def _classify(exc: BaseException, method: str) -> tuple[grpc.StatusCode, str, tuple]:
+    if isinstance(exc, MessageTimeout):
+        return grpc.StatusCode.DEADLINE_EXCEEDED, str(exc), ()
     if isinstance(exc, errors.ServiceError):
         return status_code(exc), exc.message, _status_trailers(exc)
     if isinstance(exc, ValueError):

@@ -7,13 +7,17 @@
 ``core`` is the serving core (``serving.core.ServingCore``) the data plane adapts; ``settings`` is any
 object with the attributes of ``reprise.config.ServerConfig`` (host, grpc_port, max_message_bytes,
 max_concurrent_requests, grace_seconds, keepalive_time_s, keepalive_timeout_s, public_streams_total,
-public_streams_per_connection, tls_cert_file, tls_key_file, tls_client_ca_file).
+public_streams_per_connection, admin_max_calls, grpc_message_timeout_s, grpc_pending_per_connection,
+grpc_pending_per_address, grpc_pending_total, tls_cert_file, tls_key_file, tls_client_ca_file).
 
-Capacity: authenticated generation is admitted by the core (per tenant and in total). Health checking
-and reflection need no key, so their long-lived streams (``Health.Watch``, reflection) get their own
-small caps, per connection and in total (``grpc_api.interceptors.PublicStreams``); grpc's own cap on
-concurrent RPCs is set above everything those limits allow, so anonymous streams can never fill the
-room tenants' calls need.
+Capacity: grpc's own ``maximum_concurrent_rpcs`` is not used. It counts a call from its headers, before
+credentials can be checked against its message, and it is one count for every service, so calls that
+never send a message once held all of it. Instead the interceptor checks credentials from the headers
+and refuses a call without a valid key at once; a call waits for its message under per-connection,
+per-address and total caps and a deadline; and once at work it holds a slot of its own plane (data,
+admin, public), so health checks and the admin plane keep room whatever the data plane's callers do
+(``grpc_api.capacity``). Authenticated generation is further admitted by the core (per tenant and in
+total).
 
 Shutdown (``stop``): health turns NOT_SERVING for every service, new generation requests get
 UNAVAILABLE, in-flight streams have ``grace_seconds`` to finish and are then cancelled. The caller
@@ -36,8 +40,9 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2
 from grpc_reflection.v1alpha._async import ReflectionServicer
 
 from grpc_api.admin import AdminServicer
+from grpc_api.capacity import Capacity
 from grpc_api.decoding import DecodingServicer
-from grpc_api.interceptors import ADMIN_PLANE, DATA_PLANE, NullMetrics, PublicStreams, ServerInterceptor
+from grpc_api.interceptors import ADMIN_PLANE, DATA_PLANE, NullMetrics, ServerInterceptor
 from grpc_api.v1 import admin_pb2, admin_pb2_grpc, decoding_pb2, decoding_pb2_grpc
 from serving.admin import AdminBackend
 from serving.core import ServingCore
@@ -99,18 +104,15 @@ class GrpcServer:
         self._stopped = asyncio.Event()
         self._stopping: asyncio.Task | None = None
         self._admin_executor = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="reprise-admin")
-        self.public_streams = PublicStreams(settings.public_streams_total, settings.public_streams_per_connection)
+        self.capacity = Capacity.for_settings(settings)
 
     async def start(self) -> int:
         """Bind and start serving; return the bound port (useful with grpc_port 0)."""
         s = self.settings
-        server = grpc.aio.server(
-            interceptors=[ServerInterceptor(self._auth, self.metrics, self.public_streams)],
-            options=server_options(s),
-            # A last guard only: generation is admitted by the core, anonymous streams by PublicStreams,
-            # and this lies above both (plus room for short calls), so neither can fill it for the other.
-            maximum_concurrent_rpcs=s.max_concurrent_requests * 2 + s.public_streams_total + 256,
-        )
+        # No maximum_concurrent_rpcs: the interceptor holds every call to its plane's capacity (module
+        # docstring); grpc's one count for all services is what let headers alone shut everyone out.
+        server = grpc.aio.server(interceptors=[ServerInterceptor(self._auth, self.metrics, self.capacity)],
+                                 options=server_options(s))
         decoding_pb2_grpc.add_DecodingServiceServicer_to_server(DecodingServicer(self.core, self._version), server)
         admin_pb2_grpc.add_AdminServiceServicer_to_server(
             AdminServicer(self._admin, self.admission, self._admin_executor, s.max_message_bytes), server)

@@ -38,6 +38,8 @@ import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from serving.storm_log import StormLog
+
 log = logging.getLogger(__name__)
 
 
@@ -50,28 +52,6 @@ class HttpLimits:
     keepalive_timeout_s: float = 5.0
     max_connections: int = 1024
     max_connections_per_client: int = 256
-
-
-class StormLog:
-    """Counts a kind of event and logs it once per ``interval_s`` with the count, not once per event."""
-
-    def __init__(self, logger: logging.Logger, message: str, interval_s: float = 60.0) -> None:
-        self.logger = logger
-        self.message = message
-        self.interval_s = interval_s
-        self.total = 0
-        self._since_report = 0
-        self._last = -float("inf")
-
-    def hit(self, detail: str = "") -> None:
-        self.total += 1
-        self._since_report += 1
-        now = time.monotonic()
-        if now - self._last >= self.interval_s:
-            self.logger.warning("%s (%d in the last %.0f s%s)", self.message, self._since_report,
-                                min(now - self._last, self.interval_s), f"; {detail}" if detail else "")
-            self._last = now
-            self._since_report = 0
 
 
 class _CollapseRepeats(logging.Filter):

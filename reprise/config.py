@@ -90,6 +90,18 @@ class ServerConfig:
         "gRPC streams anyone may hold open without a key (health Watch, reflection), over all clients"))
     public_streams_per_connection: int = field(default=4, metadata=_help(
         "of those, per client connection"))
+    admin_max_calls: int = field(default=64, metadata=_help(
+        "admin-plane gRPC calls in flight at most (the data plane and health keep their own room)"))
+    grpc_message_timeout_s: float = field(default=10.0, metadata=_help(
+        "a gRPC call's request message must arrive within this many seconds of its headers, else the "
+        "call ends with DEADLINE_EXCEEDED"))
+    grpc_pending_per_connection: int = field(default=32, metadata=_help(
+        "gRPC calls waiting for their request message per connection; beyond, the longest-waiting one "
+        "is dropped (RESOURCE_EXHAUSTED)"))
+    grpc_pending_per_address: int = field(default=128, metadata=_help(
+        "gRPC calls waiting for their request message per client address (as per connection)"))
+    grpc_pending_total: int = field(default=1024, metadata=_help(
+        "gRPC calls waiting for their request message over all clients (as per connection)"))
     http_header_timeout_s: float = field(default=10.0, metadata=_help(
         "an HTTP request's headers must arrive within this many seconds, else the connection is closed"))
     http_body_timeout_s: float = field(default=60.0, metadata=_help(
@@ -134,7 +146,9 @@ class ServerConfig:
         _positive("server.keepalive_time_s", self.keepalive_time_s)
         _positive("server.keepalive_timeout_s", self.keepalive_timeout_s)
         _positive("server.stats_interval_s", self.stats_interval_s)
-        for name in ("public_streams_total", "public_streams_per_connection", "http_header_timeout_s",
+        for name in ("public_streams_total", "public_streams_per_connection", "admin_max_calls",
+                     "grpc_message_timeout_s", "grpc_pending_per_connection", "grpc_pending_per_address",
+                     "grpc_pending_total", "http_header_timeout_s",
                      "http_body_timeout_s", "http_keepalive_timeout_s", "http_max_connections",
                      "http_max_connections_per_client"):
             _positive(f"server.{name}", getattr(self, name))

@@ -23,6 +23,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -357,6 +358,86 @@ def idle_streams(target: str, count: int, per_channel: int, kind: str = "watch")
             refused[exc.code().name] = refused.get(exc.code().name, 0) + 1
             hints += any(k == "grpc-status-details-bin" for k, _ in (exc.trailing_metadata() or ()))
     return Streams(channels, calls, held, refused, hints)
+
+
+class HalfOpenCalls:
+    """``count`` gRPC calls to ``method`` on each of ``connections`` HTTP/2 connections, each call sending
+    its headers (with ``key`` as its bearer credentials, if any) and never its request message: the calls a
+    client holds open to take the server's capacity. They run on an event loop of their own (one thread
+    for all: grpc.aio wants one loop per process); ``outcome()`` tallies how the calls have ended so far
+    (``held``: not yet ended), the longest each status took, and the first message of each."""
+
+    def __init__(self, target: str, method: str, count: int, key: str | None = None, connections: int = 1) -> None:
+        import asyncio
+
+        self.method = method
+        self.num_calls = count * connections
+        self.ended: dict[str, list[float]] = {}
+        self.details: dict[str, str] = {}
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._stop: Any = None
+        self._thread = threading.Thread(target=self._loop.run_until_complete,
+                                        args=(self._main(target, key, count, connections),), daemon=True)
+        self._thread.start()
+        if not self._ready.wait(60):
+            raise RuntimeError(f"could not open {connections} gRPC connections to {target}")
+
+    async def _main(self, target: str, key: str | None, count: int, connections: int) -> None:
+        import asyncio
+
+        self._stop = asyncio.Event()
+        metadata = (("authorization", f"Bearer {key}"),) if key else None
+        channels = [grpc.aio.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)])
+                    for _ in range(connections)]
+
+        async def never() -> Any:
+            await self._stop.wait()
+            if False:  # an async generator that yields nothing while the calls are held
+                yield b""
+
+        async def one(ch: Any) -> None:
+            start = time.perf_counter()
+            try:
+                await ch.stream_unary(self.method, request_serializer=None, response_deserializer=None)(
+                    never(), metadata=metadata)
+                code = "OK"
+            except grpc.aio.AioRpcError as exc:
+                code = exc.code().name
+                self.details.setdefault(code, str(exc.details())[:200])
+            except asyncio.CancelledError:
+                return
+            self.ended.setdefault(code, []).append(time.perf_counter() - start)
+
+        try:
+            for ch in channels:
+                await ch.channel_ready()
+            tasks = [asyncio.ensure_future(one(ch)) for ch in channels for _ in range(count)]
+            self._ready.set()
+            await self._stop.wait()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        finally:
+            for ch in channels:
+                await ch.close()
+
+    def outcome(self) -> dict[str, Any]:
+        ended = {code: len(times) for code, times in self.ended.items()}
+        return {"calls": self.num_calls, "held": self.num_calls - sum(ended.values()), "ended": ended,
+                "ended_after_s": {code: round(max(times), 2) for code, times in self.ended.items()},
+                "messages": dict(self.details)}
+
+    def close(self) -> None:
+        if self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(30)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def huge_chat(num_messages: int = 30_000, total_bytes: int = 15_000_000) -> dict[str, Any]:

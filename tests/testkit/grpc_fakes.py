@@ -286,6 +286,11 @@ class Settings:
     keepalive_timeout_s: float = 10.0
     public_streams_total: int = 64
     public_streams_per_connection: int = 4
+    admin_max_calls: int = 64
+    grpc_message_timeout_s: float = 10.0
+    grpc_pending_per_connection: int = 32
+    grpc_pending_per_address: int = 128
+    grpc_pending_total: int = 1024
     tls_cert_file: str = ""
     tls_key_file: str = ""
     tls_client_ca_file: str = ""
