@@ -30,6 +30,7 @@ import asyncio
 import concurrent.futures
 import logging
 import signal
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -90,7 +91,7 @@ class GrpcServer:
     """Both planes on one port, with health checking and reflection."""
 
     def __init__(self, core: ServingCore, admin: AdminBackend, authenticator: Authenticator, settings: Any,
-                 metrics: Any = None, version: str = "") -> None:
+                 metrics: Any = None, version: str = "", health: Callable[[str], str] | None = None) -> None:
         self.settings = settings
         self.metrics = metrics if metrics is not None else NullMetrics()
         self.core = core
@@ -98,6 +99,7 @@ class GrpcServer:
         self._admin = admin
         self._auth = authenticator
         self._version = version
+        self._health_of = health or self._default_health
         self.port = 0
         self._server: grpc.aio.Server | None = None
         self._health: HealthServicer | None = None
@@ -143,17 +145,22 @@ class GrpcServer:
             raise OSError(f"cannot listen on {address} (in use?)")
         await server.start()
         self._server = server
-        for name in ("", *SERVICE_NAMES):
-            await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        await self.refresh_health()
         log.info("gRPC serving on %s", _address(s.host, self.port))
         return self.port
 
-    async def set_serving(self, serving: bool) -> None:
-        """What health checking answers for every service (NOT_SERVING at once when the engine died)."""
+    def _default_health(self, service: str) -> str:
+        return "draining" if self.admission.draining else "serving"
+
+    async def refresh_health(self) -> None:
+        """Health checking's answer for each service name, from ``health(name)`` (the function /healthz
+        reads too, so both fronts say the same): SERVING where it says "serving", else NOT_SERVING. Call
+        it when that answer changes (the engine died); draining turns every name NOT_SERVING itself."""
         if self._health is not None:
-            status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
             for name in ("", *SERVICE_NAMES):
-                await self._health.set(name, status)
+                serving = self._health_of(name) == "serving"
+                await self._health.set(name, health_pb2.HealthCheckResponse.SERVING if serving
+                                       else health_pb2.HealthCheckResponse.NOT_SERVING)
 
     def install_signal_handlers(self) -> None:
         """SIGTERM and SIGINT start a graceful stop (once)."""

@@ -2,7 +2,9 @@
 event loop):
 
     GET  /healthz               200 "serving", 503 "draining" or "engine stopped" (no key: what a load
-                                balancer reads, and nothing else is public)
+                                balancer reads, and nothing else is public); ``?service=NAME`` asks
+                                about one gRPC plane (reprise.v1.DecodingService, reprise.v1.AdminService)
+                                and answers exactly what gRPC health answers for that name (404: unknown)
     GET  /metrics               Prometheus text format, with an admin key (a scraper's bearer token):
                                 per-tenant activity would show in its deltas
     POST /v1/chat/completions, /v1/completions, /v1/responses; GET /v1/models ...   the OpenAI-compatible
@@ -36,10 +38,11 @@ from serving.records import Authenticator
 
 
 def build_app(core: ServingCore | None, authenticator: Authenticator, render_metrics: Callable[[], tuple[bytes, str]],
-              health: Callable[[], str], *, max_body_bytes: int = 16 << 20, routers: Sequence[APIRouter] = (),
+              health: Callable[[str], str], *, max_body_bytes: int = 16 << 20, routers: Sequence[APIRouter] = (),
               responses: ResponseStore | None = None,
               observe: Callable[[str, int, float], None] | None = None) -> FastAPI:
-    """The app. ``health()`` says "serving", "draining" or why not; ``core`` adds the ``/v1`` API (with
+    """The app. ``health(service)`` says "serving", "draining", why not, or "unknown service" (``""``:
+    the whole service), the same function gRPC health reads; ``core`` adds the ``/v1`` API (with
     ``responses``, the tenants' stored responses; None refuses ``store``); ``observe(route, status,
     seconds)`` counts every request by its route's template."""
     app = FastAPI(title="reprise", docs_url=None, redoc_url=None, openapi_url=None)
@@ -72,9 +75,10 @@ def build_app(core: ServingCore | None, authenticator: Authenticator, render_met
         return Response(data, media_type=ctype)
 
     @app.get("/healthz")
-    async def healthz() -> Response:
-        state = health()
-        return PlainTextResponse(state + "\n", 200 if state == "serving" else 503)
+    async def healthz(service: str = "") -> Response:
+        state = health(service[:200])
+        status = 200 if state == "serving" else 404 if state == "unknown service" else 503
+        return PlainTextResponse(state + "\n", status)
 
     @app.get("/")
     async def root() -> Response:

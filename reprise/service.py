@@ -27,7 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from grpc_api.server import GrpcServer
+from grpc_api.interceptors import ADMIN_PLANE
+from grpc_api.server import SERVICE_NAMES, GrpcServer
 from http_api.app import build_app
 from http_api.server import HttpLimits, HttpServer
 from privacy import HistoryStore, ensure_admin_key, open_store
@@ -187,7 +188,8 @@ class Service:
                                     render_threads=c.server.num_worker_threads, residency=self.decoding.residency,
                                     holdout=self.holdout)
             admin = ServiceAdmin(store, self.decoding.indexes, invalidate)
-            self.grpc = GrpcServer(self.core, admin, auth, c.server, self.metrics, version=__version__)
+            self.grpc = GrpcServer(self.core, admin, auth, c.server, self.metrics, version=__version__,
+                                   health=self.health)
             self.stats_history = StatsHistory(lambda: admin.index_stats(None), admin.list_tenants,
                                               interval_s=c.server.stats_interval_s)
             retention_s = c.server.response_retention_days * 86400
@@ -314,11 +316,17 @@ class Service:
 
     # ---- health and failure --------------------------------------------------------------------------
 
-    def health(self) -> str:
-        """"serving", "draining" or "engine stopped": what /healthz says (gRPC health says the same)."""
+    def health(self, service: str = "") -> str:
+        """What ``service`` can do now: "serving", "draining", "engine stopped" or "unknown service".
+        ``""`` is the whole service, else a gRPC plane's name (the admin plane needs no engine). The one
+        answer both /healthz (``?service=``) and gRPC health give (``GrpcServer.refresh_health``)."""
+        if service not in ("", *SERVICE_NAMES):
+            return "unknown service"
         if self.core is None or self.core.admission.draining:
             return "draining"
-        return "serving" if self.core.backend.alive else "engine stopped"
+        if service == ADMIN_PLANE or self.core.backend.alive:
+            return "serving"
+        return "engine stopped"
 
     def _engine_died(self, error: BaseException) -> None:
         """From the dying engine's thread: NOT_SERVING at once, then stop with a non-zero exit code."""
@@ -331,7 +339,7 @@ class Service:
             log.critical("the engine died (%s): health is NOT_SERVING; stopping with exit code %d",
                          type(error).__name__, EXIT_ENGINE_FAILED)
             if self.grpc is not None:
-                await self.grpc.set_serving(False)
+                await self.grpc.refresh_health()
                 self.grpc.request_stop()
 
         try:

@@ -86,7 +86,7 @@ def core() -> ServingCore:
 
 @pytest.fixture(scope="module")
 def http(core):
-    app = build_app(core, Keys(), lambda: (b"", "text/plain"), lambda: "serving", max_body_bytes=1 << 20)
+    app = build_app(core, Keys(), lambda: (b"", "text/plain"), lambda service="": "serving", max_body_bytes=1 << 20)
     with TestClient(app, raise_server_exceptions=False) as client:
         yield client
 

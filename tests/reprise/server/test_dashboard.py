@@ -75,7 +75,7 @@ def dashboard():
     loop = LoopThread()
     server = HttpServer("127.0.0.1", 0)
     auth = KeyTable()
-    app = build_app(None, auth, metrics.render, lambda: "serving", routers=[dashboard_router(auth, history.snapshot)])
+    app = build_app(None, auth, metrics.render, lambda service="": "serving", routers=[dashboard_router(auth, history.snapshot)])
     loop.call(server.start(app))
     yield server, history
     loop.call(server.stop())
