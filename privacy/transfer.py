@@ -1,7 +1,10 @@
 """Export and import of one tenant's history as a sealed file.
 
 Protection: a password (scrypt, n=2^15, r=8, p=1, random 16-byte salt) or a raw 256-bit key; one of
-the two is required. The file is a header then frames, each AES-256-GCM sealed under the derived key:
+the two is required. The header is only authenticated once a frame opens, so nothing in it may choose
+the work done before that: an import accepts exactly the scrypt parameters Reprise writes (32 MiB,
+about 0.1 s) and a first frame (the tenant entry) of at most 1 MiB; later frames, read once the key is
+proven, may be as large as a snapshot. The file is a header then frames, each AES-256-GCM sealed under the derived key:
 
     header = "REPRISE-EXPORT\\0\\x01" | protection(1) | log2 n(1) | r(1) | p(1) | salt(16) | nonce prefix(8)
     frame  = length(4, big-endian) | ciphertext+tag     nonce = prefix | frame counter(4)
@@ -48,7 +51,7 @@ _HEADER = struct.Struct(">BBBB16s8s")
 _LEN = struct.Struct(">I")
 PROTECT_PASSWORD, PROTECT_KEY = 1, 2
 SCRYPT_LOG2_N, SCRYPT_R, SCRYPT_P = 15, 8, 1
-_MAX_LOG2_N = 20
+_MAX_FIRST_FRAME = 1 << 20  # the tenant entry (a name and snapshot cursors), read before the key is proven
 _MAX_FRAME = 1 << 30
 MIN_PASSWORD_CHARS = 10
 T_TENANT, T_TRAJECTORY, T_BLOB, T_END = 1, 2, 3, 4
@@ -79,8 +82,10 @@ def _derive(protection: int, log2_n: int, r: int, p: int, salt: bytes, password:
     if protection == PROTECT_PASSWORD:
         if password is None:
             raise ValueError("this export is password-protected: give password=")
-        if not 10 <= log2_n <= _MAX_LOG2_N or not 1 <= r <= 32 or not 1 <= p <= 16:
-            raise IntegrityError(f"export file has implausible scrypt parameters (log2 n {log2_n}, r {r}, p {p})")
+        if (log2_n, r, p) != (SCRYPT_LOG2_N, SCRYPT_R, SCRYPT_P):  # before any work: the header is not authenticated
+            raise IntegrityError(
+                f"export file asks for scrypt log2 n {log2_n}, r {r}, p {p}; Reprise writes and reads only log2 n "
+                f"{SCRYPT_LOG2_N}, r {SCRYPT_R}, p {SCRYPT_P}, so this file was not written by Reprise or was altered")
         return AESGCM(Scrypt(salt=salt, length=32, n=1 << log2_n, r=r, p=p).derive(password.encode()))
     if protection == PROTECT_KEY:
         if key is None:
@@ -172,12 +177,21 @@ def export_tenant(store: SealedStore, tenant: TenantId, sink: BinaryIO, *, passw
     return ExportReport(n, num_blobs, w.num_bytes, tuple(skipped))
 
 
-def _frames(source: BinaryIO, password: str | None, key: bytes | None) -> Iterator[tuple[int, bytes]]:
+def _read_header(source: BinaryIO) -> bytes:
     header = source.read(len(MAGIC) + _HEADER.size)
     if len(header) < len(MAGIC) + _HEADER.size or not header.startswith(MAGIC):
         raise IntegrityError("not a Reprise export file (bad magic or truncated header)")
-    protection, log2_n, r, p, salt, prefix = _HEADER.unpack_from(header, len(MAGIC))
-    cipher = _derive(protection, log2_n, r, p, salt, password, key)
+    return header
+
+
+def _cipher(header: bytes, password: str | None, key: bytes | None) -> AESGCM:
+    protection, log2_n, r, p, salt, _ = _HEADER.unpack_from(header, len(MAGIC))
+    return _derive(protection, log2_n, r, p, salt, password, key)
+
+
+def _frames(source: BinaryIO, header: bytes, cipher: AESGCM) -> Iterator[tuple[int, bytes]]:
+    """The frames after ``header`` (already read from ``source``), each authenticated with ``cipher``."""
+    prefix = _HEADER.unpack_from(header, len(MAGIC))[-1]
     counter, final = 0, False
     while True:
         raw_len = source.read(4)
@@ -190,8 +204,9 @@ def _frames(source: BinaryIO, password: str | None, key: bytes | None) -> Iterat
         if len(raw_len) < 4:
             raise IntegrityError("export file is truncated (partial frame length)")
         (n,) = _LEN.unpack(raw_len)
-        if not 17 <= n <= _MAX_FRAME:
-            raise IntegrityError(f"export file has a frame of implausible length {n}")
+        limit = _MAX_FRAME if counter else _MAX_FIRST_FRAME
+        if not 17 <= n <= limit:
+            raise IntegrityError(f"export file has a frame of implausible length {n} (frame {counter}: at most {limit})")
         ct = source.read(n)
         if len(ct) < n:
             raise IntegrityError("export file is truncated (partial frame)")
@@ -223,12 +238,16 @@ def import_tenant(store: SealedStore, source: BinaryIO, *, password: str | None 
         raise ValueError("give exactly one of password= or key=")
     if into is not None and name is not None:
         raise ValueError("give into= (an existing tenant) or name= (a new one), not both")
+    start = source.tell() if source.seekable() else 0
+    header = _read_header(source)
+    cipher = _cipher(header, password, key)  # derived once, for both passes
     if source.seekable():
-        start = source.tell()
-        for _ in _frames(source, password, key):
+        for _ in _frames(source, header, cipher):
             pass
         source.seek(start)
-    frames = _frames(source, password, key)
+        if _read_header(source) != header:
+            raise IntegrityError("export file changed while it was being read")
+    frames = _frames(source, header, cipher)
     entry_type, payload = next(frames, (0, b""))
     if entry_type != T_TENANT:
         raise IntegrityError("export file does not start with a tenant entry")

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import io
 import os
+import struct
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -145,3 +148,53 @@ def test_bad_arguments(store) -> None:
     with pytest.raises(ValueError, match="not both"):
         store.import_tenant(io.BytesIO(b""), password=PASSWORD, into=t, name="x")
     assert sink.getvalue() == b""
+
+
+def crafted_export(log2_n: int, r: int, p: int, first_frame_length: int = 28) -> bytes:
+    """A file with a valid-looking header asking for these scrypt parameters and one (junk) frame: the
+    76 bytes a hostile tenant hands over for migration."""
+    header = MAGIC + struct.pack(">BBBB16s8s", 1, log2_n, r, p, b"s" * 16, b"n" * 8)
+    return header + struct.pack(">I", first_frame_length) + b"\0" * 28
+
+
+@pytest.mark.parametrize("params", [(20, 16, 1), (20, 8, 1), (15, 32, 1), (15, 8, 16), (14, 8, 1), (15, 8, 0)])
+def test_only_the_scrypt_parameters_reprise_writes_are_accepted(store, monkeypatch, params) -> None:
+    def no_kdf(*args, **kwargs):
+        raise AssertionError("the KDF ran on parameters the file chose")
+
+    monkeypatch.setattr("privacy.transfer.Scrypt", no_kdf)
+    data = crafted_export(*params)
+    assert len(data) == 76
+    with pytest.raises(IntegrityError, match=f"log2 n {params[0]}, r {params[1]}, p {params[2]}; Reprise writes"):
+        store.import_tenant(io.BytesIO(data), password=PASSWORD, name="crafted")
+    assert store.find_tenant("crafted") is None
+
+
+def test_a_crafted_export_is_refused_before_100_mb_of_allocation(tmp_path) -> None:
+    """Issue 36: scrypt log2 n 20, r 16 is 2 GiB of memory; measured in a fresh process (VmHWM)."""
+    path = tmp_path / "crafted.export"
+    path.write_bytes(crafted_export(20, 16, 1))
+    script = f"""
+import base64, os, resource
+from privacy import StoreConfig, open_store, IntegrityError
+env = {{"REPRISE_MASTER_KEY": base64.b64encode(os.urandom(32)).decode()}}
+store = open_store(StoreConfig(data_dir={str(tmp_path / "data")!r}), env=env)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+try:
+    store.import_tenant(open({str(path)!r}, "rb"), password="correct horse battery staple")
+except IntegrityError as exc:
+    print("refused:", exc)
+print("grew_kib", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True).stdout
+    assert "refused: export file asks for scrypt log2 n 20, r 16, p 1" in out, out
+    assert int(out.split("grew_kib")[1]) < 100 * 1024, out
+
+
+@pytest.mark.parametrize("length", [1 << 30, (1 << 20) + 1])
+def test_a_large_first_frame_is_refused_before_it_is_read(store, length) -> None:
+    data = crafted_export(15, 8, 1, first_frame_length=length)
+    source = io.BytesIO(data + b"\0" * 64)
+    with pytest.raises(IntegrityError, match=f"implausible length {length} \\(frame 0: at most 1048576\\)"):
+        store.import_tenant(source, password=PASSWORD, name="crafted")
+    assert source.tell() <= len(data)  # nothing of the frame was read
