@@ -3,7 +3,8 @@
 ``write_atomic(path, data)`` writes to a temporary file in the same folder, fsyncs it, renames it over
 ``path`` and fsyncs the folder, so that the rename itself survives a crash. ``atomic_writer(path)`` does
 the same around a binary file object, for writers that stream (``torch.save(state, fh)``).
-``reprise_home()`` is where Reprise keeps its local files when no folder is given. This package imports
+``reprise_home()`` is where Reprise keeps its local files when no folder is given. ``fileio.lines``
+reads the lines of untrusted files with a bound on each line's length. This package imports
 nothing of the project: every layer may use it (docs/architecture.md).
 """
 

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
+
+from fileio.lines import bounded_lines
 
 #: Where the project's trace files are kept: the ``shared/traces`` folder beside the checkout. They are
 #: third-party recordings, not part of the repository; the benchmarks default to files there and the
@@ -23,6 +26,11 @@ TRACES_DIR = Path(__file__).resolve().parents[2] / "shared" / "traces"
 
 _GZIP_MAGIC = b"\x1f\x8b"
 _MAX_KEPT_ERRORS = 20
+#: The longest trace line read (bytes, with its newline), and the variable that changes it. A line is one
+#: whole trajectory: the longest in the shared traces is about 1 MB. A longer line is refused (or, with
+#: ``skip_bad_lines``, skipped) once this much of it is read, never held whole.
+MAX_LINE_BYTES = 64 << 20
+MAX_LINE_BYTES_ENV = "REPRISE_TRACE_MAX_LINE_BYTES"
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,8 +141,21 @@ def _parse_line(obj: Any) -> tuple[str, str, list[Message], list[int]]:
 _BOM = b"\xef\xbb\xbf"
 
 
+def max_line_bytes() -> int:
+    """``$REPRISE_TRACE_MAX_LINE_BYTES`` if set, else ``MAX_LINE_BYTES``."""
+    raw = os.environ.get(MAX_LINE_BYTES_ENV, "")
+    try:
+        value = int(raw) if raw else MAX_LINE_BYTES
+    except ValueError:
+        raise ValueError(f"{MAX_LINE_BYTES_ENV} must be a number of bytes, got {raw!r}") from None
+    if value < 1:
+        raise ValueError(f"{MAX_LINE_BYTES_ENV} must be >= 1, got {value}")
+    return value
+
+
 def iter_calls(
-    path: str | Path, *, skip_bad_lines: bool = False, stats: TraceStats | None = None
+    path: str | Path, *, skip_bad_lines: bool = False, stats: TraceStats | None = None,
+    max_line: int | None = None,
 ) -> Iterator[Call]:
     """Yield the calls of one trace file in file order.
 
@@ -142,14 +163,17 @@ def iter_calls(
     not an assistant message) raises ``TraceError`` (a ``ValueError``) reading ``file:line: what is
     wrong``; with ``skip_bad_lines`` it is skipped and counted in ``stats`` instead. Blank lines and a
     UTF-8 byte-order mark at the start of the file are ignored. A missing file raises ``FileNotFoundError``.
+    A line longer than ``max_line`` bytes (default ``max_line_bytes()``) is a bad line, found without
+    reading it whole.
     """
+    limit = max_line if max_line is not None else max_line_bytes()
     path = Path(path)
     stats = stats if stats is not None else TraceStats()
     name = str(path)
     index = 0
     line_no = 0
     with _open(path) as fh:
-        lines = iter(fh)
+        lines = bounded_lines(fh, limit)
         while True:
             try:
                 raw = next(lines)
@@ -162,6 +186,14 @@ def iter_calls(
                 stats.record_error(message)
                 break
             line_no += 1
+            if raw is None:
+                message = (f"{name}:{line_no}: line longer than {limit} bytes (the limit of a trace line; "
+                           f"set {MAX_LINE_BYTES_ENV} to raise it)")
+                if not skip_bad_lines:
+                    raise TraceError(message)
+                stats.lines += 1
+                stats.record_error(message)
+                continue
             if line_no == 1 and raw.startswith(_BOM):  # written by tools that mark UTF-8 files
                 raw = raw[len(_BOM):]
             if not raw.strip():

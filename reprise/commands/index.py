@@ -33,6 +33,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from fileio.lines import bounded_lines
 from reprise.arguments import CliError
 from reprise.commands._remote import (
     ProgressBar,
@@ -43,6 +44,11 @@ from reprise.commands._remote import (
     read_password,
     resolve_tenant,
 )
+
+# A .jsonl corpus line: one document, which must fit in one gRPC message (server.max_message_bytes, 16 MiB
+# by default) once decoded; its JSON text may be a few times longer (escapes). Longer lines are refused
+# without being read whole.
+MAX_CORPUS_LINE_BYTES = 64 << 20
 
 
 def add_parser(sub) -> None:
@@ -212,15 +218,20 @@ def describe_check(check: Any, name: str) -> str:
 
 
 def read_documents(paths: list[str]) -> Iterator[str | list[int]]:
-    """Documents from text files (one each) and .jsonl files (one per line); errors name file and line."""
+    """Documents from text files (one each) and .jsonl files (one per line, each at most
+    ``MAX_CORPUS_LINE_BYTES``, never read whole beyond that); errors name file and line."""
     for name in paths:
         path = Path(name)
         try:
             if path.suffix != ".jsonl":
                 yield path.read_text(encoding="utf-8")
                 continue
-            with path.open(encoding="utf-8") as f:
-                for lineno, line in enumerate(f, 1):
+            with path.open("rb") as f:
+                for lineno, raw in enumerate(bounded_lines(f, MAX_CORPUS_LINE_BYTES), 1):
+                    if raw is None:
+                        raise CliError(f"{path}:{lineno}: line longer than {MAX_CORPUS_LINE_BYTES} bytes (a document "
+                                       "must fit in one gRPC message, server.max_message_bytes): split it", 2)
+                    line = raw.decode("utf-8")
                     if not line.strip():
                         continue
                     try:

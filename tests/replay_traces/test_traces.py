@@ -145,3 +145,54 @@ def test_truncated_gzip_is_reported_or_skipped(tmp_path):
 def test_missing_file_raises_file_not_found(tmp_path):
     with pytest.raises(FileNotFoundError):
         list(iter_calls(tmp_path / "nope.jsonl"))
+
+
+def write_long_line_gzip(path, line_bytes: int, before: int = 1, after: int = 1) -> None:
+    """A gzip trace: ``before`` good lines, one line of ``line_bytes`` (a JSON string that never ends),
+    ``after`` good lines; written in chunks, never held whole."""
+    good = (json.dumps(_line()) + "\n").encode()
+    with gzip.open(path, "wb", compresslevel=1) as fh:
+        fh.write(good * before)
+        fh.write(b'{"tenant": "')
+        chunk = b"a" * (1 << 20)
+        for _ in range(line_bytes // len(chunk)):
+            fh.write(chunk)
+        fh.write(b"\n" + good * after)
+
+
+@pytest.mark.parametrize("skip", [False, True])
+def test_a_long_line_is_refused_without_reading_it_whole(tmp_path, skip):
+    import tracemalloc
+
+    path = tmp_path / "long.jsonl.gz"
+    write_long_line_gzip(path, 64 << 20)
+    stats = TraceStats()
+    tracemalloc.start()
+    try:
+        if skip:
+            calls = list(iter_calls(path, skip_bad_lines=True, stats=stats, max_line=1 << 20))
+        else:
+            with pytest.raises(TraceError) as exc:
+                list(iter_calls(path, max_line=1 << 20))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20  # a few chunks of 1 MiB, never the 64 MiB line
+    message = stats.errors[0] if skip else str(exc.value)
+    assert message == (f"{path}:2: line longer than 1048576 bytes (the limit of a trace line; set "
+                       "REPRISE_TRACE_MAX_LINE_BYTES to raise it)")
+    if skip:
+        assert [c.line_no for c in calls] == [1, 1, 3, 3] and stats.skipped_lines == 1
+
+
+def test_the_line_limit_comes_from_the_environment(tmp_path, monkeypatch):
+    path = write_trace(tmp_path / "t.jsonl", [_line()])
+    size = path.stat().st_size
+    monkeypatch.setenv("REPRISE_TRACE_MAX_LINE_BYTES", str(size - 1))
+    with pytest.raises(TraceError, match=f"t.jsonl:1: line longer than {size - 1} bytes"):
+        list(iter_calls(path))
+    monkeypatch.setenv("REPRISE_TRACE_MAX_LINE_BYTES", str(size))  # the line with its newline fits exactly
+    assert len(list(iter_calls(path))) == 2
+    monkeypatch.setenv("REPRISE_TRACE_MAX_LINE_BYTES", "lots")
+    with pytest.raises(ValueError, match="REPRISE_TRACE_MAX_LINE_BYTES must be a number of bytes, got 'lots'"):
+        list(iter_calls(path))

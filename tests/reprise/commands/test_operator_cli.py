@@ -179,3 +179,10 @@ def test_import_corpus_checks_its_files_before_uploading(admin_server, capsys, t
     bad.write_text('{"text": "fine"}\n{"nope": 1}\n')
     code, _, err = run(capsys, "index", "import-corpus", "acme", str(bad))
     assert code == 2 and err.strip() == f'reprise index: error: {bad}:2: expected {{"text": "..."}} or {{"token_ids": [...]}}'
+    long = tmp_path / "long.jsonl"
+    with long.open("wb") as f:
+        f.write(b'{"text": "fine"}\n{"text": "')
+        f.write(b"a" * (65 << 20))
+    code, _, err = run(capsys, "index", "import-corpus", "acme", str(long))
+    assert code == 2 and err.strip() == (f"reprise index: error: {long}:2: line longer than {64 << 20} bytes (a "
+                                         "document must fit in one gRPC message, server.max_message_bytes): split it")
