@@ -235,6 +235,41 @@ def http_call(base: str, method: str, path: str, body: Any = None, *, key: str |
         conn.close()
 
 
+def keepalive_latency(base: str, path: str = "/healthz", requests: int = 40, key: str | None = None,
+                      body: Any = None) -> dict[str, float]:
+    """Median seconds of ``requests`` requests each on a fresh connection, and of as many on one kept-alive
+    connection (the first request on it not counted), from 127.0.0.1, whatever the answers' statuses:
+    what a client that keeps its connections waits for each answer beyond the server's work. The client
+    is ``http.client``, which writes a request's head and body in two sends with Nagle's algorithm on."""
+    host, port = base.removeprefix("http://").rsplit(":", 1)
+    method = "GET" if body is None else "POST"
+    data = None if body is None else json.dumps(body).encode()
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+
+    def one(conn: http.client.HTTPConnection) -> float:
+        start = time.perf_counter()
+        conn.request(method, path, body=data, headers=headers)
+        response = conn.getresponse()
+        response.read()
+        return time.perf_counter() - start
+
+    fresh = []
+    for _ in range(requests):
+        conn = http.client.HTTPConnection(host, int(port), timeout=30)
+        try:
+            fresh.append(one(conn))
+        finally:
+            conn.close()
+    kept = []
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        one(conn)
+        kept = [one(conn) for _ in range(requests)]
+    finally:
+        conn.close()
+    return {"fresh_p50_s": sorted(fresh)[len(fresh) // 2], "kept_alive_p50_s": sorted(kept)[len(kept) // 2]}
+
+
 def healthz(base: str, timeout: float = 10.0, source: str = "127.0.0.1") -> tuple[str, float]:
     """(``"<status> <body>"``, seconds) of GET /healthz, or the error."""
     start = time.perf_counter()
