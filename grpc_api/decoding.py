@@ -162,7 +162,7 @@ class DecodingServicer(decoding_pb2_grpc.DecodingServiceServicer):
             raise errors.InvalidArgument("request_id is empty: name the request to abort", "request_id")
         check_id("request_id", request.request_id, MAX_ID_CHARS)  # as Generate caps it: ids echo in statuses
         if not self._core.abort(principal.id, request.request_id):
-            raise errors.NotFound(f"no request {request.request_id!r} in flight", "request_id")
+            raise errors.NotFound(f"no request {request.request_id!r} in flight", "request_id", what="request")
         return decoding_pb2.AbortResponse()
 
     async def GetModelInfo(self, request, context):

@@ -25,7 +25,7 @@ _STATUS: list[tuple[type[errors.ServiceError], int, str, str | None]] = [
     (errors.FailedPrecondition, 400, "invalid_request_error", None),
     (errors.Unauthenticated, 401, "authentication_error", "invalid_api_key"),
     (errors.PermissionDenied, 403, "permission_error", None),
-    (errors.NotFound, 404, "not_found_error", "model_not_found"),
+    (errors.NotFound, 404, "not_found_error", None),  # code: "<what>_not_found" (model_not_found, ...)
     (errors.AlreadyExists, 409, "invalid_request_error", None),
     (errors.ResourceExhausted, 429, "rate_limit_error", "rate_limit_exceeded"),
     (errors.Unavailable, 503, "service_unavailable", None),
@@ -49,6 +49,8 @@ def error_body(exc: BaseException, spelling: errors.Spelling | None = None) -> t
                 headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))
             if isinstance(exc, errors.Unauthenticated):
                 headers["WWW-Authenticate"] = 'Bearer realm="reprise"'
+            if isinstance(exc, errors.NotFound) and exc.what:
+                code = f"{exc.what}_not_found"
             return status, body(exc.message, kind, code, exc.param), headers
     log.error("internal error answering an HTTP request", exc_info=exc)
     return 500, body("internal error; see the server log", "server_error", None), headers

@@ -265,7 +265,7 @@ def responses_router(core: ServingCore, authenticator: Authenticator, store: Res
             record = await asyncio.get_running_loop().run_in_executor(None, store.get, tenant, response_id)
         if record is None:
             raise errors.NotFound(f"no response {response_id!r:.80} (never stored, expired, deleted, or not yours)",
-                                  field)
+                                  field, what="response")
         return record
 
     @router.post("/responses")
@@ -404,7 +404,7 @@ def responses_router(core: ServingCore, authenticator: Authenticator, store: Res
         gone = store is not None and await asyncio.get_running_loop().run_in_executor(
             None, store.delete, who.id, response_id)
         if not gone:
-            raise errors.NotFound(f"no response {response_id!r:.80}", "response_id")
+            raise errors.NotFound(f"no response {response_id!r:.80}", "response_id", what="response")
         return JSONResponse({"id": response_id, "object": "response.deleted", "deleted": True})
 
     return router

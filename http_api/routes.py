@@ -53,7 +53,7 @@ def check_model(body: Any, info: ModelInfo) -> None:
     model = body.get("model") if isinstance(body, dict) else None
     if model is not None and model != info.model_name:
         raise errors.NotFound(f"the model {model!r:.80} does not exist; this server serves {info.model_name!r}",
-                              "model")
+                              "model", what="model")
 
 
 async def until_started(events: AsyncGenerator[Event, None]) -> Started:
@@ -83,7 +83,8 @@ def openai_router(core: ServingCore, authenticator: Authenticator, max_body_byte
     async def model(model_id: str, request: Request) -> Response:
         principal(authenticator, request, "tenant")
         if model_id != info.model_name:
-            raise errors.NotFound(f"the model {model_id!r:.80} does not exist; this server serves {info.model_name!r}")
+            raise errors.NotFound(f"the model {model_id!r:.80} does not exist; this server serves {info.model_name!r}",
+                                  what="model")
         return JSONResponse(card)
 
     @router.post("/chat/completions")

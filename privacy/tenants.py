@@ -42,13 +42,17 @@ class TenantId:
 def validate_tenant_name(name: str) -> str:
     """Return ``name`` if it is a valid tenant name, else raise ValueError naming it.
 
-    1-63 characters: letters, digits, ``.``, ``_``, ``-``; starting with a letter or digit.
+    1-63 characters: letters, digits, ``.``, ``_``, ``-``; starting with a letter or digit; not 32 hex
+    digits (the shape of a tenant id, in either case), so that a name never reads as another tenant's id
+    where tenants are named by name or id.
     """
     if not isinstance(name, str) or not _TENANT_NAME_RE.match(name):
         raise ValueError(
             f"tenant name must be 1-63 characters of letters, digits, '.', '_' or '-', starting with a "
             f"letter or digit; got {name!r}"
         )
+    if _TENANT_ID_RE.match(name.lower()):
+        raise ValueError(f"tenant name {name!r} has the shape of a tenant id (32 hex digits); choose another")
     return name
 
 

@@ -84,7 +84,12 @@ class PermissionDenied(ServiceError):
 
 
 class NotFound(ServiceError):
-    """Unknown model, request, stored response or tenant (never says whether another tenant's exists)."""
+    """Unknown model, request, stored response or tenant (never says whether another tenant's exists);
+    ``what`` names which of them (``"model"``, ``"response"``, ...), for fronts that say it in a code."""
+
+    def __init__(self, message: str, param: str | None = None, *, what: str = "") -> None:
+        super().__init__(message, param)
+        self.what = what
 
 
 class AlreadyExists(ServiceError):

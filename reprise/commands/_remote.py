@@ -86,11 +86,11 @@ def call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 
 
 def resolve_tenant(client: Any, ref: str) -> tuple[str, str]:
-    """(tenant id, name) of a tenant given by id or by name."""
+    """(tenant id, name) of a tenant given by id or by name; an id is matched first (names cannot take an
+    id's shape, but a store may hold names from before that rule)."""
     tenants = call(client.list_tenants)
-    for t in tenants:
-        if ref in (t.tenant_id, t.name):
-            return t.tenant_id, t.name
+    for t in [t for t in tenants if t.tenant_id == ref] or [t for t in tenants if t.name == ref]:
+        return t.tenant_id, t.name
     kind = "id" if _TENANT_ID_RE.match(ref) else "name"
     raise CliError(f"no tenant with {kind} {ref!r} (`reprise tenant list` shows them)", EXIT_FAILED)
 

@@ -45,7 +45,7 @@ def privacy_errors() -> Iterator[None]:
     try:
         yield
     except UnknownTenantError as exc:
-        raise errors.NotFound(str(exc) or "no such tenant") from None
+        raise errors.NotFound(str(exc) or "no such tenant", what="tenant") from None
     except TenantExistsError as exc:
         raise errors.AlreadyExists(str(exc)) from None
     except IntegrityError as exc:

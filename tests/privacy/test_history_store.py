@@ -28,7 +28,8 @@ def test_tenant_create_find_list(store) -> None:
         store.create_tenant("Acme-Corp")
 
 
-@pytest.mark.parametrize("name", ["", "-lead", "has space", "x" * 64, "ünïcode", "semi;colon", 7])
+@pytest.mark.parametrize("name", ["", "-lead", "has space", "x" * 64, "ünïcode", "semi;colon", 7,
+                                  "0123456789abcdef0123456789abcdef", "0123456789ABCDEF0123456789abcdef"])
 def test_bad_tenant_names(store, name) -> None:
     with pytest.raises(ValueError, match="tenant name"):
         store.create_tenant(name)

@@ -12,10 +12,11 @@ from testkit.service import LoopThread
 from grpc_api.server import GrpcServer
 from privacy import StoreConfig, TenantId, ensure_admin_key, open_store
 from reprise.cli import main
+from reprise.commands._remote import resolve_tenant
 from reprise.config import ServerConfig
 from reprise.server.admin import ServiceAdmin
 from reprise.server.auth import StoreAuthenticator
-from serving.admin import IndexMemory, TenantStats
+from serving.admin import IndexMemory, TenantInfo, TenantStats
 from serving.core import ServingCore
 from serving.prepare import ServingSettings
 from serving.records import ModelInfo
@@ -186,3 +187,24 @@ def test_import_corpus_checks_its_files_before_uploading(admin_server, capsys, t
     code, _, err = run(capsys, "index", "import-corpus", "acme", str(long))
     assert code == 2 and err.strip() == (f"reprise index: error: {long}:2: line longer than {64 << 20} bytes (a "
                                          "document must fit in one gRPC message, server.max_message_bytes): split it")
+
+
+def test_a_name_never_reads_as_another_tenants_id(admin_server, capsys, monkeypatch) -> None:
+    store, _, _ = admin_server
+    code, out, _ = run(capsys, "tenant", "create", "acme", "--json")
+    acme = json.loads(out)["tenant_id"]
+    for name in (acme, acme.upper()):
+        code, _, err = run(capsys, "tenant", "create", name)
+        assert code == 2 and "has the shape of a tenant id (32 hex digits); choose another" in err
+    # a store from before the rule may hold such a name, listed first: the id still wins
+    monkeypatch.setattr("privacy.history.validate_tenant_name", lambda name: name)
+    legacy = store.create_tenant(acme).id.value
+
+    class Listing:
+        def list_tenants(self):
+            return [TenantInfo(legacy, acme, 0), TenantInfo(acme, "acme", 0)]
+
+    assert resolve_tenant(Listing(), acme) == (acme, "acme")
+    assert resolve_tenant(Listing(), legacy) == (legacy, acme)
+    code, out, _ = run(capsys, "tenant", "delete", acme, "--dry-run", "--json")
+    assert code == 0 and json.loads(out)["tenant_id"] == acme
