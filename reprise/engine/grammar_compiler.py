@@ -7,6 +7,9 @@ the client's terms why the constraint cannot be decoded under:
   (checked before any parser sees it);
 * ``unsupported``: xgrammar cannot convert it (its message, without its timestamp and source path,
   naming the tool whose parameters failed);
+* ``no_value``: a part of the schema admits no value (an empty ``anyOf``, a ``const`` of another type
+  than ``type``...: reprise/engine/schema_check.py), which xgrammar would turn into a grammar that writes
+  what the schema refuses;
 * ``no_finite_output``: a reachable part has no finite value (a $ref cycle through required fields, a
   pattern that matches nothing), with where in the schema (reprise/engine/grammar_bounds.py);
 * ``does_not_fit``: its shortest complete output (the tokenizer's count) is more than ``max_tokens``, or
@@ -32,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from reprise.engine.grammar_bounds import GrammarBounds, NoFiniteOutput, UnsupportedGrammar, measure
+from reprise.engine.schema_check import find_empty
 from serving.records import OutputConstraint
 
 MAX_CONSTRAINT_CHARS = 1 << 20  # a constraint's schema text (every tool's parameters together)
@@ -47,7 +51,7 @@ MAX_CACHED_BYTES_PER_TENANT = 16 << 20  # compiled grammars kept per tenant (xgr
 class GrammarError(ValueError):
     """A constraint the engine cannot decode under, said in the client's terms. ``kind``:
     ``too_large`` (the schema's size or nesting), ``unsupported`` (xgrammar cannot convert it),
-    ``no_finite_output`` (a part admits no finite value), ``does_not_fit`` (its shortest output, or one
+    ``no_value`` (a part of the schema admits no value), ``no_finite_output`` (a part admits no finite value), ``does_not_fit`` (its shortest output, or one
     of its parts, needs more than ``max_tokens``), ``dead_end`` (at decode time: the grammar allows no
     next token). ``tool``: the tool whose parameters caused it (None: the response format's schema, or
     the call object)."""
@@ -185,6 +189,7 @@ class GrammarCompiler:
         if depth > MAX_SCHEMA_DEPTH:
             raise GrammarError(f"{_label(constraint, None)} is nested {depth} levels deep; at most "
                                f"{MAX_SCHEMA_DEPTH} are allowed", kind="too_large")
+        _check_values(constraint)
         try:
             body = self._xgr.Grammar.from_json_schema(text, any_whitespace=False)
         except Exception as exc:  # noqa: BLE001 - xgrammar's converter raises RuntimeError naming the construct
@@ -352,6 +357,23 @@ def _no_finite_output(constraint: OutputConstraint, exc: NoFiniteOutput) -> Gram
                         "character set that allows nothing)", kind="no_finite_output", tool=tool)
 
 
+def _check_values(constraint: OutputConstraint) -> None:
+    """``GrammarError`` (``no_value``) naming the first part of the constraint's schema (or of an
+    alternative's) that admits no value."""
+    try:
+        schema = json.loads(constraint.schema)
+    except ValueError:
+        return  # xgrammar's converter names what is wrong with it
+    empty = find_empty(schema)
+    if empty is not None:
+        tool, where = _where(constraint, schema, empty[0])
+        where = "its root" if where == '"#"' else where
+        raise GrammarError(f"{_label(constraint, tool)} admits no value: at {where}, {empty[1]}", kind="no_value",
+                           tool=tool)
+    if constraint.alternative is not None:
+        _check_values(constraint.alternative)
+
+
 def _dedupe_where(items: Any) -> list[str]:
     out: list[str] = []
     for item in items:
@@ -373,6 +395,12 @@ def _locate(constraint: OutputConstraint, rule: str) -> tuple[str | None, str]:
     pointer = _pointer(rule.split("/")[0], schema)
     if pointer is None:
         return None, f"its grammar rule {rule!r}"
+    return _where(constraint, schema, pointer)
+
+
+def _where(constraint: OutputConstraint, schema: Any, pointer: str) -> tuple[str | None, str]:
+    """(tool, where) of a JSON pointer into the constraint's schema: inside a tool's parameters, a
+    pointer into them."""
     for i, (name, _) in enumerate(_tools(constraint)):
         inline = f"#/anyOf/{i}/properties/arguments" if "anyOf" in schema else "#/properties/arguments"
         for base in (inline, f"#/$defs/{_escape(name)}"):  # parameters with references live in $defs

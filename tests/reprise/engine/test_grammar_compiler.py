@@ -200,7 +200,7 @@ def test_random_schemas_are_refused_or_compiled_quickly(compiler, value, max_tok
     try:
         grammar = compiler.compile(constraint, tenant="fuzz", max_tokens=max_tokens)
     except GrammarError as exc:
-        assert exc.kind in ("unsupported", "no_finite_output", "does_not_fit", "too_large")
+        assert exc.kind in ("unsupported", "no_value", "no_finite_output", "does_not_fit", "too_large")
         message = str(exc)
         assert message and "/project/" not in message and ".cc:" not in message
         return
@@ -227,3 +227,44 @@ def test_random_schemas_are_refused_or_compiled_quickly(compiler, value, max_tok
             allowed = [t for t in range(TINY_VOCAB) if (words[t >> 5] >> (t & 31)) & 1]
             assert allowed  # a checked grammar never leaves a state without a next token
             assert walker.accept_token(rng.choice([t for t in allowed if t != TINY_EOS] or allowed))
+
+
+@pytest.mark.parametrize("value, where, why", [
+    ({"anyOf": []}, "its root", "its anyOf is an empty list"),
+    ({"oneOf": []}, "its root", "its oneOf is an empty list"),
+    ({"type": []}, "its root", "its type is an empty list"),
+    ({"type": "string", "enum": []}, "its root", "its enum is an empty list"),
+    ({"type": "object", "properties": {"a": {"anyOf": []}}}, '"#/properties/a"', "its anyOf is an empty list"),
+    ({"anyOf": [{"anyOf": []}, {"type": "integer"}]}, '"#/anyOf/0"', "its anyOf is an empty list"),
+    ({"type": "array", "items": {"oneOf": []}}, '"#/items"', "its oneOf is an empty list"),
+    ({"$defs": {"x": {"anyOf": []}}, "$ref": "#/$defs/x"}, '"#/$defs/x"', "its anyOf is an empty list"),
+    ({"const": 1, "type": "string"}, "its root", "its const 1 is not of its type string"),
+    ({"const": "x", "enum": ["y"]}, "its root", "its const is not among its enum"),
+    ({"enum": [1, True], "type": ["string", "null"]}, "its root", "none of its enum values is of its type"),
+    ({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a", "b"],
+      "additionalProperties": False}, "its root", "it requires 'b', which its properties do not name"),
+])
+def test_a_schema_that_admits_no_value_is_refused_naming_where(compiler, value, where, why) -> None:
+    exc = refusal(compiler, schema(value))
+    assert exc.kind == "no_value" and exc.tool is None
+    assert str(exc).startswith(f"the json_schema schema admits no value: at {where}, {why}"), str(exc)
+
+
+def test_a_tool_whose_parameters_admit_no_value_is_named(compiler) -> None:
+    exc = refusal(compiler, tools(("ok", {"type": "object"}), ("bad", {"type": "object", "properties": {
+        "a": {"anyOf": []}}, "required": ["a"]})))
+    assert exc.kind == "no_value" and exc.tool == "bad"
+    assert 'at "#/properties/a" in its parameters, its anyOf is an empty list' in str(exc)
+
+
+@pytest.mark.parametrize("value", [
+    {"type": "object", "additionalProperties": False},
+    {"type": "object", "properties": {"a": {}}, "required": ["a"], "additionalProperties": False},
+    {"enum": [1, "x"], "type": "integer"},
+    {"const": 2.0, "type": "integer"},
+    {"const": None, "type": ["string", "null"]},
+    {"allOf": []},
+    {"type": "object", "required": ["z"], "patternProperties": {"^z$": {}}, "additionalProperties": False},
+])
+def test_schemas_with_values_are_not_refused_for_it(compiler, value) -> None:
+    compiler.compile(schema(value), tenant="t", max_tokens=100)
