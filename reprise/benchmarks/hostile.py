@@ -25,7 +25,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 
 START_TIMEOUT_S = 180.0
 MiB = 1 << 20
+PLANES = ("reprise.v1.DecodingService", "reprise.v1.AdminService")
 NORMAL_CHAT = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
 
 
@@ -199,13 +200,28 @@ class Served:
             out["http_chat"] = (f"{type(exc).__name__}: {exc}"[:300], time.perf_counter() - start)
         out["grpc_health"] = grpc_health(self.grpc_target, timeout_s)
         out["healthz"] = healthz(self.http, timeout_s)
+        out["admin_list_tenants"] = self.admin_call(timeout_s)
+        for plane in PLANES:  # both fronts' health of each plane, which must agree
+            out[f"health {plane}"] = (grpc_health(self.grpc_target, timeout_s, plane)[0],
+                                      healthz(self.http, timeout_s, service=plane)[0])
         return out
+
+    def admin_call(self, timeout_s: float = 30.0) -> tuple[str, float]:
+        """(``"ok"`` or the error, seconds) of the admin plane's ListTenants on a fresh connection."""
+        start = time.perf_counter()
+        try:
+            with AdminClient(self.grpc_target, self.admin_key, timeout=timeout_s) as admin:
+                admin.list_tenants()
+            return "ok", time.perf_counter() - start
+        except Exception as exc:  # noqa: BLE001 - reported, the caller asserts
+            return f"{type(exc).__name__}: {exc}"[:300], time.perf_counter() - start
 
 
 def all_ok(seen: dict[str, Any]) -> bool:
     """Every check of ``Served.normal_requests`` answered as a healthy service would."""
     return (seen["grpc_generate"][0] == "ok" and seen["http_chat"][0] == "ok" and seen["grpc_health"][0] == "SERVING"
-            and seen["healthz"][0] == "200 serving")
+            and seen["healthz"][0] == "200 serving" and seen["admin_list_tenants"][0] == "ok"
+            and all(seen[f"health {plane}"] == ("SERVING", "200 serving") for plane in PLANES))
 
 
 # ---- the two fronts, as any client --------------------------------------------------------------------
@@ -270,11 +286,12 @@ def keepalive_latency(base: str, path: str = "/healthz", requests: int = 40, key
     return {"fresh_p50_s": sorted(fresh)[len(fresh) // 2], "kept_alive_p50_s": sorted(kept)[len(kept) // 2]}
 
 
-def healthz(base: str, timeout: float = 10.0, source: str = "127.0.0.1") -> tuple[str, float]:
-    """(``"<status> <body>"``, seconds) of GET /healthz, or the error."""
+def healthz(base: str, timeout: float = 10.0, source: str = "127.0.0.1", service: str = "") -> tuple[str, float]:
+    """(``"<status> <body>"``, seconds) of GET /healthz (of one plane: ``service``), or the error."""
     start = time.perf_counter()
     try:
-        status, _, text = http_call(base, "GET", "/healthz", source=source, timeout=timeout)
+        path = "/healthz" + (f"?service={service}" if service else "")
+        status, _, text = http_call(base, "GET", path, source=source, timeout=timeout)
         return f"{status} {str(text).strip()}", time.perf_counter() - start
     except Exception as exc:  # noqa: BLE001
         return f"{type(exc).__name__}: {exc}"[:200], time.perf_counter() - start
@@ -285,12 +302,14 @@ def channel(target: str, **options: Any) -> grpc.Channel:
     return grpc.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1), *options.items()])
 
 
-def grpc_health(target: str, timeout: float = 10.0) -> tuple[str, float]:
-    """(status name, seconds) of grpc.health.v1 Check on a fresh connection, or the error's code."""
+def grpc_health(target: str, timeout: float = 10.0, service: str = "") -> tuple[str, float]:
+    """(status name, seconds) of grpc.health.v1 Check (of ``service``) on a fresh connection, or the
+    error's code."""
     start = time.perf_counter()
     with channel(target) as ch:
         try:
-            reply = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=timeout)
+            reply = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=service),
+                                                         timeout=timeout)
             return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status), time.perf_counter() - start
         except grpc.RpcError as exc:
             return f"{exc.code().name}: {exc.details()}"[:200], time.perf_counter() - start
@@ -396,16 +415,17 @@ def idle_streams(target: str, count: int, per_channel: int, kind: str = "watch")
 
 
 class HalfOpenCalls:
-    """``count`` gRPC calls to ``method`` on each of ``connections`` HTTP/2 connections, each call sending
-    its headers (with ``key`` as its bearer credentials, if any) and never its request message: the calls a
-    client holds open to take the server's capacity. They run on an event loop of their own (one thread
+    """``count`` gRPC calls on each of ``connections`` HTTP/2 connections, to ``methods`` in turn, each
+    call sending its headers (with ``key`` as its bearer credentials, if any) and never its request
+    message: the calls a client holds open to take the server's capacity. They run on an event loop of their own (one thread
     for all: grpc.aio wants one loop per process); ``outcome()`` tallies how the calls have ended so far
     (``held``: not yet ended), the longest each status took, and the first message of each."""
 
-    def __init__(self, target: str, method: str, count: int, key: str | None = None, connections: int = 1) -> None:
+    def __init__(self, target: str, methods: str | Sequence[str], count: int, key: str | None = None,
+                 connections: int = 1) -> None:
         import asyncio
 
-        self.method = method
+        self.methods = [methods] if isinstance(methods, str) else list(methods)
         self.num_calls = count * connections
         self.ended: dict[str, list[float]] = {}
         self.details: dict[str, str] = {}
@@ -431,10 +451,10 @@ class HalfOpenCalls:
             if False:  # an async generator that yields nothing while the calls are held
                 yield b""
 
-        async def one(ch: Any) -> None:
+        async def one(ch: Any, method: str) -> None:
             start = time.perf_counter()
             try:
-                await ch.stream_unary(self.method, request_serializer=None, response_deserializer=None)(
+                await ch.stream_unary(method, request_serializer=None, response_deserializer=None)(
                     never(), metadata=metadata)
                 code = "OK"
             except grpc.aio.AioRpcError as exc:
@@ -447,7 +467,8 @@ class HalfOpenCalls:
         try:
             for ch in channels:
                 await ch.channel_ready()
-            tasks = [asyncio.ensure_future(one(ch)) for ch in channels for _ in range(count)]
+            tasks = [asyncio.ensure_future(one(ch, self.methods[i % len(self.methods)]))
+                     for ch in channels for i in range(count)]
             self._ready.set()
             await self._stop.wait()
             for task in tasks:
@@ -473,6 +494,22 @@ class HalfOpenCalls:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def trace_bomb(path: Path, line_bytes: int = 1536 * MiB) -> Path:
+    """A gzip trace file whose second line is ``line_bytes`` long (a JSON string that goes on and on):
+    gzip members of one compressed 16 MiB chunk, repeated, so a 1.5 GB line takes a few MB and a second
+    to write."""
+    import gzip
+
+    good = (b'{"tenant": "t", "session": "s", "messages": [{"role": "user", "content": "q"}, '
+            b'{"role": "assistant", "content": "a"}]}\n')
+    chunk = gzip.compress(b"A" * (16 * MiB), compresslevel=9)
+    with open(path, "wb") as fh:
+        fh.write(gzip.compress(good + b'{"tenant": "'))
+        fh.writelines(chunk for _ in range(line_bytes // (16 * MiB)))
+        fh.write(gzip.compress(b'"}\n' + good))
+    return path
 
 
 def huge_chat(num_messages: int = 30_000, total_bytes: int = 15_000_000) -> dict[str, Any]:

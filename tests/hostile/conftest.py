@@ -5,7 +5,7 @@ the process is part of the point: each attack must leave it as it found it for t
 
 Its limits are the defaults scaled down, so that floods of a few hundred reach them in a test's time:
 header deadline 2 s, body deadline 3 s, 64 connections per client address and 400 in all, 32 anonymous
-gRPC streams in all and 4 per connection."""
+gRPC streams in all and 4 per connection, a gRPC call's message within 2 s of its headers."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from reprise.benchmarks.hostile import Served, raise_fd_limit, save_tiny_model
 
 LIMITS = ("--http-header-timeout-s", "2", "--http-body-timeout-s", "3", "--http-max-connections-per-client", "64",
           "--http-max-connections", "400", "--public-streams-total", "32", "--public-streams-per-connection", "4",
-          "--max-requests-per-tenant", "8", "--max-concurrent-requests", "16")
+          "--max-requests-per-tenant", "8", "--max-concurrent-requests", "16", "--grpc-message-timeout-s", "2")
 
 
 @pytest.fixture(scope="session")
