@@ -16,12 +16,25 @@ measures a quiet baseline, then runs each attack in turn:
     abandoned        rounds of streams opened to the tenant's limit and dropped mid-response
     append_flood     AppendTrajectory calls of 1,000 tokens each (a turn must fit the context), as fast
                      as three clients send them
+    half_open_grpc   450 anonymous gRPC calls on one connection (Generate, GenerateStream, ListTenants,
+                     ImportHistory) that send their headers and never their message
+    half_open_waits  450 calls that may wait for their message on one connection (health Check without
+                     a key, the attacker's own Generate), held until the message deadline ends them
+    crafted_export   a 76-byte export asking for scrypt log2 n 20, r 16 (2 GiB), imported as an operator
+                     would for a tenant's migration
+    trace_bomb       `reprise replay` on a trace whose second line is 1.5 GB (1.5 MB of gzip); the
+                     figures are the CLI process's (its peak RSS above its RSS before, its time)
+    smuggling        a chat with both Content-Length and Transfer-Encoding and a request pipelined after
+                     it, 50 times
 
 Per attack it prints the attacker's outcome (what was refused, with which code, and whether a retry
 delay came with it), the server's peak RSS during the attack (VmHWM, reset before each) above its
-RSS before it, and, sampled all through the attack, the latency of /healthz, of gRPC health Check and
-of a normal tenant's request (gRPC Generate and HTTP chat in turn, 8 tokens): p50, p99 and how many
-failed. The quiet baseline's figures come first, as the anchor.
+RSS before it, and, sampled all through the attack, the latency of /healthz, of gRPC health Check, of
+the admin plane's ListTenants and of a normal tenant's request (gRPC Generate and HTTP chat in turn, 8
+tokens): p50, p99 and how many failed. The quiet baseline's figures come first, as the anchor. Then,
+on the quiet server, keep-alive latency: the median of 200 requests each on a fresh connection against
+200 on one kept-alive connection (HTTP /healthz and /v1/models with ``http.client``; gRPC health
+Check on a fresh channel against one reused channel).
 """
 
 from __future__ import annotations
@@ -77,7 +90,8 @@ class Probe:
     def __init__(self, served: Served, key: str) -> None:
         self.served = served
         self.key = key
-        self.times: dict[str, list[float]] = {"healthz": [], "grpc_health": [], "tenant_request": []}
+        self.times: dict[str, list[float]] = {"healthz": [], "grpc_health": [], "admin_call": [],
+                                              "tenant_request": []}
         self.failed: dict[str, int] = dict.fromkeys(self.times, 0)
         self.errors: list[str] = []
         self._stop = threading.Event()
@@ -106,6 +120,8 @@ class Probe:
             self._record("healthz", state == "200 serving", took, state)
             state, took = hostile.grpc_health(self.served.grpc_target, 10)
             self._record("grpc_health", state == "SERVING", took, state)
+            state, took = self.served.admin_call(10)
+            self._record("admin_call", state == "ok", took, state)
             start = time.perf_counter()
             try:
                 if turn % 2 == 0:
@@ -301,6 +317,116 @@ def append_flood(served: Served, key: str, hold: Callable[[], None]) -> dict[str
     return {"calls": len(answers), "tokens_each": 1_000, "answers": _tally(answers)}
 
 
+HALF_OPEN_ANONYMOUS = ["/reprise.v1.DecodingService/Generate", "/reprise.v1.DecodingService/GenerateStream",
+                       "/reprise.v1.AdminService/ListTenants", "/reprise.v1.AdminService/ImportHistory"]
+
+
+def half_open_grpc(served: Served, key: str, hold: Callable[[], None]) -> dict[str, Any]:
+    with hostile.HalfOpenCalls(served.grpc_target, HALF_OPEN_ANONYMOUS, 450) as calls:
+        hold()
+        return calls.outcome()
+
+
+def half_open_waits(served: Served, key: str, hold: Callable[[], None]) -> dict[str, Any]:
+    out = {}
+    for name, method, who in (("health_check_anonymous", "/grpc.health.v1.Health/Check", None),
+                              ("generate_attacker", "/reprise.v1.DecodingService/Generate", key)):
+        with hostile.HalfOpenCalls(served.grpc_target, method, 450, key=who) as calls:
+            hold()
+            held_during_probes = calls.outcome()["held"]
+            deadline = time.monotonic() + 30  # past server.grpc_message_timeout_s (10 s by default)
+            while calls.outcome()["held"] and time.monotonic() < deadline:
+                time.sleep(0.2)
+            out[name] = {**calls.outcome(), "held_during_probes": held_during_probes}
+    return out
+
+
+def crafted_export(served: Served, key: str, hold: Callable[[], None]) -> dict[str, Any]:
+    import io
+    import struct
+
+    from grpc_api.client import AdminClient
+    from privacy.transfer import MAGIC
+
+    data = MAGIC + struct.pack(">BBBB16s8s", 1, 20, 16, 1, b"s" * 16, b"n" * 8) + struct.pack(">I", 28) + b"\0" * 28
+    start = time.perf_counter()
+    try:
+        with AdminClient(served.grpc_target, served.admin_key) as admin:
+            admin.import_history(io.BytesIO(data), "correct horse battery staple", new_tenant_name="migrated")
+        answer = "OK"
+    except RepriseError as exc:
+        answer = f"{exc.code.name}: {exc.message}"
+    return {"file_bytes": len(data), "answer": answer[:200], "seconds": round(time.perf_counter() - start, 3)}
+
+
+def trace_bomb(served: Served, key: str, hold: Callable[[], None]) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="reprise-bomb-") as tmp:
+        path = hostile.trace_bomb(Path(tmp) / "bomb.jsonl.gz", 1536 * MiB)
+        size = path.stat().st_size
+        run = hostile.run_cli("replay", str(path))
+        # the anchor: the same command on a valid one-call trace (the bomb's first line)
+        one = Path(tmp) / "one.jsonl"
+        one.write_bytes(hostile.ONE_CALL_TRACE_LINE)
+        anchor = hostile.run_cli("replay", str(one))
+    message = next((line for line in run.stderr.splitlines() if "line longer" in line), run.stderr[-300:])
+    return {"line_bytes": 1536 * MiB, "file_bytes": size, "exit_code": run.returncode, "message": message[:300],
+            "seconds": round(run.seconds, 2), "cli_peak_rss_above_start_mb": round(run.peak_above_start / MiB),
+            "anchor_one_call_trace": {"exit_code": anchor.returncode, "seconds": round(anchor.seconds, 2),
+                                      "cli_peak_rss_above_start_mb": round(anchor.peak_above_start / MiB)}}
+
+
+def smuggling(served: Served, key: str, hold: Callable[[], None]) -> dict[str, Any]:
+    import socket
+
+    body = json.dumps({"messages": USER, "max_tokens": 2}).encode()
+    request = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+               b"Authorization: Bearer " + key.encode() + b"\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n"
+               + f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n"
+               + b"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + key.encode() + b"\r\n\r\n")
+    answers: list[str] = []
+    for _ in range(50):
+        with socket.create_connection(("127.0.0.1", served.http_port), timeout=5) as s:
+            s.sendall(request)
+            out = b""
+            try:
+                while chunk := s.recv(65536):
+                    out += chunk
+                closed = "closed"
+            except TimeoutError:
+                closed = "left open"
+        status = out.split(b"\r\n", 1)[0].decode(errors="replace")
+        smuggled = "answered" if b'"object":"list"' in out else "not read"
+        answers.append(f"{status}, connection {closed}, smuggled request {smuggled}")
+    return {"requests": 50, "answers": _tally(answers)}
+
+
+def keep_alive(served: Served, tenant: str) -> dict[str, Any]:
+    """Fresh against kept-alive connections on the quiet server (module docstring)."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    out: dict[str, Any] = {}
+    for name, path, key in (("http_healthz", "/healthz", None), ("http_models", "/v1/models", tenant)):
+        figures = hostile.keepalive_latency(served.http, path, requests=200, key=key)
+        out[name] = {k.removesuffix("_s").replace("p50", "p50_ms"): round(v * 1000, 2) for k, v in figures.items()}
+
+    def check(ch: grpc.Channel) -> float:
+        start = time.perf_counter()
+        health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=10)
+        return time.perf_counter() - start
+
+    fresh = []
+    for _ in range(200):
+        with hostile.channel(served.grpc_target) as ch:
+            grpc.channel_ready_future(ch).result(timeout=10)  # the connection, then the call alone
+            fresh.append(check(ch))
+    with hostile.channel(served.grpc_target) as ch:
+        check(ch)
+        kept = [check(ch) for _ in range(200)]
+    out["grpc_health_check"] = {"fresh_p50_ms": _ms(fresh, 0.5), "kept_alive_p50_ms": _ms(kept, 0.5)}
+    return out
+
+
 def _tally(answers: list[str]) -> dict[str, int]:
     out: dict[str, int] = {}
     for a in answers:
@@ -311,7 +437,8 @@ def _tally(answers: list[str]) -> dict[str, int]:
 ATTACKS: dict[str, Callable[[Served, str, Callable[[], None]], dict[str, Any]]] = {
     "idle_streams": idle_streams("watch"), "reflection": idle_streams("reflection"), "half_open": half_open,
     "slow_body": slow_body, "huge_chats": huge_chats, "grammar": grammar, "abandoned": abandoned,
-    "append_flood": append_flood,
+    "append_flood": append_flood, "half_open_grpc": half_open_grpc, "half_open_waits": half_open_waits,
+    "crafted_export": crafted_export, "trace_bomb": trace_bomb, "smuggling": smuggling,
 }
 
 
@@ -360,12 +487,14 @@ def run(args: argparse.Namespace) -> int:
         with Served.start(Path(tmp) / "home", model, *flags) as served:
             tenant, attacker = served.create_tenant("normal"), served.create_tenant("attacker")
             results = [run_attack(served, "baseline", tenant, attacker, args.probe_seconds)]
+            latency = keep_alive(served, tenant)
             for name in names:
                 results.append(run_attack(served, name, tenant, attacker, args.probe_seconds))
-            storm_lines = sum(1 for line in served.log().splitlines() if "HTTP connections" in line)
+            storm_lines = sum(1 for line in served.log().splitlines()
+                              if "HTTP connections" in line or "gRPC calls" in line or "HTTP requests refused" in line)
             code = served.stop()
     report = {"model": str(args.model_path or ("tiny" if args.tiny else "default (SmolLM2-135M-Instruct)")),
-              "attacks": results, "storm_log_lines": storm_lines, "server_exit_code": code,
+              "attacks": results, "keep_alive": latency, "storm_log_lines": storm_lines, "server_exit_code": code,
               "load_average": _load()}
     if args.json:
         print(json.dumps(report, indent=2))
@@ -382,19 +511,21 @@ def _load() -> list[float]:
 
 def _print(report: dict[str, Any]) -> None:
     print(f"model: {report['model']}; load average {report['load_average']}")
-    head = f"{'attack':14} {'peak RSS':>14} {'healthz p50/p99':>17} {'gRPC health':>15} {'tenant req':>17}  after"
+    head = (f"{'attack':15} {'peak RSS':>14} {'healthz p50/p99':>17} {'gRPC health':>15} {'admin call':>15} "
+            f"{'tenant req':>17}  after")
     print(head)
     for r in report["attacks"]:
         def lat(name: str, r: dict[str, Any] = r) -> str:
             f = r[name]
             fail = f" ({f['failed']} failed)" if f["failed"] else ""
             return f"{f['p50_ms']}/{f['p99_ms']}{fail}"
-        print(f"{r['attack']:14} {r['peak_rss_mb']:>6} (+{r['peak_above_before_mb']:>4}) MB {lat('healthz'):>17} "
-              f"{lat('grpc_health'):>15} {lat('tenant_request'):>17}  {r['after']}")
+        print(f"{r['attack']:15} {r['peak_rss_mb']:>6} (+{r['peak_above_before_mb']:>4}) MB {lat('healthz'):>17} "
+              f"{lat('grpc_health'):>15} {lat('admin_call'):>15} {lat('tenant_request'):>17}  {r['after']}")
         if r["outcome"]:
-            print(f"{'':14} {json.dumps(r['outcome'])}")
+            print(f"{'':15} {json.dumps(r['outcome'])}")
         for error in r.get("errors", ()):
-            print(f"{'':14} failed: {error}")
+            print(f"{'':15} failed: {error}")
+    print(f"keep-alive latency (quiet server), p50 fresh / kept alive: {json.dumps(report['keep_alive'])}")
     print(f"storm reports in the server log: {report['storm_log_lines']} lines; exit code {report['server_exit_code']}")
 
 

@@ -496,20 +496,61 @@ class HalfOpenCalls:
         self.close()
 
 
+ONE_CALL_TRACE_LINE = (b'{"tenant": "t", "session": "s", "messages": [{"role": "user", "content": "q"}, '
+                       b'{"role": "assistant", "content": "a"}]}\n')
+
+
 def trace_bomb(path: Path, line_bytes: int = 1536 * MiB) -> Path:
     """A gzip trace file whose second line is ``line_bytes`` long (a JSON string that goes on and on):
     gzip members of one compressed 16 MiB chunk, repeated, so a 1.5 GB line takes a few MB and a second
     to write."""
     import gzip
 
-    good = (b'{"tenant": "t", "session": "s", "messages": [{"role": "user", "content": "q"}, '
-            b'{"role": "assistant", "content": "a"}]}\n')
+    good = ONE_CALL_TRACE_LINE
     chunk = gzip.compress(b"A" * (16 * MiB), compresslevel=9)
     with open(path, "wb") as fh:
         fh.write(gzip.compress(good + b'{"tenant": "'))
         fh.writelines(chunk for _ in range(line_bytes // (16 * MiB)))
         fh.write(gzip.compress(b'"}\n' + good))
     return path
+
+
+@dataclass(frozen=True)
+class CliRun:
+    """A `reprise` command run in a fresh process: its exit code, stderr, seconds, and its peak RSS
+    above its RSS when the command began (after Python and the CLI were loaded)."""
+
+    returncode: int
+    stderr: str
+    seconds: float
+    peak_above_start: int
+
+
+_MEASURED_CLI = """
+import sys
+from pathlib import Path
+from reprise.cli import main
+
+def status(field):
+    line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith(field + ":"))
+    return int(line.split()[1]) * 1024
+
+Path("/proc/self/clear_refs").write_text("5")  # VmHWM from now (ru_maxrss would carry the parent's over exec)
+start = status("VmRSS")
+code = main(sys.argv[1:])
+print("peak_above_start", status("VmHWM") - start, file=sys.stderr)
+sys.exit(code)
+"""
+
+
+def run_cli(*argv: str, timeout_s: float = 600.0) -> CliRun:
+    """``reprise ARGV...`` in a fresh Python process, measured (``CliRun``)."""
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-c", _MEASURED_CLI, *argv], capture_output=True, text=True,
+                          timeout=timeout_s, check=False)
+    seconds = time.perf_counter() - start
+    head, _, peak = done.stderr.rpartition("peak_above_start ")
+    return CliRun(done.returncode, head if peak else done.stderr, seconds, int(peak) if peak.strip() else -1)
 
 
 def huge_chat(num_messages: int = 30_000, total_bytes: int = 15_000_000) -> dict[str, Any]:

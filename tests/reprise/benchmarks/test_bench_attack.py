@@ -13,17 +13,26 @@ import pytest
 @pytest.mark.slow
 def test_bench_attack_json() -> None:
     out = subprocess.run([sys.executable, "-m", "reprise", "bench", "attack", "--tiny", "--only",
-                          "idle_streams,huge_chats", "--probe-seconds", "1", "--json"],
+                          "idle_streams,huge_chats,half_open_grpc,crafted_export,smuggling", "--probe-seconds", "1",
+                          "--json"],
                          capture_output=True, text=True, timeout=600, check=False)
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads(out.stdout)
-    assert [r["attack"] for r in report["attacks"]] == ["baseline", "idle_streams", "huge_chats"]
+    assert [r["attack"] for r in report["attacks"]] == ["baseline", "idle_streams", "huge_chats", "half_open_grpc",
+                                                         "crafted_export", "smuggling"]
     for r in report["attacks"]:
         assert r["server_alive"] and r["after"] == "all served"
-        assert r["healthz"]["samples"] >= 1 and r["peak_rss_mb"] >= r["rss_before_mb"]
+        assert r["healthz"]["samples"] >= 1 and r["admin_call"]["samples"] >= 1
+        assert r["peak_rss_mb"] >= r["rss_before_mb"]
     streams = report["attacks"][1]["outcome"]
     assert streams["held"] <= 64 and streams["refused"]["RESOURCE_EXHAUSTED"] == 400 - streams["held"]
     assert report["attacks"][2]["outcome"]["answers"] == {"HTTP 400 param=messages": 3, "gRPC INVALID_ARGUMENT": 3}
+    assert report["attacks"][3]["outcome"]["ended"] == {"UNAUTHENTICATED": 450}
+    assert report["attacks"][4]["outcome"]["answer"].startswith("DATA_LOSS: export file asks for scrypt log2 n 20")
+    assert list(report["attacks"][5]["outcome"]["answers"]) == [
+        "HTTP/1.1 400 Bad Request, connection closed, smuggled request not read"]
+    for figures in report["keep_alive"].values():
+        assert figures["fresh_p50_ms"] > 0 and figures["kept_alive_p50_ms"] > 0
     assert report["server_exit_code"] == 0 and len(report["load_average"]) == 3
 
 
