@@ -190,28 +190,41 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
                 return parse(first)
             return _request_stream(first, requests, parse)
 
-        async def finish(context, code: grpc.StatusCode, start: float) -> None:
-            metrics.observe_rpc(*labels, code.name, time.perf_counter() - start)
-
-        async def fail(context, exc: BaseException, start: float):
-            code, message, trailers = _classify(exc, full)
-            await finish(context, code, start)
-            await context.abort(code, message, trailers)
-
         def cancelled_code(context) -> grpc.StatusCode:
             remaining = context.time_remaining()
             if remaining is not None and remaining <= 0:
                 return grpc.StatusCode.DEADLINE_EXCEEDED
             return grpc.StatusCode.CANCELLED
 
+        @contextlib.asynccontextmanager
+        async def accounted(context) -> AsyncIterator[list[Callable[[], None]]]:
+            """Around one call: its metrics, its status for whatever it raised, and its places (what
+            the body appends to the list it gets) released at the end."""
+            start = time.perf_counter()
+            metrics.observe_rpc_started(*labels)
+            held: list[Callable[[], None]] = []
+            code = grpc.StatusCode.OK
+            try:
+                yield held
+            except grpc.aio.AbortError:
+                code = context.code() or grpc.StatusCode.UNKNOWN
+                raise
+            except BaseException as exc:
+                if _is_cancel(exc):
+                    code = cancelled_code(context)
+                    raise
+                code, message, trailers = _classify(exc, full)
+                await context.abort(code, message, trailers)
+            finally:
+                for release in reversed(held):
+                    release()
+                metrics.observe_rpc(*labels, code.name, time.perf_counter() - start)
+
         if handler.response_streaming:
             inner = handler.unary_stream or handler.stream_stream
 
             async def streaming(requests, context):
-                start = time.perf_counter()
-                metrics.observe_rpc_started(*labels)
-                held: list[Callable[[], None]] = []
-                try:
+                async with accounted(context) as held:
                     result = inner(await enter(requests, context, held), context)
                     if inspect.isasyncgen(result):
                         async with contextlib.aclosing(result):
@@ -219,45 +232,15 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
                                 yield response
                     else:
                         await result
-                except grpc.aio.AbortError:
-                    await finish(context, context.code() or grpc.StatusCode.UNKNOWN, start)
-                    raise
-                except BaseException as exc:
-                    if _is_cancel(exc):
-                        await finish(context, cancelled_code(context), start)
-                        raise
-                    await fail(context, exc, start)
-                else:
-                    await finish(context, grpc.StatusCode.OK, start)
-                finally:
-                    for release in reversed(held):
-                        release()
 
             return _as_stream_handler(handler, streaming)
 
         inner = handler.unary_unary or handler.stream_unary
 
         async def unary(requests, context):
-            start = time.perf_counter()
-            metrics.observe_rpc_started(*labels)
-            held: list[Callable[[], None]] = []
-            try:
+            async with accounted(context) as held:
                 result = inner(await enter(requests, context, held), context)
-                if inspect.isawaitable(result):
-                    result = await result
-            except grpc.aio.AbortError:
-                await finish(context, context.code() or grpc.StatusCode.UNKNOWN, start)
-                raise
-            except BaseException as exc:
-                if _is_cancel(exc):
-                    await finish(context, cancelled_code(context), start)
-                    raise
-                await fail(context, exc, start)
-            finally:
-                for release in reversed(held):
-                    release()
-            await finish(context, grpc.StatusCode.OK, start)
-            return result
+                return await result if inspect.isawaitable(result) else result
 
         return _as_stream_handler(handler, unary)
 

@@ -376,8 +376,6 @@ def trace_bomb(served: Served, key: str, hold: Callable[[], None]) -> dict[str, 
 
 
 def smuggling(served: Served, key: str, hold: Callable[[], None]) -> dict[str, Any]:
-    import socket
-
     body = json.dumps({"messages": USER, "max_tokens": 2}).encode()
     request = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                b"Authorization: Bearer " + key.encode() + b"\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -385,16 +383,9 @@ def smuggling(served: Served, key: str, hold: Callable[[], None]) -> dict[str, A
                + b"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + key.encode() + b"\r\n\r\n")
     answers: list[str] = []
     for _ in range(50):
-        with socket.create_connection(("127.0.0.1", served.http_port), timeout=5) as s:
-            s.sendall(request)
-            out = b""
-            try:
-                while chunk := s.recv(65536):
-                    out += chunk
-                closed = "closed"
-            except TimeoutError:
-                closed = "left open"
+        out = hostile.exchange(served.http_port, request)
         status = out.split(b"\r\n", 1)[0].decode(errors="replace")
+        closed = "left open" if out.endswith(b"<open>") else "closed"
         smuggled = "answered" if b'"object":"list"' in out else "not read"
         answers.append(f"{status}, connection {closed}, smuggled request {smuggled}")
     return {"requests": 50, "answers": _tally(answers)}

@@ -342,6 +342,20 @@ def half_open(base: str, count: int, sources: list[str],
     return held
 
 
+def exchange(port: int, data: bytes, timeout: float = 5.0) -> bytes:
+    """Send ``data`` on a fresh loopback connection to ``port``; everything the server sends until it
+    closes the connection, with ``b"<open>"`` appended when it is still open after ``timeout``."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(data)
+        out = b""
+        try:
+            while chunk := s.recv(65536):
+                out += chunk
+        except TimeoutError:
+            return out + b"<open>"
+    return out
+
+
 def still_open(sockets: list[socket.socket]) -> int:
     """How many of ``sockets`` the server has not closed (a closed one reads EOF or a reset)."""
     n = 0

@@ -6,24 +6,11 @@ well-framed pipelined requests are still answered in order."""
 from __future__ import annotations
 
 import json
-import socket
 
 import pytest
 from testkit.hostile import assert_unharmed
 
-
-def exchange(port: int, data: bytes, timeout: float = 5.0) -> bytes:
-    """Send ``data`` on a fresh connection; what comes back until the server closes it (b"<open>"
-    appended when it is still open after ``timeout``)."""
-    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
-        s.sendall(data)
-        out = b""
-        try:
-            while chunk := s.recv(65536):
-                out += chunk
-        except TimeoutError:
-            return out + b"<open>"
-    return out
+from reprise.benchmarks.hostile import exchange
 
 
 def chat(key: str, framing: bytes, version: bytes = b"1.1") -> bytes:

@@ -11,6 +11,7 @@ from testkit.service import LoopThread
 
 from http_api import server as listener
 from http_api.server import HttpServer
+from reprise.benchmarks.hostile import exchange
 
 
 async def echo_length(scope, receive, send) -> None:
@@ -35,20 +36,6 @@ def http():
     yield server
     loop.call(server.stop())
     loop.close()
-
-
-def exchange(port: int, data: bytes, timeout: float = 5.0) -> bytes:
-    """Send ``data`` on a fresh connection; everything the server sends until it closes the connection
-    (or ``timeout`` passes with the connection still open: then b"<open>" is appended)."""
-    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
-        s.sendall(data)
-        out = b""
-        try:
-            while chunk := s.recv(65536):
-                out += chunk
-        except TimeoutError:
-            return out + b"<open>"
-    return out
 
 
 SMUGGLED = b"GET /smuggled HTTP/1.1\r\nHost: x\r\n\r\n"
