@@ -71,7 +71,8 @@ def _why_empty(node: dict) -> str | None:
         return f"none of its enum values is of its type {types}"
     required = node.get("required")
     if node.get("additionalProperties") is False and isinstance(required, list) and not node.get("patternProperties"):
-        named = node.get("properties") if isinstance(node.get("properties"), dict) else {}
+        properties = node.get("properties")
+        named: dict[str, Any] = properties if isinstance(properties, dict) else {}
         missing = [name for name in required if isinstance(name, str) and name not in named]
         if missing:
             return f"it requires {missing[0]!r}, which its properties do not name and additionalProperties forbids"
