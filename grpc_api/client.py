@@ -131,18 +131,7 @@ def build_request(
     (or the inner object); ``tool_choice`` is "auto", "none", "required", a tool's name or
     ``{"type": "function", "function": {"name"}}``; ``response_format`` is "json_object",
     ``{"type": "json_object"}`` or ``{"type": "json_schema", "json_schema": {"schema": {...}}}``."""
-    if prompt is not None:
-        if tokens is not None or text is not None or messages is not None:
-            raise ValueError("give the prompt either positionally or as tokens=/text=/messages=, not both")
-        if isinstance(prompt, str):
-            text = prompt
-        elif prompt and isinstance(prompt[0], Mapping):
-            messages = prompt  # type: ignore[assignment]
-        else:
-            tokens = prompt  # type: ignore[assignment]
-    given = [x for x in (tokens, text, messages) if x is not None]
-    if len(given) != 1:
-        raise ValueError("give exactly one of tokens, text or messages")
+    tokens, text, messages = _one_prompt(prompt, tokens, text, messages)
     for name, value, low in (("max_new_tokens", max_new_tokens, 1), ("min_new_tokens", min_new_tokens, 0),
                              ("top_k", top_k, 0), ("seed", seed, 0), ("stream_chunk_tokens", stream_chunk_tokens, 0)):
         _check_int(name, value, low)
@@ -175,6 +164,28 @@ def build_request(
     st.stop_token_ids.extend(stop_token_ids)
     st.ignore_eos = ignore_eos
     st.include_stop_str_in_output = include_stop_str_in_output
+    _set_tools(req, tools, tool_choice, response_format)
+    return req
+
+
+def _one_prompt(prompt: Any, tokens: Any, text: Any, messages: Any) -> tuple[Any, Any, Any]:
+    """(tokens, text, messages) with exactly one given: ``prompt`` sorted by its kind, or the one keyword."""
+    if prompt is not None:
+        if tokens is not None or text is not None or messages is not None:
+            raise ValueError("give the prompt either positionally or as tokens=/text=/messages=, not both")
+        if isinstance(prompt, str):
+            text = prompt
+        elif prompt and isinstance(prompt[0], Mapping):
+            messages = prompt
+        else:
+            tokens = prompt
+    if len([x for x in (tokens, text, messages) if x is not None]) != 1:
+        raise ValueError("give exactly one of tokens, text or messages")
+    return tokens, text, messages
+
+
+def _set_tools(req: Any, tools: Sequence[Mapping[str, Any]], tool_choice: Any, response_format: Any) -> None:
+    """The request's tools, ``tool_choice`` and ``response_format`` from OpenAI's shapes (``build_request``)."""
     for tool in tools:
         fn = tool.get("function", tool)
         req.tools.add(name=fn["name"], description=fn.get("description") or "",
@@ -195,7 +206,6 @@ def build_request(
         req.response_format.json_schema = json.dumps(response_format["json_schema"]["schema"])
     elif kind not in (None, "text"):
         raise ValueError(f"response_format must be text, json_object or a json_schema dict, got {response_format!r}")
-    return req
 
 
 def _check_int(name: str, value: Any, low: int) -> None:

@@ -190,35 +190,8 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
                 return parse(first)
             return _request_stream(first, requests, parse)
 
-        def cancelled_code(context) -> grpc.StatusCode:
-            remaining = context.time_remaining()
-            if remaining is not None and remaining <= 0:
-                return grpc.StatusCode.DEADLINE_EXCEEDED
-            return grpc.StatusCode.CANCELLED
-
-        @contextlib.asynccontextmanager
-        async def accounted(context) -> AsyncIterator[list[Callable[[], None]]]:
-            """Around one call: its metrics, its status for whatever it raised, and its places (what
-            the body appends to the list it gets) released at the end."""
-            start = time.perf_counter()
-            metrics.observe_rpc_started(*labels)
-            held: list[Callable[[], None]] = []
-            code = grpc.StatusCode.OK
-            try:
-                yield held
-            except grpc.aio.AbortError:
-                code = context.code() or grpc.StatusCode.UNKNOWN
-                raise
-            except BaseException as exc:
-                if _is_cancel(exc):
-                    code = cancelled_code(context)
-                    raise
-                code, message, trailers = _classify(exc, full)
-                await context.abort(code, message, trailers)
-            finally:
-                for release in reversed(held):
-                    release()
-                metrics.observe_rpc(*labels, code.name, time.perf_counter() - start)
+        def accounted(context: Any) -> contextlib.AbstractAsyncContextManager[list[Callable[[], None]]]:
+            return _accounted(metrics, labels, full, context)
 
         if handler.response_streaming:
             inner = handler.unary_stream or handler.stream_stream
@@ -243,6 +216,40 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
                 return await result if inspect.isawaitable(result) else result
 
         return _as_stream_handler(handler, unary)
+
+
+@contextlib.asynccontextmanager
+async def _accounted(metrics: Any, labels: tuple[str, str, str], full: str,
+                     context: Any) -> AsyncIterator[list[Callable[[], None]]]:
+    """Around one call: its metrics, its status for whatever it raised, and its places (what the body
+    appends to the list it gets) released at the end."""
+    start = time.perf_counter()
+    metrics.observe_rpc_started(*labels)
+    held: list[Callable[[], None]] = []
+    code = grpc.StatusCode.OK
+    try:
+        yield held
+    except grpc.aio.AbortError:
+        code = context.code() or grpc.StatusCode.UNKNOWN
+        raise
+    except BaseException as exc:
+        if _is_cancel(exc):
+            code = _cancelled_code(context)
+            raise
+        code, message, trailers = _classify(exc, full)
+        await context.abort(code, message, trailers)
+    finally:
+        for release in reversed(held):
+            release()
+        metrics.observe_rpc(*labels, code.name, time.perf_counter() - start)
+
+
+def _cancelled_code(context: Any) -> grpc.StatusCode:
+    """DEADLINE_EXCEEDED for a call whose deadline passed, else CANCELLED (the client went away)."""
+    remaining = context.time_remaining()
+    if remaining is not None and remaining <= 0:
+        return grpc.StatusCode.DEADLINE_EXCEEDED
+    return grpc.StatusCode.CANCELLED
 
 
 def _as_stream_handler(handler: grpc.RpcMethodHandler, behavior: Callable[..., Any]) -> grpc.RpcMethodHandler:

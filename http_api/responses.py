@@ -27,7 +27,7 @@ import dataclasses
 import json
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping
 from typing import Any, Protocol
 
 from fastapi import APIRouter, Request
@@ -60,7 +60,6 @@ from serving.records import (
     TextDelta,
     Tool,
     ToolCall,
-    ToolCallDelta,
 )
 from serving.records import Request as DecodeRequest  # fastapi's Request is the HTTP request
 
@@ -258,16 +257,6 @@ def responses_router(core: ServingCore, authenticator: Authenticator, store: Res
     router = APIRouter(prefix="/v1")
     info = core.info
 
-    async def stored(tenant: str, response_id: str, field: str) -> dict[str, Any]:
-        check_id(field, response_id, MAX_ID_CHARS)
-        record = None
-        if store is not None:
-            record = await asyncio.get_running_loop().run_in_executor(None, store.get, tenant, response_id)
-        if record is None:
-            raise errors.NotFound(f"no response {response_id!r:.80} (never stored, expired, deleted, or not yours)",
-                                  field, what="response")
-        return record
-
     @router.post("/responses")
     async def create(request: Request) -> Response:
         who = principal(authenticator, request, "tenant")
@@ -282,19 +271,18 @@ def responses_router(core: ServingCore, authenticator: Authenticator, store: Res
         earlier: list[dict[str, Any]] = []
         previous = opt(body, "previous_response_id", str, "a string")
         if previous:
-            record = await stored(who.id, previous, "previous_response_id")
+            record = await _stored(store, who.id, previous, "previous_response_id")
             earlier = list(record.get("conversation", [])) + list(record["response"].get("output", []))
-        items = input_items(body)
-        conversation = [*earlier, *items]
+        conversation = [*earlier, *input_items(body)]
         messages = messages_of(conversation)
         instructions = opt(body, "instructions", str, "a string")
         if instructions:
             messages.insert(0, ChatMessage("system", instructions))
         tools, echo = _tools(body)
         text = opt(body, "text", dict, "an object") or {}
-        params = sampling(body, "max_output_tokens")
         choice, fmt = tool_choice(body.get("tool_choice")), response_format(text.get("format"), "text.format")
-        asked = DecodeRequest(who.id, PromptInput(messages=tuple(messages), tools=tuple(tools)), params,
+        asked = DecodeRequest(who.id, PromptInput(messages=tuple(messages), tools=tuple(tools)),
+                              sampling(body, "max_output_tokens"),
                               session_id=session(body, request.headers.get("x-session-id")), tool_choice=choice,
                               response_format=fmt)
         turn = Turn(body, info.model_name, echo, conversation)
@@ -303,96 +291,19 @@ def responses_router(core: ServingCore, authenticator: Authenticator, store: Res
             events = core.generate(core.prepare(asked), hold_tool_text=True)
             await until_started(events)
             if opt(body, "stream", bool, "a boolean"):
-                return StreamingResponse(stream(events, turn, save), media_type="text/event-stream",
+                return StreamingResponse(_stream(events, turn, save), media_type="text/event-stream",
                                          headers={"Cache-Control": "no-cache", "X-Request-Id": turn.id})
-            return await unless_disconnected(request, answer(events, turn, save))
-
-    async def answer(events: AsyncGenerator[Event, None], turn: Turn, save: Any) -> Response:
-        end: Finished | None = None
-        async with contextlib.aclosing(events):
-            async for event in events:
-                if isinstance(event, Finished):
-                    end = event
-        assert end is not None
-        end, output = turn.finish(end)
-        response = turn.response(end, output)
-        if save is not None:
-            await save(response)
-        return JSONResponse(response, headers={"X-Request-Id": turn.id})
-
-    async def stream(events: AsyncGenerator[Event, None], turn: Turn, save: Any) -> AsyncIterator[bytes]:
-        seq = 0
-
-        def event(kind: str, **fields: Any) -> bytes:
-            nonlocal seq
-            doc = {"type": kind, "sequence_number": seq, **fields}
-            seq += 1
-            return sse(doc, kind)
-
-        message_open = False
-        text = ""
-        async with contextlib.aclosing(events):
-            try:
-                yield event("response.created", response=turn.response(None))
-                yield event("response.in_progress", response=turn.response(None))
-                end: Finished | None = None
-                async for item in events:
-                    if isinstance(item, TextDelta) and item.text:
-                        if not message_open:
-                            message_open = True
-                            yield event("response.output_item.added", output_index=0,
-                                        item=message_item(turn.message_id, "", "in_progress"))
-                            yield event("response.content_part.added", item_id=turn.message_id, output_index=0,
-                                        content_index=0, part={"type": "output_text", "text": "", "annotations": []})
-                        text += item.text
-                        yield event("response.output_text.delta", item_id=turn.message_id, output_index=0,
-                                    content_index=0, delta=item.text, logprobs=[])
-                    elif isinstance(item, ToolCallDelta):
-                        continue  # the calls leave below, in their own items, once the reply is known
-                    elif isinstance(item, Finished):
-                        end = item
-                assert end is not None
-                end, output = turn.finish(end)
-                if message_open:
-                    part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-                    yield event("response.output_text.done", item_id=turn.message_id, output_index=0,
-                                content_index=0, text=text, logprobs=[])
-                    yield event("response.content_part.done", item_id=turn.message_id, output_index=0,
-                                content_index=0, part=part)
-                    yield event("response.output_item.done", output_index=0,
-                                item=message_item(turn.message_id, text, "completed"))
-                first = 1 if message_open else 0
-                for k, call in enumerate(end.tool_calls):
-                    index, item_id = first + k, turn.call_ids[k]
-                    yield event("response.output_item.added", output_index=index,
-                                item=call_item(item_id, call, "in_progress", ""))
-                    yield event("response.function_call_arguments.delta", item_id=item_id, output_index=index,
-                                delta=call.arguments)
-                    yield event("response.function_call_arguments.done", item_id=item_id, output_index=index,
-                                name=call.name, arguments=call.arguments)
-                    yield event("response.output_item.done", output_index=index, item=call_item(item_id, call, "completed"))
-                calls = [o for o in output if o["type"] != "message"]  # the streamed text is the message
-                output = [message_item(turn.message_id, text, "completed"), *calls] if message_open else calls
-                response = turn.response(end, output)
-                if save is not None:
-                    await save(response)
-                status = response["status"]
-                yield event("response.completed" if status == "completed" else "response.incomplete"
-                            if status == "incomplete" else "response.failed", response=response)
-            except (errors.ServiceError, ValueError) as exc:  # the stream has begun: the error is an event
-                _, doc, _ = error_body(exc, SPELLING)
-                yield event("error", code=doc["error"]["code"], message=doc["error"]["message"],
-                            param=doc["error"]["param"])
+            return await unless_disconnected(request, _answer(events, turn, save))
 
     @router.get("/responses/{response_id}")
     async def get(response_id: str, request: Request) -> Response:
         who = principal(authenticator, request, "tenant")
-        return JSONResponse((await stored(who.id, response_id, "response_id"))["response"])
+        return JSONResponse((await _stored(store, who.id, response_id, "response_id"))["response"])
 
     @router.get("/responses/{response_id}/input_items")
     async def input_list(response_id: str, request: Request) -> Response:
         who = principal(authenticator, request, "tenant")
-        items = (await stored(who.id, response_id, "response_id")).get("conversation", [])
+        items = (await _stored(store, who.id, response_id, "response_id")).get("conversation", [])
         data = [{"id": item.get("id") or f"item_{i}", **item} for i, item in enumerate(items)]
         return JSONResponse({"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
                              "last_id": data[-1]["id"] if data else None, "has_more": False})
@@ -408,6 +319,106 @@ def responses_router(core: ServingCore, authenticator: Authenticator, store: Res
         return JSONResponse({"id": response_id, "object": "response.deleted", "deleted": True})
 
     return router
+
+
+async def _stored(store: ResponseStore | None, tenant: str, response_id: str, field: str) -> dict[str, Any]:
+    """The tenant's stored response ``response_id`` (NotFound naming ``field`` when it has none)."""
+    check_id(field, response_id, MAX_ID_CHARS)
+    record = None
+    if store is not None:
+        record = await asyncio.get_running_loop().run_in_executor(None, store.get, tenant, response_id)
+    if record is None:
+        raise errors.NotFound(f"no response {response_id!r:.80} (never stored, expired, deleted, or not yours)",
+                              field, what="response")
+    return record
+
+
+async def _answer(events: AsyncGenerator[Event, None], turn: Turn, save: Any) -> Response:
+    """The whole response once the request has finished (``stream`` false)."""
+    end: Finished | None = None
+    async with contextlib.aclosing(events):
+        async for event in events:
+            if isinstance(event, Finished):
+                end = event
+    assert end is not None
+    end, output = turn.finish(end)
+    response = turn.response(end, output)
+    if save is not None:
+        await save(response)
+    return JSONResponse(response, headers={"X-Request-Id": turn.id})
+
+
+class _Events:
+    """The stream's server-sent events, numbered in order (``sequence_number``)."""
+
+    def __init__(self) -> None:
+        self.seq = 0
+
+    def __call__(self, kind: str, **fields: Any) -> bytes:
+        doc = {"type": kind, "sequence_number": self.seq, **fields}
+        self.seq += 1
+        return sse(doc, kind)
+
+
+async def _stream(events: AsyncGenerator[Event, None], turn: Turn, save: Any) -> AsyncIterator[bytes]:
+    """The Responses API's semantic events: the message's text as it comes, its tool calls once the
+    reply is known, and the finished response (``stream`` true)."""
+    event = _Events()
+    message_open, text = False, ""
+    async with contextlib.aclosing(events):
+        try:
+            yield event("response.created", response=turn.response(None))
+            yield event("response.in_progress", response=turn.response(None))
+            end: Finished | None = None
+            async for item in events:
+                if isinstance(item, TextDelta) and item.text:
+                    if not message_open:
+                        message_open = True
+                        yield event("response.output_item.added", output_index=0,
+                                    item=message_item(turn.message_id, "", "in_progress"))
+                        yield event("response.content_part.added", item_id=turn.message_id, output_index=0,
+                                    content_index=0, part={"type": "output_text", "text": "", "annotations": []})
+                    text += item.text
+                    yield event("response.output_text.delta", item_id=turn.message_id, output_index=0,
+                                content_index=0, delta=item.text, logprobs=[])
+                elif isinstance(item, Finished):  # tool calls leave below, in their own items
+                    end = item
+            assert end is not None
+            end, output = turn.finish(end)
+            for chunk in _closing_events(event, turn, end, message_open, text):
+                yield chunk
+            calls = [o for o in output if o["type"] != "message"]  # the streamed text is the message
+            output = [message_item(turn.message_id, text, "completed"), *calls] if message_open else calls
+            response = turn.response(end, output)
+            if save is not None:
+                await save(response)
+            status = response["status"]
+            yield event("response.completed" if status == "completed" else "response.incomplete"
+                        if status == "incomplete" else "response.failed", response=response)
+        except (errors.ServiceError, ValueError) as exc:  # the stream has begun: the error is an event
+            _, doc, _ = error_body(exc, SPELLING)
+            yield event("error", code=doc["error"]["code"], message=doc["error"]["message"],
+                        param=doc["error"]["param"])
+
+
+def _closing_events(event: _Events, turn: Turn, end: Finished, message_open: bool, text: str) -> Iterator[bytes]:
+    """The message's closing events, then each tool call as an item of its own."""
+    if message_open:
+        part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+        yield event("response.output_text.done", item_id=turn.message_id, output_index=0, content_index=0,
+                    text=text, logprobs=[])
+        yield event("response.content_part.done", item_id=turn.message_id, output_index=0, content_index=0,
+                    part=part)
+        yield event("response.output_item.done", output_index=0, item=message_item(turn.message_id, text, "completed"))
+    first = 1 if message_open else 0
+    for k, call in enumerate(end.tool_calls):
+        index, item_id = first + k, turn.call_ids[k]
+        yield event("response.output_item.added", output_index=index, item=call_item(item_id, call, "in_progress", ""))
+        yield event("response.function_call_arguments.delta", item_id=item_id, output_index=index,
+                    delta=call.arguments)
+        yield event("response.function_call_arguments.done", item_id=item_id, output_index=index, name=call.name,
+                    arguments=call.arguments)
+        yield event("response.output_item.done", output_index=index, item=call_item(item_id, call, "completed"))
 
 
 async def _save(store: ResponseStore | None, tenant: str, turn: Turn, response: dict[str, Any]) -> None:

@@ -108,74 +108,82 @@ def openai_router(core: ServingCore, authenticator: Authenticator, max_body_byte
             prepared = core.prepare(call.request)
             events = core.generate(prepared, hold_tool_text=chat)
             await until_started(events)
-            ident = ("chatcmpl-" if chat else "cmpl-") + prepared.request_id
+            reply = _Reply(("chatcmpl-" if chat else "cmpl-") + prepared.request_id, info.model_name, chat, call)
             if call.stream:
-                return StreamingResponse(stream(events, call, ident, chat), media_type="text/event-stream",
-                                         headers={"Cache-Control": "no-cache", "X-Request-Id": ident})
+                return StreamingResponse(reply.stream(events), media_type="text/event-stream",
+                                         headers={"Cache-Control": "no-cache", "X-Request-Id": reply.id})
             end: Finished | None = None
             async with contextlib.aclosing(events):
                 async for event in events:
                     if isinstance(event, Finished):
                         end = event
         assert end is not None
-        if not call.parallel_tool_calls and len(end.tool_calls) > 1:
+        return reply.whole(end)
+
+    return router
+
+
+class _Reply:
+    """One Chat Completions (``chat``) or Completions answer: whole, or as chunks of server-sent events."""
+
+    def __init__(self, ident: str, model: str, chat: bool, call: ApiCall) -> None:
+        self.id, self.model, self.chat, self.call = ident, model, chat, call
+        self.created = int(time.time())
+
+    def whole(self, end: Finished) -> Response:
+        if not self.call.parallel_tool_calls and len(end.tool_calls) > 1:
             end = dataclasses.replace(end, tool_calls=end.tool_calls[:1])
-        if chat:
+        choice: dict[str, Any]
+        if self.chat:
             content = (end.content or None) if end.tool_calls else end.content
             message: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None}
             if end.tool_calls:
                 message["tool_calls"] = tool_calls(end.tool_calls)
-            choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": None,
-                                      "finish_reason": FINISH.get(end.finish_reason, "stop")}
+            choice = {"index": 0, "message": message, "logprobs": None,
+                      "finish_reason": FINISH.get(end.finish_reason, "stop")}
         else:
             choice = {"index": 0, "text": end.text, "logprobs": None, "finish_reason": FINISH.get(end.finish_reason, "stop")}
-        return JSONResponse({"id": ident, "object": "chat.completion" if chat else "text_completion",
-                             "created": int(time.time()), "model": info.model_name, "choices": [choice],
+        return JSONResponse({"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
+                             "created": int(time.time()), "model": self.model, "choices": [choice],
                              "usage": usage(end.usage), "system_fingerprint": None},
-                            headers={"X-Request-Id": ident})
+                            headers={"X-Request-Id": self.id})
 
-    async def stream(events: AsyncGenerator[Event, None], call: ApiCall, ident: str,
-                     chat: bool) -> AsyncIterator[bytes]:
-        created_at = int(time.time())
-        kind = "chat.completion.chunk" if chat else "text_completion"
-
-        def event(choices: list[dict], **extra: Any) -> bytes:
-            doc = {"id": ident, "object": kind, "created": created_at, "model": info.model_name,
-                   "choices": choices, "system_fingerprint": None, **extra}
-            return sse(doc)
-
-        def delta(text: str = "", finish: str | None = None, calls: list[dict] | None = None) -> bytes:
-            if not chat:
-                return event([{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}])
-            d: dict[str, Any] = {}
-            if text:
-                d["content"] = text
-            if calls:
-                d["tool_calls"] = calls
-            return event([{"index": 0, "delta": d, "logprobs": None, "finish_reason": finish}])
-
+    async def stream(self, events: AsyncGenerator[Event, None]) -> AsyncIterator[bytes]:
         async with contextlib.aclosing(events):
             try:
-                if chat:
-                    yield event([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                                  "finish_reason": None}])
+                if self.chat:
+                    yield self._event([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                        "finish_reason": None}])
                 async for item in events:
                     if isinstance(item, TextDelta):
                         if item.text:
-                            yield delta(item.text)
+                            yield self._delta(item.text)
                     elif isinstance(item, ToolCallDelta):
-                        if item.index and not call.parallel_tool_calls:
+                        if item.index and not self.call.parallel_tool_calls:
                             continue  # parallel_tool_calls false: the first call only
-                        yield delta(calls=[{"index": item.index, **tool_calls((item.call,))[0]}])
+                        yield self._delta(calls=[{"index": item.index, **tool_calls((item.call,))[0]}])
                     elif isinstance(item, Finished):
-                        yield delta(finish=FINISH.get(item.finish_reason, "stop"))
-                        if call.include_usage:
-                            yield event([], usage=usage(item.usage))
+                        yield self._delta(finish=FINISH.get(item.finish_reason, "stop"))
+                        if self.call.include_usage:
+                            yield self._event([], usage=usage(item.usage))
             except (errors.ServiceError, ValueError) as exc:  # the stream has begun: the error is an event
-                yield sse(error_body(exc, call.spelling)[1])
+                yield sse(error_body(exc, self.call.spelling)[1])
             yield b"data: [DONE]\n\n"
 
-    return router
+    def _event(self, choices: list[dict], **extra: Any) -> bytes:
+        return sse({"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
+                    "created": self.created, "model": self.model, "choices": choices, "system_fingerprint": None,
+                    **extra})
+
+    def _delta(self, text: str = "", finish: str | None = None, calls: list[dict] | None = None) -> bytes:
+        if not self.chat:
+            return self._event([{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}])
+        d: dict[str, Any] = {}
+        if text:
+            d["content"] = text
+        if calls:
+            d["tool_calls"] = calls
+        return self._event([{"index": 0, "delta": d, "logprobs": None, "finish_reason": finish}])
 
 
 def sse(doc: dict[str, Any], name: str | None = None) -> bytes:

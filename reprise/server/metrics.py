@@ -40,7 +40,13 @@ class ServiceMetrics:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
         self.max_positions = max_positions
-        # Speculative decoding (vLLM v1 names).
+        self._decoding_metrics(r)
+        self._index_metrics(r)
+        self._request_metrics(r)
+        self._transport_metrics(r)
+
+    def _decoding_metrics(self, r: CollectorRegistry) -> None:
+        """Speculative decoding (vLLM v1's names) and what Reprise saves."""
         self.num_drafts = Counter("reprise_spec_decode_num_drafts", "Verification steps that carried a draft",
                                   registry=r)
         self.num_draft_tokens = Counter("reprise_spec_decode_num_draft_tokens", "Draft tokens verified",
@@ -50,7 +56,7 @@ class ServiceMetrics:
         per_pos = Counter("reprise_spec_decode_num_accepted_tokens_per_pos",
                           "Draft tokens accepted at each draft position (0 = first after the prefix)",
                           ["position"], registry=r)
-        self._per_pos = [per_pos.labels(position=str(i)) for i in range(max_positions)]
+        self._per_pos = [per_pos.labels(position=str(i)) for i in range(self.max_positions)]
         self.num_steps = Counter("reprise_verify_steps", "Verification steps (model forward passes)", registry=r)
         # What Reprise saves (serving/savings.py): measured seconds against the estimate without it.
         spent = Counter("reprise_engine_seconds", "Engine seconds spent on requests (the cost model's clock)",
@@ -60,7 +66,9 @@ class ServiceMetrics:
                         ["phase"], registry=r)
         self._spent = {phase: spent.labels(phase=phase) for phase in ("decode", "prefill")}
         self._plain = {phase: plain.labels(phase=phase) for phase in ("decode", "prefill")}
-        # Retrieval index.
+
+    def _index_metrics(self, r: CollectorRegistry) -> None:
+        """The retrieval indexes, their memory, history quarantine, AppendTrajectory quotas."""
         lookups = Counter("reprise_index_lookups", "Draft lookups by result", ["result"], registry=r)
         self._lookups = {name: lookups.labels(result=name) for name in LOOKUP_RESULTS}
         self.match_length = Histogram("reprise_index_match_length_tokens", "Matched suffix length of a lookup",
@@ -86,7 +94,9 @@ class ServiceMetrics:
         self.speculation_disabled = Counter("reprise_speculation_disabled",
                                             "Requests or steps decoded without speculation, by reason",
                                             ["reason"], registry=r)
-        # Requests.
+
+    def _request_metrics(self, r: CollectorRegistry) -> None:
+        """Generation requests: latencies, tokens, finish reasons."""
         self.ttft = Histogram("reprise_request_ttft_seconds", "Time to first token, from request arrival",
                               buckets=LATENCY_BUCKETS, registry=r)
         self.itl = Histogram("reprise_inter_token_latency_seconds",
@@ -108,7 +118,9 @@ class ServiceMetrics:
         self.generation_tokens = Counter("reprise_generation_tokens", "Tokens generated", registry=r)
         self.requests_running = Gauge("reprise_num_requests_running", "Generation requests in flight",
                                       registry=r)
-        # gRPC (the go-grpc-prometheus names).
+
+    def _transport_metrics(self, r: CollectorRegistry) -> None:
+        """gRPC (go-grpc-prometheus's names), HTTP, the store, integrity failures."""
         self.grpc_started = Counter("grpc_server_started", "RPCs started",
                                     ["grpc_service", "grpc_method", "grpc_type"], registry=r)
         self.grpc_handled = Counter("grpc_server_handled", "RPCs completed, by status code",
