@@ -133,7 +133,7 @@ class PrefixCache:
     def match(self, scope: str, token_ids: Sequence[int], *, count: int | None = None) -> Lease:
         """Pin and return the longest cached chain of ``scope`` that ``token_ids`` starts with (whole
         blocks only). ``count``: the prompt tokens this lookup stands for in the hit rate (default
-        ``len(token_ids)``)."""
+        ``len(token_ids)``; 0 for a lookup that is no prompt's, a parked request resuming: not counted)."""
         bs = self.block_size
         with self._lock:
             lease = Lease(scope, self._epochs.get(scope, 0))
@@ -147,7 +147,7 @@ class PrefixCache:
                 parent = block.index
             self._touch(lease.blocks)
             asked, found = len(token_ids) if count is None else count, len(lease.blocks) * bs
-            for figures in (self._queries.setdefault(scope, [0, 0]), self._totals):
+            for figures in (self._queries.setdefault(scope, [0, 0]), self._totals) if asked else ():
                 figures[0] += asked
                 figures[1] += found
         return lease

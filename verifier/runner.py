@@ -13,6 +13,11 @@ committed tokens. Not thread-safe: one engine thread owns a runner.
 With ``prefix_cache_bytes`` the runner keeps finished requests' KV (verifier/prefix_cache.py):
 ``start(..., cache_scope=tenant)`` copies the longest cached prefix of the scope into the new slot and
 prefills only the rest; ``release`` caches the slot's committed rows for later requests of that scope.
+
+A running request can give its slot up and take another later (``park`` / ``resume``: the engine's
+fair share of slots between tenants): its committed rows go to the prefix cache like a finished
+request's, and resuming loads what is still cached and prefills the rest, so it goes on from the
+same context with the same sampling generator.
 """
 
 from __future__ import annotations
@@ -81,6 +86,24 @@ class VerifyResult:
     hidden_states: torch.Tensor | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class ParkedRequest:
+    """A request that gave up its slot (``ModelRunner.park``), with what resuming it needs: its context
+    (prompt + committed output; the last token is the next step's root), how much of it is prompt, its
+    sampling settings and its generator's state (a seeded request draws the same numbers after it
+    resumes), its minimum length and the tokens held back until then, its prefix-cache scope, and the
+    prompt tokens it first found cached."""
+
+    context: tuple[int, ...]
+    num_prompt: int
+    sampling: SamplingParams
+    generator_state: torch.Tensor
+    min_new_tokens: int
+    suppress_ids: tuple[int, ...]
+    scope: str | None
+    num_reused: int
+
+
 @dataclass(slots=True)
 class _Slot:
     """Mutable state of one active request (internal)."""
@@ -92,6 +115,7 @@ class _Slot:
     min_new_tokens: int
     suppress_ids: tuple[int, ...]
     prompt_hidden: torch.Tensor | None = None  # [P-1, d] when the runner keeps hidden states
+    scope: str | None = None  # the prefix cache's scope (the tenant), None to use no cache
     lease: Lease | None = None  # the cached blocks the request started from (with a prefix cache)
     num_reused: int = 0  # prompt tokens whose KV came from the prefix cache
 
@@ -223,37 +247,64 @@ class ModelRunner:
             raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
         if len(prompt) >= self.max_len:
             raise ValueError(f"prompt has {len(prompt)} tokens; this runner's max_len is {self.max_len}")
-        if not self._free:
-            raise RuntimeError(f"no free slot: all {self.pool.num_slots} are in use")
-        slot = self._free.pop()
         generator = torch.Generator(device=self.device)
         if sampling.seed is None:
             generator.seed()
         else:
             generator.manual_seed(sampling.seed)
-        state = _Slot(prompt, len(prompt), sampling, generator, min_new_tokens, tuple(suppress_ids))
+        state = _Slot(prompt, len(prompt), sampling, generator, min_new_tokens, tuple(suppress_ids), scope=cache_scope)
+        return self._open(state, publish=publish, counted=True)
+
+    def park(self, slot: int, *, keep_cache: bool = True) -> ParkedRequest:
+        """Free a running request's slot, keeping what ``resume`` needs. With a prefix cache and
+        ``keep_cache`` its committed rows are cached first, as ``release`` caches a finished request's
+        (pass ``keep_cache=False`` for a request whose KV may not be kept: it is recomputed on resume)."""
+        state = self._state(slot)
+        parked = ParkedRequest(tuple(state.context), state.num_prompt, state.sampling, state.generator.get_state(),
+                               state.min_new_tokens, state.suppress_ids, state.scope, state.num_reused)
+        self.release(slot, keep_cache=keep_cache)
+        return parked
+
+    def resume(self, parked: ParkedRequest) -> int:
+        """A parked request back in a free slot: its context's KV loaded from the prefix cache where its
+        blocks are still there and prefilled where not (prefill computes the rows a step would, as a
+        request starting from cached KV does), its generator where it was. Returns the slot."""
+        generator = torch.Generator(device=self.device)
+        generator.set_state(parked.generator_state)
+        state = _Slot(list(parked.context), parked.num_prompt, parked.sampling, generator, parked.min_new_tokens,
+                      parked.suppress_ids, scope=parked.scope)
+        slot = self._open(state, publish=False, counted=False)
+        state.num_reused, state.prompt_hidden = parked.num_reused, None  # its session saw the prompt's states
+        return slot
+
+    def _open(self, state: _Slot, *, publish: bool, counted: bool) -> int:
+        """Take a free slot for ``state`` and fill its KV with ``state.context[:-1]``: what the prefix
+        cache holds of the scope (a lookup ``counted`` in the hit rate or not), prefilled past it."""
+        if not self._free:
+            raise RuntimeError(f"no free slot: all {self.pool.num_slots} are in use")
+        slot = self._free.pop()
         self._slots[slot] = state
+        context = state.context
         try:
             with torch.inference_mode():
-                if cache_scope is not None and self.prefix_cache is not None and not self.keep_hidden:
-                    # The root's KV is computed by the first step, so at most prompt[:-1] is reused.
-                    state.lease = self.prefix_cache.match(cache_scope, prompt[:-1], count=len(prompt))
+                if state.scope is not None and self.prefix_cache is not None and not self.keep_hidden:
+                    # The root's KV is computed by the first step, so at most context[:-1] is reused.
+                    state.lease = self.prefix_cache.match(state.scope, context[:-1],
+                                                          count=len(context) if counted else 0)
                     state.num_reused = self.prefix_cache.load(state.lease, self.pool.kv, slot)
                     self.pool.mark_written(slot, state.num_reused)
                 chunks = []
-                for start in range(state.num_reused, len(prompt) - 1, self.prefill_chunk):
-                    chunk = prompt[start : min(start + self.prefill_chunk, len(prompt) - 1)]
+                for start in range(state.num_reused, len(context) - 1, self.prefill_chunk):
+                    chunk = context[start : min(start + self.prefill_chunk, len(context) - 1)]
                     hidden = self._forward([slot], chain_batch(chunk, start))
                     if self.keep_hidden:
                         chunks.append(hidden[0])
-                if publish and state.lease is not None and self.prefix_cache is not None and len(prompt) - 1 > state.num_reused:
+                if publish and state.lease is not None and self.prefix_cache is not None and len(context) - 1 > state.num_reused:
                     # Its prompt is reusable now, by requests that start while this one runs.
-                    state.lease = self.prefix_cache.publish(state.lease, prompt[:-1], self.pool.kv, slot)
+                    state.lease = self.prefix_cache.publish(state.lease, context[:-1], self.pool.kv, slot)
                 if self.keep_hidden:
                     width = self._lm_head.in_features
-                    self._slots[slot].prompt_hidden = (
-                        torch.cat(chunks) if chunks else torch.zeros(0, width, device=self.device)
-                    )
+                    state.prompt_hidden = torch.cat(chunks) if chunks else torch.zeros(0, width, device=self.device)
         except BaseException:
             self.release(slot, keep_cache=False)
             raise

@@ -11,7 +11,9 @@ state, the runner's sampling parameters) is its own (``_Active``) and never leav
 ``Engine.step()`` is admit -> propose -> verify -> postprocess (docs/architecture.md draws it):
 
 1. **admit**: waiting requests take free slots (their prompt is prefilled), the tenant holding the fewest
-   slots first; cancelled ones leave;
+   slots first; while every slot is taken and another tenant waits, the tenant holding the most yields
+   one: its newest request is parked whole and resumes later (reprise/engine/fair_share.py); cancelled
+   requests leave;
 2. **propose**: each request's drafting session proposes a tree; the draft budget keeps the nodes worth
    verifying (reprise/engine/draft_budget.py);
 3. **verify**: one packed forward pass over every request's tree; the runner's acceptance decides the
@@ -44,6 +46,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from reprise.engine import fair_share
 from reprise.engine.draft_budget import AcceptanceTracker, DraftBudget
 from reprise.engine.drafting import GuardedSession
 from reprise.engine.grammar import GrammarState
@@ -56,7 +59,7 @@ from retrieval.draft_tree import DraftTree, subtree
 from retrieval.session import Proposer, Verified
 from serving.records import FinishReason, Request, Usage
 from serving.savings import RequestCost, attribute_prefill, attribute_step
-from verifier.runner import ModelRunner, VerifyResult, VerifyStep
+from verifier.runner import ModelRunner, ParkedRequest, VerifyResult, VerifyStep
 from verifier.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -179,6 +182,17 @@ class _Active:
     accepted: int = 0
     cached: int = 0  # prompt tokens whose KV came from the prefix cache
     prefill: RequestCost | None = None  # the prefill's cost, until the first step's report carries it
+    parked: ParkedRequest | None = None  # set while it has yielded its slot to another tenant (no slot)
+
+
+@dataclass(slots=True)
+class _Waiting:
+    """A request waiting for a slot: a new one, or one that yielded its slot (``resumes``: its working
+    state, kept whole: drafting session, stop checker, grammar, committed tokens)."""
+
+    handle: RequestHandle
+    on_stream: StreamCallback | None
+    resumes: _Active | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,8 +242,9 @@ class Engine:
         if runner.prefix_cache is not None:  # the price of a cached token, known before the first request
             self.prefill_costs.calibrate(runner)
         self._lock = threading.Lock()
-        self._waiting: deque[tuple[RequestHandle, StreamCallback | None]] = deque()
+        self._waiting: deque[_Waiting] = deque()
         self._active: list[_Active] = []
+        self.preemptions = 0  # requests that yielded their slot to another tenant (fair share)
 
     def forget_tenant(self, tenant: str) -> int:
         """A deleted tenant: drop its cached KV (any thread); returns the blocks dropped."""
@@ -249,7 +264,7 @@ class Engine:
             request = replace(request, request_id=uuid.uuid4().hex)
         handle = RequestHandle(request, cancel, on_done, grammar)
         with self._lock:
-            self._waiting.append((handle, on_stream))
+            self._waiting.append(_Waiting(handle, on_stream))
         return handle
 
     @property
@@ -294,38 +309,83 @@ class Engine:
         return len(batch)
 
     def _admit(self) -> list[_Active]:
-        """Waiting requests into free slots (prefill); cancelled requests out. The step's batch."""
-        while self.runner.num_free_slots:
+        """Waiting requests into free slots (a new one prefills its prompt, a parked one resumes), a slot
+        yielded to a waiting tenant where one holds more than its share; cancelled requests out. The
+        step's batch."""
+        while self._any_waiting():
+            if not self.runner.num_free_slots and not self._yield_slot():
+                break
             with self._lock:
-                if not self._waiting:
-                    break
-                handle, on_stream = self._next_waiting()
-            if handle.cancelled.is_set():
-                self._resolve(handle, _result(handle.request, [], "", "aborted", None, 0, 0, 0))
-                continue
-            try:
-                self._active.append(self._start(handle, on_stream))
-            except Exception as exc:  # this request cannot start; the others go on
-                if not isinstance(exc, ValueError):
-                    log.exception("request %s failed to start", handle.request_id)
-                handle.resolve(_result(handle.request, [], "", "error", None, 0, 0, 0), error=exc)
+                entry = self._next_waiting()
+            self._take_slot(entry)
         for item in [a for a in self._active if a.handle.cancelled.is_set()]:
             self._finish(item, "aborted", None)
         return list(self._active)
 
-    def _next_waiting(self) -> tuple[RequestHandle, StreamCallback | None]:
-        """The waiting request whose tenant holds the fewest slots (the oldest among equals), taken off
-        the queue (under ``_lock``): a tenant with many requests queued cannot take every slot that
-        frees while another tenant's request waits behind them."""
+    def _any_waiting(self) -> bool:
+        with self._lock:
+            return bool(self._waiting)
+
+    def _held(self) -> dict[str, int]:
+        """Slots held per tenant."""
         held: dict[str, int] = {}
         for item in self._active:
             held[item.handle.request.tenant] = held.get(item.handle.request.tenant, 0) + 1
-        if not held:
-            return self._waiting.popleft()
-        best = min(range(len(self._waiting)), key=lambda i: held.get(self._waiting[i][0].request.tenant, 0))
+        return held
+
+    def _next_waiting(self) -> _Waiting:
+        """The waiting request whose tenant holds the fewest slots (the oldest among equals), taken off
+        the queue (under ``_lock``; ``fair_share.next_waiting``)."""
+        best = fair_share.next_waiting(self._held(), [entry.handle.request.tenant for entry in self._waiting])
         entry = self._waiting[best]
         del self._waiting[best]
         return entry
+
+    def _yield_slot(self) -> bool:
+        """Every slot is taken: the tenant holding the most yields one when a waiting tenant holds at
+        least two fewer (``fair_share.yielding_tenant``). Its newest request is parked (least work to
+        redo) and waits ahead of the tenant's other waiting requests. Whether a slot is free now."""
+        with self._lock:
+            waiting = [entry.handle.request.tenant for entry in self._waiting if not entry.handle.cancelled.is_set()]
+        tenant = fair_share.yielding_tenant(self._held(), waiting)
+        if tenant is None:
+            return False
+        item = next(a for a in reversed(self._active) if a.handle.request.tenant == tenant)
+        try:  # its committed rows go to the tenant's prefix cache where it may keep them (recomputed if not)
+            item.parked = self.runner.park(item.slot, keep_cache=item.handle.request.params.record)
+        except Exception as exc:  # noqa: BLE001 - this request's failure ends this request only
+            self._fail(item, "yielding its slot", exc)
+            return True
+        self._active.remove(item)
+        self.preemptions += 1
+        with self._lock:
+            self._waiting.appendleft(_Waiting(item.handle, item.on_stream, item))
+        return True
+
+    def _take_slot(self, entry: _Waiting) -> None:
+        """``entry`` into a free slot: a new request starts, a parked one resumes, a cancelled one ends."""
+        handle, item = entry.handle, entry.resumes
+        if item is not None and item.parked is not None:
+            if handle.cancelled.is_set():
+                self._finish(item, "aborted", None)
+                return
+            try:
+                item.slot = self.runner.resume(item.parked)
+            except Exception as exc:  # noqa: BLE001 - this request's failure ends this request only
+                self._fail(item, "resuming", exc)
+                return
+            item.parked = None
+            self._active.append(item)
+            return
+        if handle.cancelled.is_set():
+            self._resolve(handle, _result(handle.request, [], "", "aborted", None, 0, 0, 0))
+            return
+        try:
+            self._active.append(self._start(handle, entry.on_stream))
+        except Exception as exc:  # this request cannot start; the others go on
+            if not isinstance(exc, ValueError):
+                log.exception("request %s failed to start", handle.request_id)
+            handle.resolve(_result(handle.request, [], "", "error", None, 0, 0, 0), error=exc)
 
     def _start(self, handle: RequestHandle, on_stream: StreamCallback | None) -> _Active:
         request = handle.request
@@ -510,15 +570,16 @@ class Engine:
                 wrapped = RuntimeError(f"the engine failed this request while {stage}")
                 wrapped.__cause__ = exc
                 exc = wrapped
-        if item in self._active:
+        if item in self._active or item.parked is not None:
             self._finish(item, "error", None, error=exc)
 
     def _finish(self, item: _Active, reason: FinishReason, matched: int | str | None,
                 error: BaseException | None = None) -> None:
-        self._active.remove(item)
-        # A failed step may have half-written the rows; a request that asked not to be recorded leaves
-        # nothing behind for later requests either.
-        self.runner.release(item.slot, keep_cache=error is None and item.handle.request.params.record)
+        if item.parked is None:  # a parked request holds no slot: its rows went to the cache as it yielded
+            self._active.remove(item)
+            # A failed step may have half-written the rows; a request that asked not to be recorded
+            # leaves nothing behind for later requests either.
+            self.runner.release(item.slot, keep_cache=error is None and item.handle.request.params.record)
         item.handle.error = error
         result = _result(item.handle.request, item.stop.token_ids, item.stop.text, reason, matched, item.steps,
                          item.drafted, item.accepted, item.cached)
@@ -544,7 +605,7 @@ class Engine:
         """The engine cannot go on (its thread is ending): every waiting and active request fails with
         ``error`` and gets its slot back. Returns how many failed."""
         with self._lock:
-            waiting = [handle for handle, _ in self._waiting]
+            waiting = [entry.handle for entry in self._waiting]
             self._waiting.clear()
         for item in list(self._active):
             self._active.remove(item)
