@@ -14,10 +14,15 @@ The runner copies a matched chain into the request's own slot (``load``) and, wh
 copies the rows that are not cached yet out of the slot into new blocks (``insert``): running requests
 never read the store, so the slot pool and its attention stay as they are.
 
-Eviction: least recently used whole blocks, leaves first, never a pinned one. A request pins the chain it
-started from (``Lease``) until it ends, so the chain its insert extends is still there. A chain is touched
-deepest block first, so a parent is always more recent than its children and the least recent
-unpinned block is a leaf.
+Eviction: whole blocks, leaves first, never a pinned one, and each scope keeps its share. With ``n``
+scopes holding blocks (the inserting one counted), each is guaranteed ``num_blocks // n``: a block
+another scope needs is taken from the scope holding the most blocks beyond its share, its least
+recently used leaf; a scope within its share loses blocks only to its own inserts. So one tenant's
+traffic cannot evict another's entries below that share, and what a tenant can learn from its own
+evictions is no more than that: its blocks beyond the share may go when others insert. A request pins
+the chain it started from (``Lease``) until it ends, so the chain its insert extends is still there. A
+chain is touched deepest block first, so a parent is always more recent than its children and a
+scope's least recent unpinned block is a leaf.
 
 Thread-safe: the engine thread looks up and inserts; a tenant deletion (``drop``) may come from any
 thread. A lease taken before its scope was dropped inserts nothing.
@@ -121,8 +126,9 @@ class PrefixCache:
         self.store = torch.empty(shape, dtype=dtype, device=device)
         self._free = list(range(self.num_blocks - 1, -1, -1))
         self._index: dict[tuple[str, int, tuple[int, ...]], _Block] = {}
-        self._lru: OrderedDict[int, _Block] = OrderedDict()  # live blocks by store index, least recent first
-        self._scopes: dict[str, set[int]] = {}  # scope -> store indexes of its live blocks
+        # scope -> its live blocks by store index, least recent first
+        self._scopes: dict[str, OrderedDict[int, _Block]] = {}
+        self._num_live = 0
         self._epochs: dict[str, int] = {}
         self._queries: dict[str, list[int]] = {}  # scope -> [query tokens, hit tokens]
         self._totals = [0, 0]  # [query tokens, hit tokens] of every scope ever (never decrease: counters)
@@ -212,20 +218,20 @@ class PrefixCache:
         with self._lock:
             self._epochs[scope] = self._epochs.get(scope, 0) + 1
             self._queries.pop(scope, None)
-            indexes = self._scopes.pop(scope, set())
-            for index in indexes:
-                block = self._lru.pop(index)
+            blocks = self._scopes.pop(scope, OrderedDict())
+            for index, block in blocks.items():
                 del self._index[block.key]
                 block.live = False
                 if block.refs == 0:
                     self._free.append(index)
-            return len(indexes)
+            self._num_live -= len(blocks)
+            return len(blocks)
 
     # ---- figures ---------------------------------------------------------------------------------------
     def stats(self) -> CacheStats:
         """The whole cache's figures (Prometheus reads them)."""
         with self._lock:
-            return CacheStats(self.capacity_bytes, len(self._lru) * self.bytes_per_block, len(self._lru),
+            return CacheStats(self.capacity_bytes, self._num_live * self.bytes_per_block, self._num_live,
                               self.block_size, self._totals[0], self._totals[1], self._evicted)  # fmt: skip
 
     def scope_stats(self, scope: str) -> ScopeStats:
@@ -238,25 +244,27 @@ class PrefixCache:
     @property
     def bytes_used(self) -> int:
         """Bytes of the store that hold cached blocks."""
-        return len(self._lru) * self.bytes_per_block
+        return self._num_live * self.bytes_per_block
 
     def check_integrity(self) -> None:
         """Assert the invariants (tests): every live block is indexed once, its parent is live, children
         counts are exact, the free list and the live blocks partition the store."""
         with self._lock:
+            live = {index: block for blocks in self._scopes.values() for index, block in blocks.items()}
             children: dict[int, int] = {}
-            for index, block in self._lru.items():
-                assert block.index == index and block.live and self._index[block.key] is block
-                if block.parent is not None:
-                    assert block.parent.live and block.key[1] == block.parent.index
-                    children[block.parent.index] = children.get(block.parent.index, 0) + 1
-                else:
-                    assert block.key[1] == -1
-            for index, block in self._lru.items():
+            for scope, blocks in self._scopes.items():
+                for index, block in blocks.items():
+                    assert block.index == index and block.live and self._index[block.key] is block
+                    assert block.key[0] == scope
+                    if block.parent is not None:
+                        assert block.parent.live and block.key[1] == block.parent.index
+                        children[block.parent.index] = children.get(block.parent.index, 0) + 1
+                    else:
+                        assert block.key[1] == -1
+            for index, block in live.items():
                 assert block.children == children.get(index, 0), (index, block.children)
-            assert len(self._index) == len(self._lru)
-            assert sum(len(s) for s in self._scopes.values()) == len(self._lru)
-            assert not set(self._free) & set(self._lru)
+            assert len(self._index) == len(live) == self._num_live
+            assert not set(self._free) & set(live)
 
     # ---- internals (lock held) ---------------------------------------------------------------------------
     def _extend(self, scope: str, chain: list[_Block], token_ids: Sequence[int]) -> list[_Block]:
@@ -270,15 +278,15 @@ class PrefixCache:
             key = (scope, parent, tuple(token_ids[start : start + bs]))
             block = self._index.get(key)
             if block is None:
-                index = self._allocate()
+                index = self._allocate(scope)
                 if index is None:
                     break
                 block = _Block(index, key, chain[-1] if chain else None)
                 if block.parent is not None:
                     block.parent.children += 1
                 self._index[key] = block
-                self._lru[index] = block
-                self._scopes.setdefault(scope, set()).add(index)
+                self._scopes.setdefault(scope, OrderedDict())[index] = block
+                self._num_live += 1
                 added.append(block)
             block.refs += 1  # pinned while this insert may still evict
             chain.append(block)
@@ -296,7 +304,7 @@ class PrefixCache:
     def _touch(self, chain: list[_Block]) -> None:
         for block in reversed(chain):  # deepest first: parents end up more recent than their children
             if block.live:
-                self._lru.move_to_end(block.index)
+                self._scopes[block.key[0]].move_to_end(block.index)
 
     def _unpin(self, chain: list[_Block]) -> None:
         for block in chain:
@@ -304,21 +312,37 @@ class PrefixCache:
             if not block.live and block.refs == 0:
                 self._free.append(block.index)
 
-    def _allocate(self) -> int | None:
+    def _allocate(self, scope: str) -> int | None:
+        """A store row for a new block of ``scope``: a free one, else the least recently used unpinned
+        leaf of the scope most beyond its share (``_victims``); None when every candidate is pinned."""
         if self._free:
             return self._free.pop()
-        for index, block in self._lru.items():  # least recent first; leaves come before their parents
-            if block.refs == 0 and block.children == 0:
-                self._forget(block)
-                self._evicted += 1
-                return index
+        for victim in self._victims(scope):
+            for index, block in self._scopes[victim].items():  # least recent first; leaves before their parents
+                if block.refs == 0 and block.children == 0:
+                    self._forget(block)
+                    self._evicted += 1
+                    return index
         return None
+
+    def _victims(self, scope: str) -> list[str]:
+        """The scopes ``scope``'s insert may take a block from, the first to lose one first: every scope
+        beyond its share (``num_blocks // n`` for the ``n`` scopes holding blocks, ``scope`` counted),
+        most beyond first, and ``scope`` itself (first among equals: evicting its own blocks tells no
+        one anything)."""
+        held = {name: len(blocks) for name, blocks in self._scopes.items() if blocks}
+        share = self.num_blocks // len(held.keys() | {scope})
+        over = [name for name, n in held.items() if n > share and name != scope]
+        return sorted([scope, *over], key=lambda name: (-(held.get(name, 0) - share), name != scope))
 
     def _forget(self, block: _Block) -> None:
         """Take a live block out of the index (its store row is the caller's to reuse)."""
-        del self._lru[block.index]
+        blocks = self._scopes[block.key[0]]
+        del blocks[block.index]
+        if not blocks:
+            del self._scopes[block.key[0]]
         del self._index[block.key]
-        self._scopes[block.key[0]].discard(block.index)
+        self._num_live -= 1
         if block.parent is not None:
             block.parent.children -= 1
         block.live = False

@@ -91,6 +91,66 @@ def test_lru_evicts_leaves_first_and_never_a_pinned_block() -> None:
     cache.check_integrity()
 
 
+def chains(cache: PrefixCache, kv: torch.Tensor, scope: str, first: int, count: int) -> list[list[int]]:
+    """``count`` distinct 2-block chains of ``scope`` inserted in turn (the last the most recent)."""
+    made = [list(range(first + 8 * i, first + 8 * i + 8)) for i in range(count)]
+    for tokens in made:
+        cache.insert(cache.match(scope, tokens), tokens, kv, slot=0)
+    return made
+
+
+def cached(cache: PrefixCache, scope: str, tokens: list[int]) -> int:
+    """The blocks of ``tokens`` that ``scope`` finds cached (the lookup's pins let go at once)."""
+    lease = cache.match(scope, tokens)
+    found = lease.num_blocks
+    cache.release(lease)
+    return found
+
+
+def test_a_flood_of_distinct_prompts_cannot_evict_another_tenant_within_its_share() -> None:
+    """b's two chains (4 blocks of 8: its share with a beside it) survive a flood of a's distinct
+    prompts, which evict a's own blocks; b's hits are what they would be with a idle."""
+    cache, kv = small_cache(8)
+    kept = chains(cache, kv, "b", 1000, 2)
+    chains(cache, kv, "a", 0, 30)
+    cache.check_integrity()
+    assert [cached(cache, "b", tokens) for tokens in kept] == [2, 2]
+    assert cache.scope_stats("a").num_blocks == 4 and cache.stats().evicted_blocks == (30 - 2) * 2
+
+
+def test_a_tenant_beyond_its_share_loses_its_least_recent_blocks_down_to_the_share() -> None:
+    cache, kv = small_cache(8)
+    b = chains(cache, kv, "b", 1000, 3)  # 6 of 8 blocks while b is alone
+    chains(cache, kv, "a", 0, 5)  # a's first chain fits the free blocks, then b gives back 2, then a's own go
+    cache.check_integrity()
+    assert cache.scope_stats("b").num_blocks == 4 and cache.scope_stats("a").num_blocks == 4
+    assert [cached(cache, "b", tokens) for tokens in b] == [0, 2, 2]  # its least recent chain went
+    # A third tenant shrinks each share to 8 // 3 = 2: the two above it give blocks back, most beyond
+    # first, until c is as far beyond the share as the most beyond: then its inserts evict its own.
+    chains(cache, kv, "c", 2000, 3)
+    cache.check_integrity()
+    assert {s: cache.scope_stats(s).num_blocks for s in "abc"} == {"a": 3, "b": 2, "c": 3}
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_no_insert_takes_another_scope_below_its_share(seed: int) -> None:
+    """Random inserts, lookups and releases of four scopes: an insert of one scope never leaves another
+    with fewer blocks than it held before, unless it held more than its share (the cache's blocks over
+    the scopes holding any, the inserting one counted), and then never fewer than the share."""
+    rng = np.random.default_rng(seed)
+    cache, kv = small_cache(12)
+    for _ in range(120):
+        scope = "abcd"[int(rng.integers(0, 4))]
+        tokens = prompt_of(int(rng.integers(0, 40)), int(rng.integers(4, 17)))
+        before = {s: cache.scope_stats(s).num_blocks for s in "abcd"}
+        holding = {s for s, n in before.items() if n} | {scope}
+        share = cache.num_blocks // len(holding)
+        cache.insert(cache.match(scope, tokens), tokens, kv, slot=0)
+        cache.check_integrity()
+        for other in set("abcd") - {scope}:
+            assert cache.scope_stats(other).num_blocks >= min(before[other], share), (other, before, share)
+
+
 def test_drop_forgets_a_scope_and_its_leases() -> None:
     cache, kv = small_cache(6)
     a, b = list(range(50, 58)), list(range(60, 68))
