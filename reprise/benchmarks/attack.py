@@ -26,6 +26,15 @@ measures a quiet baseline, then runs each attack in turn:
                      figures are the CLI process's (its peak RSS above its RSS before, its time)
     smuggling        a chat with both Content-Length and Transfer-Encoding and a request pipelined after
                      it, 50 times
+    slots_flood      the attacker keeps 16 completions of 1,500 tokens (ignore_eos) running while another
+                     tenant sends 20 8-token chats, one after another: their p95 against the same
+                     tenant's 20 chats with the attacker idle (fair share of the slots)
+    prefix_flood     another tenant's 1,884-token prompt is cached; the attacker sends 14 distinct
+                     prompts of the same length; what the other's next repeat finds cached (fair share
+                     of the prefix cache)
+
+``--engine vllm`` runs them all on vLLM (its engine started by the server, as `reprise serve --engine
+vllm` does).
 
 Per attack it prints the attacker's outcome (what was refused, with which code, and whether a retry
 delay came with it), the server's peak RSS during the attack (VmHWM, reset before each) above its
@@ -50,7 +59,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from grpc_api.client import RepriseClient, RepriseError
-from reprise.benchmarks import hostile
+from reprise.benchmarks import fair_share, hostile
 from reprise.benchmarks.hostile import MiB, Served
 
 if TYPE_CHECKING:
@@ -78,6 +87,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--probe-seconds", type=float, default=6.0,
                         help="how long the held floods are sampled (default 6)")
     parser.add_argument("--only", default="", metavar="A,B", help="run only these attacks (comma-separated)")
+    parser.add_argument("--engine", choices=("transformers", "vllm"), default="transformers",
+                        help="the engine the server decodes with (default: Reprise's own)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
 
 
@@ -418,6 +429,30 @@ def keep_alive(served: Served, tenant: str) -> dict[str, Any]:
     return out
 
 
+def slots_flood(served: Served, key: str, hold: Callable[[], None]) -> dict[str, Any]:
+    """Fair share of the slots: a new tenant's 20 chats with the attacker idle, then while the attacker
+    keeps 16 maximal completions running (reprise/benchmarks/fair_share.py)."""
+    victim = served.create_tenant(f"chatter-{time.monotonic_ns()}")
+    fair_share.chat_latencies(served, victim, 3)  # warm, as an agent's repeated call is
+    idle = fair_share.chat_latencies(served, victim, 20)
+    with fair_share.Flood(served, key, num_requests=16, max_tokens=1500) as flood:
+        running = flood.wait_running(16)
+        during = fair_share.chat_latencies(served, victim, 20)
+        health = fair_share.health_now(served)
+    p95_idle, p95_during = fair_share.percentile(idle, 0.95), fair_share.percentile(during, 0.95)
+    return {"attacker_requests_in_flight": 16 if running else "fewer than 16",
+            "attacker_answers": _tally([str(a) for a in flood.answers]),
+            "chat_p95_idle_s": round(p95_idle, 3), "chat_p95_during_s": round(p95_during, 3),
+            "chat_p95_ratio": round(p95_during / p95_idle, 2), "health_during": list(health)}
+
+
+def prefix_flood(served: Served, key: str, hold: Callable[[], None]) -> dict[str, Any]:
+    """Fair share of the prefix cache: a new tenant's 1,884-token prompt, cached, against the attacker's
+    14 distinct prompts of the same length (reprise/benchmarks/fair_share.py)."""
+    victim = served.create_tenant(f"agent-{time.monotonic_ns()}")
+    return fair_share.prefix_survival(served, key, victim, num_words=1884, num_prompts=14)
+
+
 def _tally(answers: list[str]) -> dict[str, int]:
     out: dict[str, int] = {}
     for a in answers:
@@ -430,6 +465,7 @@ ATTACKS: dict[str, Callable[[Served, str, Callable[[], None]], dict[str, Any]]] 
     "slow_body": slow_body, "huge_chats": huge_chats, "grammar": grammar, "abandoned": abandoned,
     "append_flood": append_flood, "half_open_grpc": half_open_grpc, "half_open_waits": half_open_waits,
     "crafted_export": crafted_export, "trace_bomb": trace_bomb, "smuggling": smuggling,
+    "slots_flood": slots_flood, "prefix_flood": prefix_flood,
 }
 
 
@@ -474,7 +510,7 @@ def run(args: argparse.Namespace) -> int:
 
             model = ensure_default_model()
         # the model's own context and slots, not the tests' small ones
-        flags = ("--model-max-len", "2048", "--model-num-slots", "8")
+        flags = ("--model-max-len", "2048", "--model-num-slots", "8", "--engine", args.engine)
         with Served.start(Path(tmp) / "home", model, *flags, timeout_s=900) as served:  # a real model, maybe a busy host
             tenant, attacker = served.create_tenant("normal"), served.create_tenant("attacker")
             results = [run_attack(served, "baseline", tenant, attacker, args.probe_seconds)]

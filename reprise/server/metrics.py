@@ -218,7 +218,8 @@ class ServiceMetrics:
 
 class _EngineCollector:
     """Figures read from the engine at scrape time: the prefix cache (vLLM's ``prefix_cache_queries`` and
-    ``prefix_cache_hits`` counters, in tokens, plus its bytes) and the draft budget's fitted step cost."""
+    ``prefix_cache_hits`` counters, in tokens, plus its bytes), the requests preempted for fair shares,
+    and the draft budget's fitted step cost."""
 
     def __init__(self, engine: Any) -> None:
         self._engine = engine
@@ -236,6 +237,8 @@ class _EngineCollector:
                                       "Prompt tokens whose KV came from the prefix cache", value=s.hit_tokens)
             yield CounterMetricFamily("reprise_prefix_cache_evicted_blocks",
                                       "Blocks evicted from the prefix cache to make room", value=s.evicted_blocks)
+        yield CounterMetricFamily("reprise_preemptions", "Requests that yielded their decoding slot to a waiting "
+                                  "tenant (fair share), to resume later", value=self._engine.preemptions)
         fit = self._engine.step_costs
         if fit is not None:
             cost = GaugeMetricFamily("reprise_step_cost_seconds",

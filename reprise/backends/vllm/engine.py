@@ -27,6 +27,9 @@ T = TypeVar("T")
 
 PROPOSER_CLASS = "reprise.backends.vllm.proposer.RepriseVllmProposer"
 WORKER_EXTENSION = "reprise.backends.vllm.worker.RepriseWorkerExtension"
+# Fair shares of the slots between tenants (scheduler.py), as vLLM's scheduler or its asynchronous one
+SCHEDULERS = {False: "reprise.backends.vllm.scheduler.FairShareScheduler",
+              True: "reprise.backends.vllm.scheduler.FairShareAsyncScheduler"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +90,10 @@ class VllmEngine:
             raise
 
     async def _start(self) -> Any:
+        """vLLM's engine with its scheduler replaced by the fair-share one (``scheduler.py``), of the kind
+        (asynchronous or not) vLLM chose for these settings."""
         from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.async_llm import AsyncLLM
 
         s = self.settings
@@ -99,7 +105,10 @@ class VllmEngine:
             worker_extension_cls=s.worker_extension,
             disable_log_stats=True, **s.extra,
         )
-        return AsyncLLM.from_engine_args(args)
+        config = args.create_engine_config(UsageContext.ENGINE_CONTEXT)
+        if config.scheduler_config.scheduler_cls is None:  # an operator's own (``extra``) stays
+            config.scheduler_config.scheduler_cls = SCHEDULERS[bool(config.scheduler_config.async_scheduling)]
+        return AsyncLLM.from_vllm_config(config, disable_log_stats=True)
 
     def call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         """Run ``coro`` on the engine's loop and wait for its result (from any thread but the loop's)."""

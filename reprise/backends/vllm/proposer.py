@@ -166,6 +166,8 @@ class RepriseVllmProposer:
             if req is None:  # its prompt's step: it drafts from here on, nothing to record
                 self._arrive(req_id, tag, token_ids[i], int(lengths[i]))
             else:
+                if self._resumed(req_id, req):  # vLLM dropped its last chain when it preempted it
+                    req.draft, req.chain = np.zeros(0, dtype=np.int32), None
                 stepped.append((req, *self._commit(req, token_ids[i], int(lengths[i]))))
         self._record_step(stepped, context)
         drafts: list[list[int]] = [[] for _ in range(num_rows)]
@@ -199,6 +201,16 @@ class RepriseVllmProposer:
         session = self._begin(tag, row[:num_prompt]) if tag.speculate else None
         req = self._requests[req_id] = _Request(tag, session, num_prompt, max_tokens)
         self._commit(req, row, length)
+
+    def _resumed(self, req_id: str, req: _Request) -> bool:
+        """Whether the request comes back from a preemption in this step (the fair-share scheduler's,
+        scheduler.py, or vLLM's under KV pressure): vLLM freed its KV and recomputed tokens its session
+        had already seen, and cleared the chain it had been sent, so no token of that chain was verified
+        and none counts as rejected. Its session goes on: a preempted request stays in the runner's
+        requests. (A recompute that starts at the last token seen looks like a plain step; the chain then
+        counts as rejected.)"""
+        computed = getattr(self.runner.requests.get(req_id), "num_computed_tokens", None)
+        return isinstance(computed, int) and computed < req.seen - 1
 
     def _commit(self, req: _Request, row: np.ndarray, length: int) -> tuple[int, int, int]:
         """Hand the request's session the tokens the step added; returns (draft tokens it verified, of

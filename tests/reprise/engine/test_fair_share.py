@@ -131,7 +131,7 @@ def test_a_waiting_tenant_takes_a_slot_at_the_next_step_and_greedy_outputs_stay_
 
 def test_a_parked_request_resumes_from_its_cached_rows(model) -> None:
     engine = make_engine(model)
-    a, _ = flood(engine, 2)
+    flood(engine, 2)
     engine.step()
     parked = next(entry.resumes for entry in engine._waiting if entry.resumes is not None)
     assert parked.parked is not None and len(parked.stop.token_ids) >= 3
@@ -203,7 +203,7 @@ def test_grammar_and_stop_strings_survive_a_preemption(model) -> None:
 
 def test_a_request_cancelled_while_parked_ends_with_what_it_had(model) -> None:
     engine = make_engine(model)
-    a, b = flood(engine, 2)
+    _, b = flood(engine, 2)
     engine.step()
     parked = next(entry for entry in engine._waiting if entry.resumes is not None)
     committed = list(parked.resumes.stop.token_ids)

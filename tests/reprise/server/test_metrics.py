@@ -104,6 +104,7 @@ def test_the_engines_prefix_cache_and_step_cost_are_exported() -> None:
     s = samples(m)
     assert s[("reprise_prefix_cache_capacity_bytes", ())] > 0 and s[("reprise_prefix_cache_bytes", ())] == 0
     assert s[("reprise_prefix_cache_queries_total", ())] == 0
+    assert s[("reprise_preemptions_total", ())] == 0
     costs = {dict(labels)["extra_rows"]: v for (name, labels), v in s.items() if name == "reprise_step_cost_seconds"}
     assert set(costs) >= {"0", "1", "4"} and all(v > 0 for v in costs.values())
     assert not any(name == "reprise_step_cost_batch_offset_seconds" for name, _ in s)  # no batch has run yet
