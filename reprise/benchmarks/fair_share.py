@@ -1,5 +1,5 @@
 """One tenant floods a real `reprise serve`, another asks meanwhile: the fair-share figures of `reprise bench
-attack` (``slots_flood``, ``prefix_flood``) and what tests/hostile/test_fair_share.py asserts.
+attack` (``slots_flood``, ``prefix_flood``) and what tests/hostile/test_share_floods.py asserts.
 
     with Flood(served, key_a, num_requests=16, max_tokens=1500):   # A keeps 16 maximal completions going
         seconds = chat_latencies(served, key_b, 20)                 # B's 8-token chats, one after another
