@@ -30,16 +30,19 @@ WORDS = ("agent", "tool", "plan", "file", "call", "result", "step", "note", "tas
 
 class Flood:
     """Tenant ``key``'s ``num_requests`` concurrent ``/v1/completions`` of ``max_tokens`` each with
-    ``ignore_eos`` (sampled at ``temperature``, so no draft shortens them), each sent again as soon as it
-    ends, until the block ends; then their connections are shut (the server stops decoding them at its
-    next step). ``answers``: the HTTP statuses it got."""
+    ``ignore_eos`` (greedy, the server's default, unless a ``temperature`` is given), each sent again as
+    soon as it ends, until the block ends; then their connections are shut (the server stops decoding
+    them at its next step). ``answers``: the HTTP statuses it got."""
 
     def __init__(self, served: Served, key: str, *, num_requests: int = 16, max_tokens: int = 1500,
-                 temperature: float = 1.0) -> None:
+                 temperature: float | None = None) -> None:
         self.served = served
         self.key = key
-        self.body = json.dumps({"prompt": "Tell a long story about a journey.", "max_tokens": max_tokens,
-                                "ignore_eos": True, "temperature": temperature}).encode()
+        body: dict[str, Any] = {"prompt": "Tell a long story about a journey.", "max_tokens": max_tokens,
+                                "ignore_eos": True}
+        if temperature is not None:
+            body["temperature"] = temperature
+        self.body = json.dumps(body).encode()
         self.answers: list[int] = []
         self._stop = threading.Event()
         self._conns: list[http.client.HTTPConnection | None] = [None] * num_requests
