@@ -12,7 +12,6 @@ import base64
 import json
 import os
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -82,7 +81,7 @@ class Stack:
 
     def generate(self, tenant: str, task: str, *, session: str = "", speculate: bool = True,
                  max_new_tokens: int = 48, params: GenerateParams | None = None,
-                 on_first: Callable[[], None] | None = None) -> list[int]:
+                 on_tokens: Callable[[int], None] | None = None) -> list[int]:
         prompt = tuple(PromptRenderer(self.backend.tokenizer, self.backend.model_info()).render(
             PromptInput(messages=_messages(task))))
         request = Request.of_tokens(prompt, tenant=tenant, request_id=uuid.uuid4().hex,
@@ -91,7 +90,7 @@ class Stack:
 
         async def held() -> tuple[list[int], Finished]:
             async with self.residency.hold(tenant, speculate):  # as the serving core holds it
-                return await decode(self.backend, request, on_first)
+                return await decode(self.backend, request, on_tokens)
 
         out, end = asyncio.run(held())
         assert end.usage.completion_tokens == len(out)
@@ -106,17 +105,17 @@ class Stack:
         self.store.close()
 
 
-async def decode(backend: object, request: Request, on_first: Callable[[], None] | None = None
+async def decode(backend: object, request: Request, on_tokens: Callable[[int], None] | None = None
                  ) -> tuple[list[int], Finished]:
-    """A request through the backend's async stream: its tokens and its end (``on_first``: called at its
-    first tokens)."""
+    """A request through the backend's async stream: its tokens and its end (``on_tokens``: called with
+    the number of tokens so far as they arrive)."""
     out: list[int] = []
     end = None
     async for event in backend.generate(request, CancelEvent()):  # type: ignore[attr-defined]
         if isinstance(event, Tokens):
-            if not out and on_first is not None:
-                on_first()
             out.extend(event.token_ids)
+            if on_tokens is not None:
+                on_tokens(len(out))
         else:
             end = event
     assert isinstance(end, Finished)
@@ -366,35 +365,39 @@ def test_a_replica_on_vllm_drafts_from_a_turn_another_replica_wrote_and_follows_
 
 
 def test_a_waiting_tenant_takes_a_slot_from_the_tenant_holding_all_and_outputs_stay_the_same(stack, vllm_engine):
-    """Tenant A fills every slot (8) with long requests; tenant B's short one starts while all of A's
-    still run (vLLM's own scheduler would keep it waiting until one of A's ended): the fair-share
-    scheduler preempted one of A's, and A's greedy outputs are what they are without B (scheduler.py).
-    (Greedy only: in this CPU build a seeded sampled request's first token, and the greedy outputs of a
-    batch that also holds sampled requests, varied between identical runs, preemption or not.)"""
-    long = GenerateParams(max_new_tokens=160, ignore_eos=True)
+    """Tenant A fills every slot (8) with long requests; tenant B's short one starts while none of A's
+    has ended (vLLM's own scheduler would keep it waiting until one had): the fair-share scheduler
+    preempted one of A's, and A's greedy outputs are what they are without B (scheduler.py). (Greedy
+    only: in this CPU build a seeded sampled request's first token, and the greedy outputs of a batch
+    that also holds sampled requests, varied between identical runs, preemption or not.)"""
+    num_tokens = 160
+    long = GenerateParams(max_new_tokens=num_tokens, ignore_eos=True)
 
-    def flood(with_b: bool) -> tuple[list[list[int]], float, float]:
+    def flood(with_b: bool) -> tuple[list[list[int]], list[int]]:
         a, b = stack.tenant(), stack.tenant()  # fresh tenants: both runs draft from the same (no) history
         outs: dict[int, list[int]] = {}
-        ends: list[float] = []
+        progress = [0] * 8
         started = [threading.Event() for _ in range(8)]
 
+        def seen(i: int, n: int) -> None:
+            progress[i] = n
+            started[i].set()
+
         def run(i: int) -> None:
-            outs[i] = stack.generate(a, TASKS[i % len(TASKS)], params=long, on_first=started[i].set)
-            ends.append(time.monotonic())
+            outs[i] = stack.generate(a, TASKS[i % len(TASKS)], params=long, on_tokens=lambda n: seen(i, n))
 
         threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
         for th in threads:
             th.start()
         assert all(e.wait(300) for e in started)
-        b_first: list[float] = []
+        at_b: list[int] = []  # A's tokens when B's first came
         if with_b:
-            stack.generate(b, TASKS[0], max_new_tokens=8, on_first=lambda: b_first.append(time.monotonic()))
+            stack.generate(b, TASKS[0], max_new_tokens=8, on_tokens=lambda n: at_b or at_b.extend(progress))
         for th in threads:
             th.join(600)
-        return [outs[i] for i in range(8)], b_first[0] if b_first else 0.0, min(ends)
+        return [outs[i] for i in range(8)], at_b
 
-    alone, _, _ = flood(with_b=False)
-    shared, b_started, first_a_end = flood(with_b=True)
-    assert b_started < first_a_end, "B waited for one of A's requests to end"
+    alone, _ = flood(with_b=False)
+    shared, at_b = flood(with_b=True)
+    assert max(at_b) < num_tokens, f"B waited for one of A's requests to end ({at_b} of {num_tokens} tokens)"
     assert shared == alone
