@@ -511,7 +511,7 @@ def run(args: argparse.Namespace) -> int:
             model = ensure_default_model()
         # the model's own context and slots, not the tests' small ones
         flags = ("--model-max-len", "2048", "--model-num-slots", "8", "--engine", args.engine)
-        with Served.start(Path(tmp) / "home", model, *flags, timeout_s=900) as served:  # a real model, maybe a busy host
+        with Served.start(Path(tmp) / "home", model, *flags, timeout_s=900) as served:  # a real model (vLLM compiles first), maybe a busy host
             tenant, attacker = served.create_tenant("normal"), served.create_tenant("attacker")
             results = [run_attack(served, "baseline", tenant, attacker, args.probe_seconds)]
             latency = keep_alive(served, tenant)
