@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import tempfile
 import threading
@@ -89,6 +90,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--only", default="", metavar="A,B", help="run only these attacks (comma-separated)")
     parser.add_argument("--engine", choices=("transformers", "vllm"), default="transformers",
                         help="the engine the server decodes with (default: Reprise's own)")
+    parser.add_argument("--flood-prompts", type=int, default=14, metavar="N",
+                        help="prefix_flood: the attacker's distinct prompts (default 14)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
 
 
@@ -446,11 +449,19 @@ def slots_flood(served: Served, key: str, hold: Callable[[], None]) -> dict[str,
             "chat_p95_ratio": round(p95_during / p95_idle, 2), "health_during": list(health)}
 
 
-def prefix_flood(served: Served, key: str, hold: Callable[[], None]) -> dict[str, Any]:
-    """Fair share of the prefix cache: a new tenant's 1,884-token prompt, cached, against the attacker's
-    14 distinct prompts of the same length (reprise/benchmarks/fair_share.py)."""
+def prefix_flood(served: Served, key: str, hold: Callable[[], None], num_prompts: int = 14,
+                 num_words: int = 1884) -> dict[str, Any]:
+    """Fair share of the prefix cache: a new tenant's prompt of ``num_words`` words (1,884 tokens with
+    SmolLM2's tokenizer), cached, against the attacker's ``num_prompts`` distinct prompts of the same
+    length (reprise/benchmarks/fair_share.py)."""
     victim = served.create_tenant(f"agent-{time.monotonic_ns()}")
-    return fair_share.prefix_survival(served, key, victim, num_words=1884, num_prompts=14)
+    return fair_share.prefix_survival(served, key, victim, num_words=num_words, num_prompts=num_prompts)
+
+
+def _sized(args: argparse.Namespace) -> dict[str, Callable[[Served, str, Callable[[], None]], dict[str, Any]]]:
+    """The attacks with the sizes the command line gave (--tiny's byte tokens: shorter prompts)."""
+    return {**ATTACKS, "prefix_flood": functools.partial(prefix_flood, num_prompts=args.flood_prompts,
+                                                         num_words=200 if args.tiny else 1884)}
 
 
 def _tally(answers: list[str]) -> dict[str, int]:
@@ -472,7 +483,9 @@ ATTACKS: dict[str, Callable[[Served, str, Callable[[], None]], dict[str, Any]]] 
 # ---- running them ---------------------------------------------------------------------------------
 
 
-def run_attack(served: Served, name: str, tenant: str, attacker: str, probe_seconds: float) -> dict[str, Any]:
+def run_attack(served: Served, name: str, tenant: str, attacker: str, probe_seconds: float,
+               attacks: dict[str, Callable[[Served, str, Callable[[], None]], dict[str, Any]]] = ATTACKS
+               ) -> dict[str, Any]:
     rss_before = served.rss()
     served.reset_peak()
     start = time.perf_counter()
@@ -481,7 +494,7 @@ def run_attack(served: Served, name: str, tenant: str, attacker: str, probe_seco
             time.sleep(probe_seconds)
             outcome: dict[str, Any] = {}
         else:
-            outcome = ATTACKS[name](served, attacker, lambda: time.sleep(probe_seconds))
+            outcome = attacks[name](served, attacker, lambda: time.sleep(probe_seconds))
     return {"attack": name, "outcome": outcome, "seconds": round(time.perf_counter() - start, 1),
             "rss_before_mb": round(rss_before / MiB), "peak_rss_mb": round(served.peak_rss() / MiB),
             "peak_above_before_mb": round((served.peak_rss() - rss_before) / MiB), **probe.figures(),
@@ -511,12 +524,13 @@ def run(args: argparse.Namespace) -> int:
             model = ensure_default_model()
         # the model's own context and slots, not the tests' small ones
         flags = ("--model-max-len", "2048", "--model-num-slots", "8", "--engine", args.engine)
-        with Served.start(Path(tmp) / "home", model, *flags, timeout_s=900) as served:  # a real model (vLLM compiles first), maybe a busy host
+        # a real model (vLLM compiles first), maybe a busy host
+        with Served.start(Path(tmp) / "home", model, *flags, timeout_s=900) as served:
             tenant, attacker = served.create_tenant("normal"), served.create_tenant("attacker")
             results = [run_attack(served, "baseline", tenant, attacker, args.probe_seconds)]
             latency = keep_alive(served, tenant)
             for name in names:
-                results.append(run_attack(served, name, tenant, attacker, args.probe_seconds))
+                results.append(run_attack(served, name, tenant, attacker, args.probe_seconds, _sized(args)))
             storm_lines = sum(1 for line in served.log().splitlines()
                               if "HTTP connections" in line or "gRPC calls" in line or "HTTP requests refused" in line)
             code = served.stop()

@@ -36,6 +36,19 @@ def test_bench_attack_json() -> None:
     assert report["server_exit_code"] == 0 and len(report["load_average"]) == 3
 
 
+@pytest.mark.slow
+def test_bench_attack_fair_share_figures() -> None:
+    out = subprocess.run([sys.executable, "-m", "reprise", "bench", "attack", "--tiny", "--only",
+                          "slots_flood,prefix_flood", "--flood-prompts", "3", "--probe-seconds", "1", "--json"],
+                         capture_output=True, text=True, timeout=900, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    slots, prefix = (r["outcome"] for r in json.loads(out.stdout)["attacks"][1:])
+    assert slots["attacker_requests_in_flight"] == 16 and slots["health_during"] == ["200 serving", "SERVING"]
+    assert slots["chat_p95_ratio"] == pytest.approx(slots["chat_p95_during_s"] / slots["chat_p95_idle_s"], abs=0.02)
+    assert prefix["attacker_prompts"] == 3 and prefix["cached_before"] > 0
+    assert prefix["cached_after"] == prefix["cached_before"]
+
+
 def test_bench_attack_refuses_an_unknown_attack() -> None:
     out = subprocess.run([sys.executable, "-m", "reprise", "bench", "attack", "--only", "nope"],
                          capture_output=True, text=True, timeout=120, check=False)
