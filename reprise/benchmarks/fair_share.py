@@ -132,15 +132,29 @@ def cached_tokens(served: Served, key: str, prompt: str) -> int:
 def prefix_survival(served: Served, attacker: str, victim: str, *, num_words: int,
                     num_prompts: int) -> dict[str, Any]:
     """The victim's repeated prompt is cached; the attacker then sends ``num_prompts`` distinct prompts
-    of the same length; what the victim's next repeat finds cached, and what each took."""
+    of the same length; what the victim's next repeat finds cached, what each took, and the blocks the
+    own engine's prefix cache evicted meanwhile (None on vLLM, which does not say)."""
     prompt = long_prompt(0, num_words)
     cached_tokens(served, victim, prompt)
     start = time.perf_counter()
     before = cached_tokens(served, victim, prompt)
     before_s = time.perf_counter() - start
+    evicted = evicted_blocks(served)
     for i in range(num_prompts):
         cached_tokens(served, attacker, long_prompt(1 + i, num_words))
     start = time.perf_counter()
     after = cached_tokens(served, victim, prompt)
+    after_s = time.perf_counter() - start
+    now = evicted_blocks(served)
     return {"attacker_prompts": num_prompts, "cached_before": before, "seconds_before": round(before_s, 3),
-            "cached_after": after, "seconds_after": round(time.perf_counter() - start, 3)}
+            "cached_after": after, "seconds_after": round(after_s, 3),
+            "evicted_blocks": None if now is None or evicted is None else now - evicted}
+
+
+def evicted_blocks(served: Served) -> int | None:
+    """The own engine's ``reprise_prefix_cache_evicted_blocks_total``; None where the server has none."""
+    name = "reprise_prefix_cache_evicted_blocks_total"
+    status, _, text = http_call(served.http, "GET", "/metrics", key=served.admin_key)
+    if status != 200 or name not in str(text):
+        return None
+    return int(served.metric(name))
