@@ -29,9 +29,10 @@ measures a quiet baseline, then runs each attack in turn:
     slots_flood      the attacker keeps 16 completions of 1,500 tokens (ignore_eos) running while another
                      tenant sends 20 8-token chats, one after another: their p95 against the same
                      tenant's 20 chats with the attacker idle (fair share of the slots)
-    prefix_flood     another tenant's 1,884-token prompt is cached; the attacker sends 14 distinct
-                     prompts of the same length; what the other's next repeat finds cached (fair share
-                     of the prefix cache)
+    prefix_flood     another tenant's prompt of 1,884 words is cached; the attacker sends 14 distinct
+                     prompts of the same length (--flood-prompts); what the other's next repeat finds
+                     cached, and what the own engine's cache evicted meanwhile (fair share of the
+                     prefix cache)
 
 ``--engine vllm`` runs them all on vLLM (its engine started by the server, as `reprise serve --engine
 vllm` does).
@@ -451,7 +452,7 @@ def slots_flood(served: Served, key: str, hold: Callable[[], None]) -> dict[str,
 
 def prefix_flood(served: Served, key: str, hold: Callable[[], None], num_prompts: int = 14,
                  num_words: int = 1884) -> dict[str, Any]:
-    """Fair share of the prefix cache: a new tenant's prompt of ``num_words`` words (1,884 tokens with
+    """Fair share of the prefix cache: a new tenant's prompt of ``num_words`` words (1,887 tokens with
     SmolLM2's tokenizer), cached, against the attacker's ``num_prompts`` distinct prompts of the same
     length (reprise/benchmarks/fair_share.py)."""
     victim = served.create_tenant(f"agent-{time.monotonic_ns()}")

@@ -13,11 +13,11 @@ import pytest
 from reprise.benchmarks.fair_share import Flood, chat_latencies, health_now, percentile, prefix_survival
 from reprise.benchmarks.hostile import Served, all_ok
 
-# The tiny model's KV is 512 bytes a token: 96 blocks of 16 tokens. B's prompt (about 220 byte tokens)
-# takes 13 of them, and so does each of A's 14.
+# The tiny model's KV is 512 bytes a token in float32: 96 blocks of 16 tokens. B's prompt (about 220 byte
+# tokens) takes 13 of them, and so does each of A's 14.
 CACHE_BYTES = 96 * 16 * 512
 DEFAULTS = ("--model-num-slots", "8", "--max-requests-per-tenant", "16", "--model-max-len", "1024",
-            "--model-prefix-cache-bytes", str(CACHE_BYTES))
+            "--model-dtype", "float32", "--model-prefix-cache-bytes", str(CACHE_BYTES))
 
 
 @pytest.fixture(scope="module")
