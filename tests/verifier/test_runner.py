@@ -219,3 +219,30 @@ def test_model_stays_a_correct_plain_model_after_the_runner_switched_it(family) 
                            pad_token_id=0, eos_token_id=None)  # fmt: skip
     assert after.tolist() == before.tolist()
     assert after[0, len(prompt) :].tolist() == hf_greedy(model, prompt, 16)
+
+
+@pytest.mark.parametrize("cache_bytes", [1 << 20, 0], ids=["rows-cached", "rows-recomputed"])
+def test_a_parked_request_resumes_with_its_rows_context_and_generator(llama, cache_bytes) -> None:
+    """``park`` then ``resume`` (in another slot, another request between): the slot holds the same KV
+    rows (cached blocks copied back, the rest prefilled), the same context and prompt length, and the
+    generator draws on where it was."""
+    from verifier.sampling import SamplingParams
+
+    prompt = prompt_of(3, 21)
+    runner = ModelRunner(llama, num_slots=2, max_len=96, prefix_cache_bytes=cache_bytes, prefix_block_size=4)
+    slot = runner.start(prompt, SamplingParams(temperature=0.9, seed=5), cache_scope="a", publish=True)
+    rng = np.random.default_rng(0)
+    for _ in range(4):
+        tree = random_tree(rng, hf_greedy(llama, runner.context_ids(slot), 5), 6, VOCAB, 0.6)
+        runner.verify([VerifyStep(slot, tree)])
+    context = runner.context_ids(slot)
+    keys, values = (t.clone() for t in runner.pool.slot_view(slot, len(context) - 1))
+    parked = runner.park(slot)
+    expected = torch.rand(3, generator=torch.Generator().set_state(parked.generator_state))
+    other = runner.start(prompt_of(4, 30))  # takes the freed slot and overwrites its rows
+    resumed = runner.resume(parked)
+    assert resumed != slot and other == slot
+    assert runner.context_ids(resumed) == context and runner._state(resumed).num_prompt == len(prompt)
+    new_keys, new_values = runner.pool.slot_view(resumed, len(context) - 1)
+    assert torch.allclose(keys, new_keys, atol=1e-5) and torch.allclose(values, new_values, atol=1e-5)
+    assert torch.equal(torch.rand(3, generator=runner._state(resumed).generator), expected)
