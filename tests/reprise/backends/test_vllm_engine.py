@@ -15,6 +15,7 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -80,13 +81,14 @@ class Stack:
         return self.store.create_tenant(f"t-{uuid.uuid4().hex[:8]}").id.value
 
     def generate(self, tenant: str, task: str, *, session: str = "", speculate: bool = True,
-                 max_new_tokens: int = 48, params: GenerateParams | None = None,
-                 on_tokens: Callable[[int], None] | None = None) -> list[int]:
+                 max_new_tokens: int = 48, on_tokens: Callable[[int], None] | None = None,
+                 **params: Any) -> list[int]:
+        """The task's output; ``params``: more of ``GenerateParams``' fields, ``on_tokens`` as ``decode``'s."""
         prompt = tuple(PromptRenderer(self.backend.tokenizer, self.backend.model_info()).render(
             PromptInput(messages=_messages(task))))
         request = Request.of_tokens(prompt, tenant=tenant, request_id=uuid.uuid4().hex,
                                     session_id=session or uuid.uuid4().hex, max_new_tokens=max_new_tokens,
-                                    speculate=speculate)
+                                    speculate=speculate, **params)
 
         async def held() -> tuple[list[int], Finished]:
             async with self.residency.hold(tenant, speculate):  # as the serving core holds it
@@ -371,7 +373,6 @@ def test_a_waiting_tenant_takes_a_slot_from_the_tenant_holding_all_and_outputs_s
     only: in this CPU build a seeded sampled request's first token, and the greedy outputs of a batch
     that also holds sampled requests, varied between identical runs, preemption or not.)"""
     num_tokens = 160
-    long = GenerateParams(max_new_tokens=num_tokens, ignore_eos=True)
 
     def flood(with_b: bool) -> tuple[list[list[int]], list[int]]:
         a, b = stack.tenant(), stack.tenant()  # fresh tenants: both runs draft from the same (no) history
@@ -384,7 +385,8 @@ def test_a_waiting_tenant_takes_a_slot_from_the_tenant_holding_all_and_outputs_s
             started[i].set()
 
         def run(i: int) -> None:
-            outs[i] = stack.generate(a, TASKS[i % len(TASKS)], params=long, on_tokens=lambda n: seen(i, n))
+            outs[i] = stack.generate(a, TASKS[i % len(TASKS)], max_new_tokens=num_tokens, ignore_eos=True,
+                                     on_tokens=lambda n: seen(i, n))
 
         threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
         for th in threads:

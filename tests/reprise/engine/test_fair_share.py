@@ -12,11 +12,10 @@ import pytest
 
 from reprise.engine import fair_share
 from reprise.engine.engine import Engine, EngineConfig
-from reprise.engine.request import GenerationRequest, StoppingParams
 from reprise.offline.tiny import TINY_EOS, TINY_VOCAB, byte_level_tokenizer, tiny_llama
 from retrieval.registry import make_proposer
+from serving.records import Request
 from verifier.runner import ModelRunner
-from verifier.sampling import SamplingParams
 from verifier.testing import hf_greedy
 
 # ---- the policy -----------------------------------------------------------------------------------
@@ -97,15 +96,13 @@ def prompt(seed: int, n: int = 20) -> tuple[int, ...]:
     return tuple(np.random.default_rng(seed).integers(3, TINY_VOCAB, n).tolist() * 2)  # repeats: drafts find some
 
 
-def flood(engine: Engine, n: int, sampling: SamplingParams | None = None, record: bool = True, **stopping):
+def flood(engine: Engine, n: int, record: bool = True):
     """Tenant a fills the slots, steps a few times; then tenant b's short request arrives."""
-    stop = StoppingParams(max_new_tokens=LONG, ignore_eos=True, **stopping)
-    a = [engine.submit(GenerationRequest(prompt(i), sampling or SamplingParams(), stop, tenant="a",
-                                         record_history=record)) for i in range(n)]
+    a = [engine.submit(Request.of_tokens(prompt(i), tenant="a", max_new_tokens=LONG, ignore_eos=True, record=record))
+         for i in range(n)]
     for _ in range(3):
         engine.step()
-    b = engine.submit(GenerationRequest(prompt(99, 6), stopping=StoppingParams(max_new_tokens=4, ignore_eos=True),
-                                        tenant="b"))
+    b = engine.submit(Request.of_tokens(prompt(99, 6), tenant="b", max_new_tokens=4, ignore_eos=True))
     return a, b
 
 
@@ -145,20 +142,18 @@ def test_seeded_sampling_draws_the_same_after_resuming(model) -> None:
     """Tenant a's seeded sampled request (not speculating: one draw per step whatever the batch) is the
     newest of a's two when b's requests come, one after another: it yields its slot each time, and its
     output is what it samples alone."""
-    sampled = GenerationRequest(prompt(0), SamplingParams(temperature=0.9, top_p=0.95, seed=1234),
-                                StoppingParams(max_new_tokens=LONG, ignore_eos=True), tenant="a", speculate=False)
+    sampled = Request.of_tokens(prompt(0), tenant="a", max_new_tokens=LONG, ignore_eos=True, temperature=0.9,
+                                top_p=0.95, seed=1234, speculate=False)
     alone = make_engine(model, num_slots=1)
     expected = alone.submit(sampled)
     alone.run_until_idle()
     engine = make_engine(model, num_slots=2)
-    engine.submit(GenerationRequest(prompt(1), stopping=StoppingParams(max_new_tokens=LONG, ignore_eos=True),
-                                    tenant="a"))
+    engine.submit(Request.of_tokens(prompt(1), tenant="a", max_new_tokens=LONG, ignore_eos=True))
     a = engine.submit(sampled)
     b = []
     for step in range(4 * LONG):
         if step % 10 == 3:
-            b.append(engine.submit(GenerationRequest(prompt(50 + step, 6), stopping=StoppingParams(max_new_tokens=3),
-                                                     tenant="b")))
+            b.append(engine.submit(Request.of_tokens(prompt(50 + step, 6), tenant="b", max_new_tokens=3)))
         if not engine.has_work:
             break
         engine.step()
@@ -179,19 +174,17 @@ def test_grammar_and_stop_strings_survive_a_preemption(model) -> None:
               "required": ["city", "days"]}
     grammar = GrammarCompiler(tokenizer, TINY_VOCAB, [TINY_EOS]).compile(OutputConstraint(json.dumps(schema)),
                                                                         tenant="a", max_tokens=60)
-    requests = [GenerationRequest(tuple(tokenizer.encode("where to?")), stopping=StoppingParams(max_new_tokens=60),
-                                  tenant="a", grammar=grammar),
-                GenerationRequest(tuple(tokenizer.encode("say it")), stopping=StoppingParams(
-                    max_new_tokens=LONG, stop_strings=("zq",), ignore_eos=True), tenant="a")]
+    requests = [(Request.of_tokens(tokenizer.encode("where to?"), tenant="a", max_new_tokens=60), grammar),
+                (Request.of_tokens(tokenizer.encode("say it"), tenant="a", max_new_tokens=LONG, stop=("zq",),
+                                   ignore_eos=True), None)]
 
     def run(preempt: bool) -> list[tuple[tuple[int, ...], str, str]]:
         engine = make_engine(model, tokenizer=tokenizer, drafter="reprise")
-        handles = [engine.submit(r) for r in requests]
+        handles = [engine.submit(r, grammar=g) for r, g in requests]
         engine.step()
         engine.step()
         if preempt:
-            engine.submit(GenerationRequest(tuple(tokenizer.encode("hi")), stopping=StoppingParams(max_new_tokens=5),
-                                            tenant="b"))
+            engine.submit(Request.of_tokens(tokenizer.encode("hi"), tenant="b", max_new_tokens=5))
         engine.run_until_idle()
         assert engine.preemptions == int(preempt)
         return [(h.wait().token_ids, h.wait().text, h.wait().finish_reason) for h in handles]
@@ -218,12 +211,11 @@ def test_a_request_cancelled_while_parked_ends_with_what_it_had(model) -> None:
 def test_streams_of_a_parked_request_carry_every_token_once(model) -> None:
     engine = make_engine(model)
     streamed: list[int] = []
-    stop = StoppingParams(max_new_tokens=LONG, ignore_eos=True)
-    a = [engine.submit(GenerationRequest(prompt(i), stopping=stop, tenant="a"),
+    a = [engine.submit(Request.of_tokens(prompt(i), tenant="a", max_new_tokens=LONG, ignore_eos=True),
                        on_stream=(lambda ids, text: streamed.extend(ids)) if i == 1 else None) for i in range(2)]
     for _ in range(3):
         engine.step()
-    engine.submit(GenerationRequest(prompt(99, 6), stopping=StoppingParams(max_new_tokens=4), tenant="b"))
+    engine.submit(Request.of_tokens(prompt(99, 6), tenant="b", max_new_tokens=4))
     engine.run_until_idle()
     assert engine.preemptions == 1
     assert streamed == list(a[1].wait().token_ids)
