@@ -18,6 +18,9 @@ The corpus-only (REST-style) and suffix-only (request + history, merged by score
 
 from __future__ import annotations
 
+from collections import deque
+from dataclasses import replace
+
 import numpy as np
 
 from retrieval.config import DraftingConfig
@@ -25,17 +28,34 @@ from retrieval.draft_tree import DraftTree
 from retrieval.session import Verified
 from suffix_index import SuffixIndex, as_tokens
 
+#: vLLM 0.32.0's `suffix` method as it runs by default (``vllm/config/speculative.py``): tree depth 24,
+#: spec factor 1.0, min token prob 0.1, 10,000 cached requests, one path per step.
+VLLM_SUFFIX_DEPTH = 24
+VLLM_SUFFIX_MAX_SPEC_FACTOR = 1.0
+VLLM_SUFFIX_MIN_TOKEN_PROB = 0.1
+VLLM_SUFFIX_MAX_CACHED_REQUESTS = 10_000
+
 
 class _TenantResponses:
-    """A tenant's past responses in one index (sequence per response)."""
+    """A tenant's past responses in one index (sequence per response), at most ``max_requests`` of
+    them (the oldest leave first, as arctic's ``max_cached_requests``; 0: no limit)."""
 
-    def __init__(self, config: DraftingConfig) -> None:
+    def __init__(self, config: DraftingConfig, max_requests: int = 0) -> None:
         self.index = SuffixIndex(max_depth=config.max_depth, max_bytes=config.history_max_bytes)
         self.next_id = 0
+        self._max_requests = max_requests
+        self._ids: deque[int] = deque()
 
     def new_id(self) -> int:
+        seq = self.next_id
         self.next_id += 1
-        return self.next_id - 1
+        if self._max_requests:
+            self._ids.append(seq)
+            while len(self._ids) > self._max_requests:
+                oldest = self._ids.popleft()
+                if oldest in self.index:
+                    self.index.remove(oldest)
+        return seq
 
 
 class _Session:
@@ -78,14 +98,17 @@ class _Session:
 class _BaseProposer:
     live_history = False
 
-    def __init__(self, config: DraftingConfig | None = None) -> None:
+    def __init__(self, config: DraftingConfig | None = None, *, max_cached_requests: int = 0) -> None:
+        if max_cached_requests < 0:
+            raise ValueError(f"max_cached_requests must be >= 0 (0: no limit), got {max_cached_requests}")
         self.config = config if config is not None else DraftingConfig()
+        self.max_cached_requests = max_cached_requests
         self._tenants: dict[str, _TenantResponses] = {}
 
     def _tenant(self, tenant: str) -> _TenantResponses:
         t = self._tenants.get(tenant)
         if t is None:
-            t = self._tenants[tenant] = _TenantResponses(self.config)
+            t = self._tenants[tenant] = _TenantResponses(self.config, self.max_cached_requests)
         return t
 
 
@@ -115,6 +138,17 @@ class SuffixDecodingProposer(_BaseProposer):
 
     def begin(self, tenant: str, session_id: str, prompt_ids, request_id: str = "") -> _SuffixDecodingSession:
         return _SuffixDecodingSession(self, tenant, as_tokens(prompt_ids, "prompt_ids"))
+
+
+def vllm_suffix_proposer(config: DraftingConfig | None = None, *, tree: bool = False) -> SuffixDecodingProposer:
+    """SuffixDecoding with vLLM's `suffix` defaults (the constants above), one path per step; with
+    ``tree`` the same settings draft trees (ArcticInference's tree speculation), for tree verifiers.
+    vLLM's draft length cap (`num_speculative_tokens`, by default the depth) never binds: a path of
+    depth 24 that matched m tokens drafts at most min(m, 24 - m) <= 12."""
+    config = config if config is not None else DraftingConfig()
+    settings = replace(config, max_depth=VLLM_SUFFIX_DEPTH, use_tree=tree, max_spec_factor=VLLM_SUFFIX_MAX_SPEC_FACTOR,
+                       max_spec_offset=0.0, min_token_prob=VLLM_SUFFIX_MIN_TOKEN_PROB)
+    return SuffixDecodingProposer(settings, max_cached_requests=VLLM_SUFFIX_MAX_CACHED_REQUESTS)
 
 
 class _ExactKeySession(_Session):

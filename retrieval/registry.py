@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from retrieval.config import DraftingConfig
-from retrieval.drafters import ExactKeyProposer, SuffixDecodingProposer
+from retrieval.drafters import ExactKeyProposer, SuffixDecodingProposer, vllm_suffix_proposer
 from retrieval.prompt_lookup import VLLM_MAX_N, VLLM_MIN_N, PromptLookupProposer
 from retrieval.proposer import RepriseProposer
 from retrieval.session import Proposer
@@ -50,10 +50,9 @@ _ENTRIES: dict[str, _Entry] = {
         "SuffixDecoding's semantics on Reprise's index (request or past responses, either-or): the anchor",
     ),
     "suffixdecoding_vllm": _Entry(
-        lambda c: SuffixDecodingProposer(replace(c, max_depth=24, use_tree=False, max_spec_factor=1.0,
-                                                 max_spec_offset=0.0, min_token_prob=0.1)),
+        vllm_suffix_proposer,
         "SuffixDecoding as vLLM's `suffix` method runs it by default: depth 24, one path, spec factor 1.0, "
-        "min token prob 0.1 (the chain anchor)",
+        "min token prob 0.1, the 10,000 newest responses (the chain anchor)",
     ),
     "prompt_lookup": _Entry(
         lambda c: PromptLookupProposer(min_n=2, max_n=5),
