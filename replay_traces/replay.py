@@ -17,6 +17,7 @@ steps is therefore an upper bound on the speedup in target forward passes.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -102,6 +103,19 @@ class StepTally:
         self.tokens = 0
         self.prompt_tokens = 0
 
+    @classmethod
+    def merged(cls, tallies: Iterable[StepTally]) -> StepTally:
+        """One tally holding every step and call of ``tallies``."""
+        out = cls()
+        for t in tallies:
+            out.drafted += t.drafted
+            out.accepted += t.accepted
+            out.spec_ns += t.spec_ns
+            out.calls += t.calls
+            out.tokens += t.tokens
+            out.prompt_tokens += t.prompt_tokens
+        return out
+
     def report(self, path: str, drafter: str, budget: int, wall_s: float, stats: TraceStats) -> ReplayReport:
         drafted = np.asarray(self.drafted, dtype=np.int64)
         accepted = np.asarray(self.accepted, dtype=np.int64)
@@ -175,6 +189,17 @@ def accepted_path(token_ids: Sequence[int], parents: Sequence[int], target: list
     return path[::-1]
 
 
+@dataclass(frozen=True, slots=True)
+class Lane:
+    """One drafter of a replay pass (``replay_lanes``): every call is decoded through each lane's proposer
+    in turn, so lanes share the reading and tokenising of the file. ``on_step(session, response, pos)``
+    runs after each of this lane's proposals."""
+
+    name: str
+    proposer: Proposer
+    on_step: Callable[[Any, list[int], int], None] | None = None
+
+
 def replay_calls(
     calls: Iterable[Call],
     proposer: Proposer,
@@ -189,26 +214,59 @@ def replay_calls(
 ) -> ReplayReport:
     """Replay ``calls`` in order through ``proposer``; ``on_call(call, response_tokens)`` after each call,
     ``on_step(session, response, pos)`` after each proposal (before its tokens are committed)."""
+    lane = Lane(drafter, proposer, on_step)
+    return replay_lanes(calls, [lane], tokenizer, budget=budget, path=path, stats=stats, on_call=on_call)[0][""]
+
+
+def replay_lanes(
+    calls: Iterable[Call],
+    lanes: Sequence[Lane],
+    tokenizer: CanonicalTokenizer,
+    *,
+    budget: int = DEFAULT_BUDGET,
+    path: str = "",
+    stats: TraceStats | None = None,
+    on_call: Callable[[Call, int], None] | None = None,
+    group_of: Callable[[Call], str] | None = None,
+) -> list[dict[str, ReplayReport]]:
+    """Replay ``calls`` in one pass through every lane (each call: begin, decode, finish in lane order;
+    the lanes' proposers share nothing, so each lane's figures are those of replaying it alone).
+
+    Per lane, ``{"": report over all calls}``, plus one report per group when ``group_of(call)`` names
+    groups (e.g. the source file of a mix). ``wall_s`` is the whole pass's."""
     if budget < 0:
         raise ValueError(f"budget must be >= 0, got {budget}")
-    if hasattr(proposer, "set_vocabulary"):  # canonical matching needs the tokenizer's number tokens
-        proposer.set_vocabulary(tokenizer.decode_token, tokenizer.vocab_size)
-    tally = StepTally()
+    for lane in lanes:
+        if hasattr(lane.proposer, "set_vocabulary"):  # canonical matching needs the tokenizer's number tokens
+            lane.proposer.set_vocabulary(tokenizer.decode_token, tokenizer.vocab_size)
+    tallies: list[dict[str, StepTally]] = [{} for _ in lanes]
     started = time.perf_counter()
     for call in calls:
         prompt = tokenizer.prompt_ids(call.messages)
         response = tokenizer.response_ids(call.response)
-        session = proposer.begin(call.tenant, call.session, prompt, str(call.index))
-        where = f"{call.path}:{call.line_no}: drafter {drafter or type(proposer).__name__!r}"
-        decode_response(session, response, budget, tally, where, on_step)
-        session.finish(record=True)
-        tally.calls += 1
-        tally.tokens += len(response)
-        tally.prompt_tokens += len(prompt)
+        group = group_of(call) if group_of is not None else ""
+        for lane, lane_tallies in zip(lanes, tallies):
+            tally = lane_tallies.get(group)
+            if tally is None:
+                tally = lane_tallies[group] = StepTally()
+            session = lane.proposer.begin(call.tenant, call.session, prompt, str(call.index))
+            where = f"{call.path}:{call.line_no}: drafter {lane.name or type(lane.proposer).__name__!r}"
+            decode_response(session, response, budget, tally, where, lane.on_step)
+            session.finish(record=True)
+            tally.calls += 1
+            tally.tokens += len(response)
+            tally.prompt_tokens += len(prompt)
         if on_call is not None:
             on_call(call, len(response))
     wall_s = time.perf_counter() - started
-    return tally.report(path, drafter, budget, wall_s, stats if stats is not None else TraceStats())
+    stats = stats if stats is not None else TraceStats()
+    out = []
+    for lane, lane_tallies in zip(lanes, tallies):
+        reports = {g: t.report(path, lane.name, budget, wall_s, stats) for g, t in lane_tallies.items()}
+        if group_of is not None or not lane_tallies:
+            reports[""] = StepTally.merged(lane_tallies.values()).report(path, lane.name, budget, wall_s, stats)
+        out.append(reports)
+    return out
 
 
 def decode_response(session: Any, response: np.ndarray, budget: int, tally: StepTally, where: str = "",
@@ -252,12 +310,31 @@ def decode_response(session: Any, response: np.ndarray, budget: int, tally: Step
 
 
 def read_calls(path: str | Path, *, max_calls: int | None = None, skip_bad_lines: bool = False,
-               stats: TraceStats | None = None) -> Iterable[Call]:
-    """The first ``max_calls`` calls of a file (all when None), lazily."""
+               stats: TraceStats | None = None, lines: tuple[int, int] | None = None,
+               held_out: float | None = None) -> Iterable[Call]:
+    """The first ``max_calls`` calls of a file (all when None), lazily; with ``lines`` (first, last),
+    1-based and inclusive, only the calls of those lines; with ``held_out`` only the sessions of that
+    share picked by ``session_share`` (the split ``reprise train-drafter --held-out`` holds out)."""
     if max_calls is not None and max_calls < 0:
         raise ValueError(f"max_calls must be >= 0, got {max_calls}")
-    calls = iter_calls(path, skip_bad_lines=skip_bad_lines, stats=stats)
+    if lines is not None and not 1 <= lines[0] <= lines[1]:
+        raise ValueError(f"lines must be FIRST-LAST with 1 <= FIRST <= LAST, got {lines[0]}-{lines[1]}")
+    if held_out is not None and not 0.0 < held_out <= 1.0:
+        raise ValueError(f"held_out must be in (0, 1], got {held_out}")
+    calls: Iterable[Call] = iter_calls(path, skip_bad_lines=skip_bad_lines, stats=stats)
+    if lines is not None:
+        first, last = lines
+        calls = itertools.takewhile(lambda c: c.line_no <= last, (c for c in calls if c.line_no >= first))
+    if held_out is not None:
+        share = held_out
+        calls = (c for c in calls if session_share(c.session) < share)
     return calls if max_calls is None else itertools.islice(calls, max_calls)
+
+
+def session_share(session: str, seed: int = 0) -> float:
+    """Where a session falls in [0, 1), by a seeded hash of its id: the sessions below a share are that
+    share of the sessions, the same ones whatever the file's order."""
+    return int.from_bytes(hashlib.sha256(f"{seed}:{session}".encode()).digest()[:8], "big") / 2**64
 
 
 def replay_file(

@@ -9,7 +9,6 @@ it starts inside an assistant message's content or its end-of-turn marker. Files
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from neural_drafters.training import Example
+from replay_traces.replay import session_share
 from replay_traces.traces import iter_calls
 
 
@@ -118,8 +118,7 @@ def split_by_session(items: Sequence[tuple[str, Example]], held_out: float, seed
     train: list[Example] = []
     test: list[Example] = []
     for session, example in items:
-        h = int.from_bytes(hashlib.sha256(f"{seed}:{session}".encode()).digest()[:8], "big") / 2**64
-        (test if h < held_out else train).append(example)
+        (test if session_share(session, seed) < held_out else train).append(example)
     if not test and len(train) > 1:  # tiny data: keep at least one example aside
         test.append(train.pop())
     return train, test
