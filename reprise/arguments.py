@@ -34,3 +34,14 @@ def require_at_least(args: argparse.Namespace, names: Iterable[str], minimum: in
         value = getattr(args, name)
         if value < minimum:
             raise CliError(f"--{name.replace('_', '-')} must be >= {minimum}, got {value}")
+
+
+def positive_ints(text: str) -> tuple[int, ...]:
+    """argparse type of lists of sizes (``"1,2,4"``): integers >= 1, ascending and distinct."""
+    try:
+        values = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}") from None
+    if not values or values[0] < 1:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}")
+    return tuple(values)

@@ -35,6 +35,7 @@ from replay_traces.replay import read_calls, replay_calls
 from replay_traces.tokenizer import CanonicalTokenizer
 from replay_traces.traces import Call, TraceStats
 from reprise.arguments import CliError, positive_int
+from reprise.commands.replay_fleet import add_fleet_arguments, fleet_requested, run_fleet
 from retrieval.config import MAX_DRAFT_TOKENS, DraftingConfig
 from retrieval.session import Proposer
 
@@ -78,7 +79,35 @@ def add_parser(sub) -> None:
     parser.add_argument("--headroom", action="store_true",
                         help="with --chain: also the taus of better first-token choices (oracles) and of "
                         "the whole tree, per file")
+    parser.add_argument("--lines", type=_line_range, default=None, metavar="FIRST-LAST",
+                        help="replay only the calls of these lines of each file (1-based, inclusive), with "
+                        "fresh histories: e.g. a file's later part, as a stand-in for unseen traffic")
+    parser.add_argument("--held-out", type=_share, default=None, metavar="F",
+                        help="replay only the share F of sessions that `reprise train-drafter --held-out F` "
+                        "holds out (a seeded hash of the session id), with fresh histories")
+    add_fleet_arguments(parser)
     parser.set_defaults(func=run)
+
+
+def _line_range(text: str) -> tuple[int, int]:
+    first, sep, last = text.partition("-")
+    try:
+        lines = (int(first), int(last)) if sep else (int(first), int(first))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected FIRST-LAST (line numbers), got {text!r}") from None
+    if not 1 <= lines[0] <= lines[1]:
+        raise argparse.ArgumentTypeError(f"expected FIRST-LAST with 1 <= FIRST <= LAST, got {text!r}")
+    return lines
+
+
+def _share(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a share in (0, 1], got {text!r}") from None
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a share in (0, 1], got {text!r}")
+    return value
 
 
 def check_traces(paths: list[str]) -> list[Path]:
@@ -132,23 +161,25 @@ class Progress:
 
 def replay_one(path: Path, drafter: str, *, tokenizer, budget: int, max_calls: int | None,
                skip_bad_lines: bool, progress: Progress, config=None, chain: bool = False,
-               headroom: ChainHeadroom | None = None):
+               headroom: ChainHeadroom | None = None, lines: tuple[int, int] | None = None,
+               held_out: float | None = None):
     """Replay one file with the named proposer (or the oracle), as trees or with ``chain`` as single
-    paths (``retrieval.chain.ChainProposer``), ``headroom`` observing each chain step; trace errors
-    become CliError."""
+    paths (``retrieval.chain.ChainProposer``), ``headroom`` observing each chain step; ``lines`` and
+    ``held_out`` select calls (``read_calls``); trace errors become CliError."""
     from reprise.drafters import make_chain_proposer, make_proposer
 
     stats = TraceStats()
     calls: Iterable[Call]
     proposer: Proposer
     try:
+        calls = read_calls(path, max_calls=max_calls, skip_bad_lines=skip_bad_lines, stats=stats, lines=lines,
+                           held_out=held_out)
         if drafter == ORACLE:
-            listed = list(read_calls(path, max_calls=max_calls, skip_bad_lines=skip_bad_lines, stats=stats))
+            listed = list(calls)
             progress.note(f"{path.name}: building the copy-limit oracle over {len(listed)} calls")
             proposer = CopyLimitOracle(listed, tokenizer, max_len=budget)
             calls = listed
         else:
-            calls = read_calls(path, max_calls=max_calls, skip_bad_lines=skip_bad_lines, stats=stats)
             proposer = (make_chain_proposer if chain else make_proposer)(drafter, config)
         progress.start(path.name, max_calls)
         return replay_calls(calls, proposer, tokenizer, budget=budget, drafter=drafter, path=str(path),
@@ -221,9 +252,12 @@ def run(args: argparse.Namespace) -> int:
         raise CliError("--headroom measures chains: add --chain")
     if args.headroom and drafter == ORACLE:
         raise CliError("--headroom needs a drafter's trees; the oracle proposes one copy, not a tree")
+    fleet = fleet_requested(args)
     tokenizer = make_tokenizer(args.tokenizer)
     config = DraftingConfig(max_draft_tokens=args.budget)
     progress = Progress(enabled=not args.json)
+    if fleet:
+        return run_fleet(args, paths, drafter, tokenizer, config, progress)
     reports = []
     headrooms: list[ChainHeadroom] = []
     for path in paths:
@@ -231,7 +265,8 @@ def run(args: argparse.Namespace) -> int:
         try:
             reports.append(replay_one(path, drafter, tokenizer=tokenizer, budget=args.budget,
                                       max_calls=args.max_calls, skip_bad_lines=args.skip_bad_lines,
-                                      progress=progress, config=config, chain=args.chain, headroom=headroom))
+                                      progress=progress, config=config, chain=args.chain, headroom=headroom,
+                                      lines=args.lines, held_out=args.held_out))
         except CliError:
             if reports and not args.json:  # keep the files already replayed
                 print(format_table(reports, args.budget))

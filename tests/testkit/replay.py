@@ -37,6 +37,11 @@ class CharTokenizer:
     """One token per character (its code point), with the canonical prompt layout: easy to reason about."""
 
     name = "chars"
+    vocab_size = 0x10000  # the Basic Multilingual Plane: enough for the tests' text
+
+    @staticmethod
+    def decode_token(token: int) -> str:
+        return chr(token)
 
     @staticmethod
     def encode(text: str) -> np.ndarray:
