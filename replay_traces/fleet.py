@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import random
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -115,22 +116,23 @@ def trace_name(path: str | Path) -> str:
     return name
 
 
-def interleave(streams: Sequence[Iterable[Call]]) -> Iterator[Call]:
-    """The calls of several traces as one (``--mix``): each stream's next call in turn (its first calls,
-    then its second ...), until all run out. Each call's tenant is prefixed by its file's name (a file
-    is its own tenant; a file with several tenants keeps them apart) and its index renumbered."""
-    iterators = [iter(s) for s in streams]
-    number = 0
-    while iterators:
-        alive = []
-        for it in iterators:
-            call = next(it, None)
-            if call is None:
-                continue
-            alive.append(it)
-            yield dataclasses.replace(call, tenant=f"{trace_name(call.path)}:{call.tenant}", index=number)
-            number += 1
-        iterators = alive
+def interleave(streams: Sequence[Iterable[Call]], seed: int = 0) -> Iterator[Call]:
+    """The calls of several traces as one (``--mix``): each trace's calls in their order, the traces
+    merged at random (the next call comes from a trace with a chance in proportion to the calls it has
+    left, seeded: every merge order equally likely, the same one each run), so the traces run side by
+    side to the end and no trace arrives with a fixed period that round-robin routing would alias with.
+    Each call's tenant is prefixed by its file's name (a file is its own tenant; a file with several
+    tenants keeps them apart) and its index renumbered."""
+    lists = [list(s) for s in streams]
+    left = [len(calls) for calls in lists]
+    taken = [0] * len(lists)
+    pick = random.Random(seed)
+    for number in range(sum(left)):
+        i = pick.choices(range(len(lists)), weights=left)[0]
+        call = lists[i][taken[i]]
+        taken[i] += 1
+        left[i] -= 1
+        yield dataclasses.replace(call, tenant=f"{trace_name(call.path)}:{call.tenant}", index=number)
 
 
 #: The lanes every fleet replay has besides the shared proposer's (their keys in the figures).

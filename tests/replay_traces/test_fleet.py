@@ -192,18 +192,33 @@ def test_trees_without_chain(tmp_path):
 
 def test_a_mix_keeps_tenants_apart_per_file_and_measures_scoping(tmp_path):
     # Each file's sessions repeat the same answer; file b's tenant has the same name as file a's but
-    # is another tenant in the mix. One global state drafts b's first call from a's answer.
+    # is another tenant in the mix. One global state drafts from a's answers whatever comes first.
     a = write_trace(tmp_path / "a.jsonl", [_one_call("x", "question a1"), _one_call("y", "question a2")])
     b = write_trace(tmp_path / "b.jsonl", [_one_call("z", "question b1")])
     mixed = list(interleave([iter_calls(a), iter_calls(b)]))
-    assert [(c.tenant, c.index) for c in mixed] == [("a:t", 0), ("b:t", 1), ("a:t", 2)]
+    assert [c.index for c in mixed] == [0, 1, 2]
+    assert [c.session for c in mixed if c.tenant == "a:t"] == ["x", "y"]
+    assert [c.session for c in mixed if c.tenant == "b:t"] == ["z"]
     result = _fleet(None, FleetSpec((1,)), mix_paths=[a, b])
     assert set(result["groups"]) == {"a", "b"}
-    scoping = result["groups"]["b"]["scoping"]
-    assert scoping[PER_REPLICA]["per_tenant"] == 1.0 and scoping[PER_REPLICA]["global"] > 1.5
-    assert scoping["reprise"]["per_tenant"] == 1.0 and scoping["reprise"]["global"] > 1.5
+    for figures in (result["scoping"][PER_REPLICA], result["scoping"]["reprise"]):
+        # Per tenant, a's second call drafts from its first (120 tokens in fewer than 120 steps + 60);
+        # one state for all drafts two of the three calls from an earlier one.
+        assert figures["global"] > figures["per_tenant"] > 1.0
+    b_alone = result["groups"]["b"]["scoping"]
+    assert b_alone[PER_REPLICA]["per_tenant"] == b_alone["reprise"]["per_tenant"] == 1.0
     assert result["groups"]["a"]["replicas"]["1"]["tau"]["reprise"] > 1.5
     assert result["groups"]["b"]["calls"] == 1 and result["calls"] == 3
+
+
+def test_a_mix_is_each_trace_in_order_merged_at_random(tmp_path):
+    paths = [write_trace(tmp_path / f"{name}.jsonl", [_one_call(f"{name}{i}", "q") for i in range(40)])
+             for name in ("a", "b")]
+    mixed = [c.session for c in interleave([iter_calls(p) for p in paths])]
+    assert mixed == [c.session for c in interleave([iter_calls(p) for p in paths])]  # seeded
+    assert [s for s in mixed if s.startswith("a")] == [f"a{i}" for i in range(40)]
+    assert mixed != [f"{n}{i}" for i in range(40) for n in "ab"]  # not a fixed alternation
+    assert {s[0] for s in mixed[:20]} == {"a", "b"} and {s[0] for s in mixed[-20:]} == {"a", "b"}
 
 
 def test_the_vllm_tree_keeps_only_its_newest_responses():

@@ -72,7 +72,8 @@ def test_mix_json_and_table(tmp_path, trace, capsys):
     assert data["replicas"] == [1] and set(entry["groups"]) == {"tiny", "other"}
     assert entry["calls"] == 13
     scoping = entry["groups"]["other"]["scoping"]
-    assert scoping["suffixdecoding"]["global"] > scoping["suffixdecoding"]["per_tenant"]
+    assert scoping["suffixdecoding"]["per_tenant"] == scoping["reprise"]["per_tenant"] == 1.0  # no history of its own
+    assert set(entry["scoping"]) == {"reprise", "suffixdecoding"} and "reprise_global" in entry["lanes"]
     assert main(["replay", str(trace), str(other), "--mix"]) == 0
     assert "tenant scoping" in capsys.readouterr().out
 
