@@ -71,9 +71,9 @@ def test_mix_json_and_table(tmp_path, trace, capsys):
     entry = data["traces"]["mix"]
     assert data["replicas"] == [1] and set(entry["groups"]) == {"tiny", "other"}
     assert entry["calls"] == 13
-    scoping = entry["groups"]["other"]["scoping"]
-    assert scoping["suffixdecoding"]["per_tenant"] == scoping["reprise"]["per_tenant"] == 1.0  # no history of its own
     assert set(entry["scoping"]) == {"reprise", "suffixdecoding"} and "reprise_global" in entry["lanes"]
+    alone = _json(["replay", str(other), "--chain", "--json"], capsys)["files"][0]
+    assert entry["groups"]["other"]["scoping"]["reprise"]["per_tenant"] == alone["tau"]  # tenants share nothing
     assert main(["replay", str(trace), str(other), "--mix"]) == 0
     assert "tenant scoping" in capsys.readouterr().out
 
