@@ -40,6 +40,7 @@ from replay_traces.replay import read_calls, replay_calls
 from replay_traces.tokenizer import CanonicalTokenizer
 from replay_traces.traces import Call, TraceStats
 from reprise.arguments import CliError, positive_int
+from reprise.commands.columns import columns
 from reprise.commands.replay_fleet import add_fleet_arguments, fleet_requested, run_fleet
 from retrieval.config import MAX_DRAFT_TOKENS, DraftingConfig
 from retrieval.session import Proposer
@@ -234,16 +235,6 @@ def format_headroom(reports, headrooms: list[ChainHeadroom]) -> str:
         rows.append((Path(r.path).name, *[f"{taus[name]:.3f}" for name in FIGURES]))
     return ("\nheadroom: tau had each step's chain started at the better of the tree's 2 / 4 best roots, at the "
             "right root, or had the whole tree been verified:\n" + columns(rows))
-
-
-def columns(rows) -> str:
-    """Rows of cells as aligned text columns (first column left-aligned, the others right-aligned)."""
-    widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
-    out = []
-    for row in rows:
-        cells = [str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(row, widths))]
-        out.append("  ".join(cells).rstrip())
-    return "\n".join(out)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -28,6 +28,7 @@ from replay_traces.fleet import (
 from replay_traces.replay import read_calls
 from replay_traces.traces import Call, TraceStats
 from reprise.arguments import CliError, positive_int, positive_ints
+from reprise.commands.columns import columns
 
 
 def _routings(text: str) -> tuple[str, ...]:
@@ -127,8 +128,6 @@ def run_fleet(args: argparse.Namespace, paths: list[Path], drafter: str, tokeniz
 
 def format_fleet(result: dict[str, Any]) -> str:
     """The human tables: per trace (and per routing), one row per fleet size."""
-    from reprise.commands.replay import columns
-
     drafter = result["drafter"]
     shape = "one path per step" if result["chain"] else "trees"
     restart = f", a replica restarts every {result['restart_every']} calls" if result["restart_every"] else ""
@@ -153,8 +152,6 @@ def format_fleet(result: dict[str, Any]) -> str:
 
 
 def _scoping_table(t: dict[str, Any], drafter: str) -> str:
-    from reprise.commands.replay import columns
-
     rows: list[tuple[str, ...]] = [("file", f"{drafter} per tenant", f"{drafter} global", f"{PER_REPLICA} per tenant",
                                     f"{PER_REPLICA} global")]
     for name, s in [("(all)", t["scoping"]), *((g, v["scoping"]) for g, v in t["groups"].items())]:
