@@ -51,8 +51,8 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--restart-every", type=positive_int, default=None, metavar="K",
                    help="with --replicas: every K calls one replica, in turn, restarts with an empty tree")
     g.add_argument("--mix", action="store_true",
-                   help="interleave the traces call by call, each its own tenant, and replay them as one "
-                   "(default fleet: --replicas 1); adds each file's figures and what tenant scoping is worth")
+                   help="merge the traces into one (each in its order, drawn at random, seeded), each its own "
+                   "tenant (default fleet: --replicas 1); adds each file's figures and what tenant scoping is worth")
 
 
 def fleet_requested(args: argparse.Namespace) -> bool:
