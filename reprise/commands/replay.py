@@ -20,7 +20,7 @@ truth, with whichever root was right, or had the whole tree been verified (repla
 --replicas 1,2,4,8,16 replays a fleet: the shared drafter (the tenant's history every replica reads,
 kept across restarts) against one SuffixDecoding tree per replica with vLLM's suffix defaults, every
 tenant in it, fed only the calls routed to it (--routing rr|sticky), emptied when it restarts
-(--restart-every K); --mix interleaves the traces, each its own tenant (replay_traces/fleet.py).
+(--restart-every K); --mix merges the traces into one, each its own tenant (replay_traces/fleet.py).
 
 Drafter "oracle" is the copy limit: the longest continuation of the recorded response visible to any
 retrieval drafter (tenant history, prompt, output so far), the ceiling for every retrieval drafter.
